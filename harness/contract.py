@@ -1,0 +1,295 @@
+"""The submission contract, in one place: what a team's folder must define, and how it is checked.
+
+A submission is a folder with `submission.py` defining:
+
+- `CONFIG: dict`: hyperparameters passed to `get_model` and saved in the checkpoint. The harness
+  reads `micro_batch_size`, `seq_len` and `grad_accum_steps` (default 1), and sets `vocab_size`
+  from the track when CONFIG leaves it out (a smaller one is an error, a larger one is a padded
+  vocabulary and allowed).
+- `get_model(config) -> torch.nn.Module` whose `forward(idx, targets=None)` returns
+  `(logits, loss)`: logits [B, T, vocab_size], loss a scalar tensor when targets are given.
+- optional `build_optimizers(model, ctx) -> Optimizer | list[Optimizer]` (default: AdamW).
+- optional `lr_schedule(progress) -> float`: a multiplier on each param group's initial lr,
+  `progress` in [0, 1] being the fraction of the time budget used (default: warm-up, constant,
+  linear decay).
+- optional `COMPILE: bool`: the harness applies torch.compile before wrapping in DDP.
+- optional `submission.toml` beside it: `[team] name, members, description`.
+
+Every error names the file, the wrong piece and the fix (docs/submission.md has a full example).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import tomllib
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+DOCS = "docs/submission.md"
+IGNORED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"}
+MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
+PACKAGE = "_harness_submission"
+
+
+class SubmissionError(Exception):
+    """The submission breaks the contract. `problem` says what, `fix` says how to repair it."""
+
+    def __init__(self, file: str | Path, problem: str, fix: str = ""):
+        self.file, self.problem, self.fix = str(file), problem, fix
+        super().__init__(f"{file}: {problem}" + (f" Fix: {fix}" if fix else ""))
+
+
+@dataclass(frozen=True)
+class SubmissionContext:
+    """What `build_optimizers` may know about the run. Read-only; never where the val data is."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str
+    budget_s: float
+    vocab_size: int
+    seed: int
+    track: str
+
+
+@dataclass
+class TeamInfo:
+    name: str
+    members: list[str] = field(default_factory=list)
+    description: str = ""
+
+
+@dataclass
+class Submission:
+    """A loaded, checked submission module."""
+
+    folder: Path
+    config: dict[str, Any]
+    get_model: Callable[[dict], Any]
+    build_optimizers: Callable | None
+    lr_schedule: Callable[[float], float] | None
+    compile: bool
+
+    @property
+    def micro_batch_size(self) -> int:
+        return int(self.config["micro_batch_size"])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.config["seq_len"])
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return int(self.config.get("grad_accum_steps", 1))
+
+
+# --------------------------------------------------------------------------- finding and copying
+
+
+def find_submission(path: str | Path) -> Path:
+    """The submission folder for a path given on the command line (the folder or its submission.py)."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.name == "submission.py":
+        p = p.parent
+    if not p.exists():
+        raise SubmissionError(p, "does not exist.", "pass the folder that holds your submission.py")
+    if not p.is_dir():
+        raise SubmissionError(p, "is not a folder.", "pass the folder that holds your submission.py")
+    if not (p / "submission.py").is_file():
+        raise SubmissionError(
+            p / "submission.py", "not found: a submission is a folder with submission.py.",
+            f"add submission.py defining CONFIG and get_model (see {DOCS})",
+        )
+    return p.resolve()
+
+
+def submission_files(folder: Path) -> list[Path]:
+    """The files that make up a submission (what is hashed and copied into the record)."""
+    files = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if any(part in IGNORED_DIRS for part in rel.parts) or p.suffix == ".pyc" or not p.is_file():
+            continue
+        files.append(p)
+    return files
+
+
+def submission_sha256(folder: Path) -> str:
+    """One hash over the submission's files: their relative paths and contents, in sorted order."""
+    digest = hashlib.sha256()
+    for p in submission_files(folder):
+        digest.update(str(p.relative_to(folder)).encode() + b"\0")
+        digest.update(hashlib.sha256(p.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def snapshot_submission(folder: Path, dest: Path) -> str:
+    """Copy the submission into the run record; the run imports this copy, so later edits cannot leak in."""
+    files = submission_files(folder)
+    total = sum(p.stat().st_size for p in files)
+    if total > MAX_SUBMISSION_BYTES:
+        raise SubmissionError(
+            folder, f"holds {total / 2**20:.0f} MiB of files (limit {MAX_SUBMISSION_BYTES // 2**20} MiB).",
+            "keep only code and small config files in the submission folder",
+        )
+    for p in files:
+        target = dest / p.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, target)
+    return submission_sha256(dest)
+
+
+def read_team(folder: Path) -> TeamInfo:
+    """[team] from submission.toml, or the folder's name."""
+    path = folder / "submission.toml"
+    if not path.is_file():
+        return TeamInfo(name=folder.name)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SubmissionError(path, f"is not valid TOML: {exc}.", f"fix the syntax (see {DOCS})") from None
+    team = raw.get("team", {})
+    if not isinstance(team, dict):
+        raise SubmissionError(path, "`team` must be a table.", "write it as [team] with name = \"...\"")
+    unknown = set(team) - {"name", "members", "description"}
+    if unknown:
+        raise SubmissionError(path, f"unknown key(s) in [team]: {', '.join(sorted(unknown))}.",
+                              "allowed: name, members, description")
+    name = team.get("name", folder.name)
+    members = team.get("members", [])
+    if not isinstance(name, str) or not name.strip():
+        raise SubmissionError(path, "[team] name must be a non-empty string.", 'write name = "your team"')
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise SubmissionError(path, "[team] members must be a list of strings.", 'write members = ["ada", "alan"]')
+    return TeamInfo(name=name.strip(), members=members, description=str(team.get("description", "")))
+
+
+def team_slug(name: str) -> str:
+    """A file-system-safe form of a team name (the records' directory)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip()).strip("-.")
+    return slug or "team"
+
+
+# --------------------------------------------------------------------------- importing and checking
+
+
+def import_submission_module(folder: Path) -> types.ModuleType:
+    """Import folder/submission.py so that both `from .model import x` and `from model import x` work."""
+    folder = Path(folder).resolve()
+    package = types.ModuleType(PACKAGE)
+    package.__path__ = [str(folder)]  # relative imports resolve inside the submission folder
+    sys.modules[PACKAGE] = package
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # plain sibling imports
+    path = folder / "submission.py"
+    spec = importlib.util.spec_from_file_location(f"{PACKAGE}.submission", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else str(path)
+        raise SubmissionError(where, f"syntax error: {exc.msg}.", "fix the line shown") from exc
+    except ImportError as exc:
+        raise SubmissionError(
+            path, f"import failed: {exc}.",
+            "import only packages installed in the event's environment, and siblings of submission.py",
+        ) from exc
+    except Exception as exc:
+        raise SubmissionError(path, f"raised {type(exc).__name__} while importing: {exc}.",
+                              "importing submission.py must not fail") from exc
+    return module
+
+
+def _positive_int(config: dict, key: str, path: Path, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise SubmissionError(path, f"CONFIG has no `{key}`.", f'add "{key}": <positive int> to CONFIG')
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SubmissionError(path, f"CONFIG[{key!r}] must be a positive int, got {value!r}.",
+                              f'set "{key}" to a positive integer')
+    return value
+
+
+def check_submission(module: types.ModuleType, folder: Path, vocab_size: int) -> Submission:
+    """Check everything that can be checked without running the model; fill in `vocab_size`."""
+    path = folder / "submission.py"
+    config = getattr(module, "CONFIG", None)
+    if config is None:
+        raise SubmissionError(path, "defines no CONFIG.", "add CONFIG = {\"micro_batch_size\": ..., \"seq_len\": ...}")
+    if not isinstance(config, dict):
+        raise SubmissionError(path, f"CONFIG must be a dict, got {type(config).__name__}.", "make CONFIG a dict")
+    config = dict(config)
+    _positive_int(config, "micro_batch_size", path)
+    _positive_int(config, "seq_len", path)
+    config["grad_accum_steps"] = _positive_int(config, "grad_accum_steps", path, default=1)
+    if "vocab_size" not in config:
+        config["vocab_size"] = vocab_size
+    else:
+        v = _positive_int(config, "vocab_size", path)
+        if v < vocab_size:
+            raise SubmissionError(
+                path, f"CONFIG['vocab_size'] = {v} is smaller than the track's vocabulary of {vocab_size}.",
+                "remove vocab_size from CONFIG (the harness sets it) or set it >= the track's",
+            )
+    get_model = getattr(module, "get_model", None)
+    if get_model is None:
+        raise SubmissionError(path, "defines no get_model.",
+                              "add `def get_model(config): ...` returning a torch.nn.Module (or import it from model.py)")
+    if not callable(get_model):
+        raise SubmissionError(path, "get_model is not callable.", "define get_model as a function of config")
+    hooks = {}
+    for name in ("build_optimizers", "lr_schedule"):
+        hook = getattr(module, name, None)
+        if hook is not None and not callable(hook):
+            raise SubmissionError(path, f"{name} is defined but not callable.", f"make {name} a function or remove it")
+        hooks[name] = hook
+    compile_flag = getattr(module, "COMPILE", False)
+    if not isinstance(compile_flag, bool):
+        raise SubmissionError(path, f"COMPILE must be True or False, got {compile_flag!r}.", "set COMPILE = True or False")
+    try:
+        json.dumps(config)
+    except TypeError as exc:
+        raise SubmissionError(path, f"CONFIG must hold plain values (it is saved with the checkpoint): {exc}.",
+                              "use numbers, strings, booleans, lists and dicts in CONFIG") from None
+    return Submission(folder=folder, config=config, get_model=get_model, compile=compile_flag, **hooks)
+
+
+def load_submission(folder: str | Path, vocab_size: int) -> Submission:
+    folder = Path(folder).resolve()
+    return check_submission(import_submission_module(folder), folder, vocab_size)
+
+
+def check_forward_output(out: Any, batch: int, seq_len: int, vocab_size: int, with_targets: bool, file: str) -> None:
+    """The model contract on one forward: (logits [B, T, V], scalar loss when targets were given)."""
+    import torch
+
+    fix = "forward(idx, targets=None) must return (logits, loss)"
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        got = f"a {type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise SubmissionError(file, f"forward returned {got}, not a pair (logits, loss).", fix)
+    logits, loss = out
+    if not isinstance(logits, torch.Tensor):
+        raise SubmissionError(file, f"forward's logits are a {type(logits).__name__}, not a tensor.", fix)
+    if tuple(logits.shape) != (batch, seq_len, vocab_size):
+        raise SubmissionError(
+            file, f"forward's logits have shape {tuple(logits.shape)}, expected {(batch, seq_len, vocab_size)} "
+            "[batch, seq_len, vocab_size].", "return logits for every position, over the whole (padded) vocabulary")
+    if not logits.is_floating_point():
+        raise SubmissionError(file, f"forward's logits have dtype {logits.dtype}, not a float type.", fix)
+    if with_targets:
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise SubmissionError(file, f"forward's loss is {what}, not a scalar tensor.",
+                                  "return the mean cross-entropy as a 0-dim tensor when targets are given")
+        if not loss.is_floating_point():
+            raise SubmissionError(file, f"forward's loss has dtype {loss.dtype}.", "return a float loss")

@@ -1,0 +1,88 @@
+"""What the launcher hands to the processes it starts: one JSON file per job, read at start-up.
+
+A TrainJob never holds the validation shards' location: training processes are not told where
+the validation data is. Evaluation processes get an EvalJob, after every training process is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from harness.data.shards import ShardInfo
+
+T = TypeVar("T")
+
+
+def _shards_to_json(shards: list[ShardInfo]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(s) for s in shards]
+
+
+def _shards_from_json(items: list[dict[str, Any]]) -> list[ShardInfo]:
+    return [ShardInfo(**s) for s in items]
+
+
+@dataclass(kw_only=True)
+class TrainJob:
+    run_id: str
+    track: str
+    submission_dir: str  # the snapshot inside the run record, not the team's working folder
+    seed: int
+    budget_s: float
+    clock_start: str
+    backend: str
+    device: str
+    dtype: str
+    log_interval_s: float
+    collective_timeout_s: float
+    cpu_threads_per_rank: int
+    vocab_size: int
+    train_shards: list[ShardInfo] = field(default_factory=list)
+    channel_path: str = ""
+    log_dir: str = ""
+    staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
+
+    def save(self, path: Path) -> None:
+        d = dataclasses.asdict(self)
+        d["train_shards"] = _shards_to_json(self.train_shards)
+        path.write_text(json.dumps(d, indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainJob":
+        d = json.loads(Path(path).read_text())
+        d["train_shards"] = _shards_from_json(d["train_shards"])
+        return cls(**d)
+
+
+@dataclass(kw_only=True)
+class EvalJob:
+    checkpoint: str
+    checkpoint_sha256: str  # checked before loading: the file scored is the file recorded
+    submission_dir: str
+    val_shards: list[ShardInfo]
+    val_tokens: int
+    seq_len: int
+    batch_size: int
+    vocab_size: int
+    backend: str
+    device: str
+    dtype: str
+    collective_timeout_s: float
+    cpu_threads_per_rank: int
+    causality_check: bool = True
+    channel_path: str = ""
+    log_dir: str = ""
+
+    def save(self, path: Path) -> None:
+        d = dataclasses.asdict(self)
+        d["val_shards"] = _shards_to_json(self.val_shards)
+        path.write_text(json.dumps(d, indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EvalJob":
+        d = json.loads(Path(path).read_text())
+        d["val_shards"] = _shards_from_json(d["val_shards"])
+        return cls(**d)

@@ -1,0 +1,79 @@
+"""How a job ended, decided from what the launcher saw: the ranks' reports, the agent's verdict
+and the watchdog's actions. Pure logic, so every case is unit-tested.
+
+Precedence: an abort by signal; then the rank failure that explains the others (a rank's own
+error beats a peer's collective error, which is only the echo of it); then a kill by the
+watchdog; then ranks that died without a word; then success, which needs every rank's report
+(an exit code of 0 alone proves nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.channel import Message
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | timeout | crashed | invalid | diverged | aborted
+    reason: str = ""
+    failing_rank: int | None = None
+    traceback: str | None = None
+
+
+def _silent_ranks(messages: list[Message], world_size: int, done_kind: str) -> list[int]:
+    spoke = {m.body.get("rank") for m in messages if m.kind in ("error", done_kind)}
+    return [r for r in range(world_size) if r not in spoke]
+
+
+def classify(
+    messages: list[Message],
+    *,
+    world_size: int,
+    done_kind: str,  # "result" for training, "eval_result" for evaluation
+    agent_succeeded: bool,
+    agent_failures: dict[int, dict],
+    agent_error: str | None,
+    kill_status: str | None,
+    kill_reason: str,
+    local_ranks: list[int] | None = None,
+) -> Outcome:
+    errors = [m for m in messages if m.kind == "error"]
+    if kill_status == "aborted":
+        return Outcome("aborted", kill_reason)
+
+    own = [m for m in errors if m.body.get("cause") != "collective"]
+    if own:  # the first rank that failed in its own code explains the rest
+        first = min(own, key=lambda m: m.received_s)
+        b = first.body
+        return Outcome(b.get("status", "crashed"), f"rank {b.get('rank')}: {b.get('reason', '')}",
+                       b.get("rank"), b.get("traceback"))
+
+    if kill_status:
+        return Outcome(kill_status, kill_reason)
+
+    if errors:  # only collective failures: a peer died or hung
+        first = min(errors, key=lambda m: m.received_s)
+        b = first.body
+        silent = _silent_ranks(messages, world_size, done_kind)
+        who = f"rank(s) {', '.join(map(str, silent))} stopped responding; " if silent else ""
+        return Outcome("crashed", f"{who}rank {b.get('rank')}: {b.get('reason', '')}",
+                       silent[0] if silent else b.get("rank"), b.get("traceback"))
+
+    if agent_failures:
+        rank, failure = min(agent_failures.items())
+        how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exitcode')}"
+        hint = " (killed by the system: out of memory?)" if failure.get("signal") == "SIGKILL" else ""
+        return Outcome("crashed", f"rank {rank} died with {how} without a report{hint}", rank)
+
+    if agent_error:
+        return Outcome("crashed", f"launch failed: {agent_error}")
+
+    expected = local_ranks if local_ranks is not None else list(range(world_size))
+    reported = {m.body.get("rank") for m in messages if m.kind == done_kind}
+    missing = [r for r in expected if r not in reported]
+    if missing or not agent_succeeded:
+        return Outcome("crashed", f"rank(s) {', '.join(map(str, missing))} exited without reporting a result "
+                                  "(did the submission call os._exit or exit early?)", missing[0] if missing else None)
+    return Outcome("ok")

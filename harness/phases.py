@@ -1,0 +1,151 @@
+"""The launcher's side of each phase of a run: preflight, training, evaluation.
+
+Each phase starts its processes, watches them, and returns what happened as data
+(an Outcome plus the figures the processes reported); the runner turns that into the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.channel import ChannelServer, Message
+from harness.console import NullReporter, progress_text
+from harness.jobs import EvalJob, TrainJob
+from harness.launch import ElasticJob, LaunchSpec
+from harness.outcome import Outcome, classify
+from harness.watch import AbortFlag, Deadlines, WatchResult, watch
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
+                  timeout_s: float = 300.0) -> dict:
+    """Contract checks in a throw-away process; returns the report (ok, problems, params, config)."""
+    request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
+               "threads": max(1, (os.cpu_count() or 1))}
+    tmp = log_path.parent / ".preflight"
+    tmp.mkdir(parents=True, exist_ok=True)
+    req, rep = tmp / "request.json", tmp / "report.json"
+    req.write_text(json.dumps(request))
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-u", "-m", "harness.preflight", str(req), str(rep)],
+                                  stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                    f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
+                    "fix": "make get_model and one forward at batch 2 fast"}]}
+    try:
+        report = json.loads(rep.read_text())
+    except (OSError, ValueError):
+        report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                  f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
+    for p in (req, rep):
+        p.unlink(missing_ok=True)
+    tmp.rmdir()
+    return report
+
+
+# --------------------------------------------------------------------------- training and evaluation
+
+
+@dataclass
+class PhaseResult:
+    outcome: Outcome
+    watch: WatchResult
+    messages: list[Message] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+
+    def reports(self, kind: str) -> dict[int, dict[str, Any]]:
+        """The last message of a kind from each rank."""
+        out: dict[int, dict[str, Any]] = {}
+        for m in self.messages:
+            if m.kind == kind:
+                out[int(m.body.get("rank", -1))] = m.body
+        return out
+
+
+def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
+             done_kind: str, on_tick: Callable[[WatchResult], None] | None) -> PhaseResult:
+    job = ElasticJob(launch, log_path)
+    job.start()
+    try:
+        result = watch(job, channel, deadlines, abort, on_tick)
+    finally:
+        leftover = job.close()
+    messages = channel.snapshot()
+    local = list(range(launch.node_rank * launch.nproc_per_node, (launch.node_rank + 1) * launch.nproc_per_node))
+    outcome = classify(
+        messages, world_size=launch.nnodes * launch.nproc_per_node, done_kind=done_kind,
+        agent_succeeded=job.succeeded, agent_failures=job.failures,
+        agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
+        kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
+    )
+    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)))
+
+
+def run_training(job: TrainJob, launch: LaunchSpec, *, startup_timeout_s: float, hard_limit_s: float,
+                 log_path: Path, abort: AbortFlag, reporter=None) -> PhaseResult:
+    reporter = reporter or NullReporter()
+    channel = ChannelServer()
+    job.channel_path = channel.path
+    job_file = channel.dir / "train_job.json"
+    job.save(job_file)
+    launch.args = [str(job_file)]
+    last_shown = [0.0]
+
+    def on_tick(w: WatchResult) -> None:
+        if time.monotonic() - last_shown[0] < 0.25:
+            return
+        last_shown[0] = time.monotonic()
+        if w.train_start_s is None:
+            reporter.progress("starting ranks (rendezvous, model build)...")
+            return
+        if w.train_end_s is not None:
+            reporter.progress("training done; saving the checkpoint...")
+            return
+        progress = [m.body for m in channel.all("progress") if m.body.get("rank") == 0]
+        p = progress[-1] if progress else {}
+        elapsed = time.monotonic() - w.train_start_s
+        reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s")))
+
+    deadlines = Deadlines(startup_timeout_s=startup_timeout_s, hard_limit_s=hard_limit_s,
+                          after_train_s=max(120.0, startup_timeout_s))
+    try:
+        return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick)
+    finally:
+        reporter.end_progress()
+        channel.close()
+
+
+def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeout_s: float, log_path: Path,
+                   abort: AbortFlag, reporter=None) -> PhaseResult:
+    reporter = reporter or NullReporter()
+    channel = ChannelServer()
+    job.channel_path = channel.path
+    job_file = channel.dir / "eval_job.json"
+    job.save(job_file)
+    launch = LaunchSpec(module="harness.evaluate", args=[str(job_file)], nproc_per_node=nproc,
+                        shutdown_timeout_s=shutdown_timeout_s,
+                        threads_per_rank=max(1, (os.cpu_count() or 1) // nproc))
+    started = time.monotonic()
+
+    def on_tick(_: WatchResult) -> None:
+        reporter.progress(f"evaluating on {job.val_tokens} held-out tokens with {nproc} rank(s)... "
+                          f"{time.monotonic() - started:.0f}s")
+
+    try:
+        return _run_job(launch, channel, log_path, Deadlines(startup_timeout_s=timeout_s, total_s=timeout_s),
+                        abort, "eval_result", on_tick)
+    finally:
+        reporter.end_progress()
+        channel.close()

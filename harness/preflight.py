@@ -1,0 +1,104 @@
+"""Checks a submission in a throw-away process before any process group starts.
+
+    python -m harness.preflight <request.json> <report.json>
+
+Imports the submission, checks CONFIG and the hooks, builds the model from CONFIG, runs one
+forward and backward at a tiny batch, and checks the outputs. The submission's code never runs
+in the launcher process, which writes the records.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+
+def _problem(exc: BaseException) -> dict:
+    from harness.contract import SubmissionError
+
+    if isinstance(exc, SubmissionError):
+        return {"file": exc.file, "problem": exc.problem, "fix": exc.fix}
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
+    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": "",
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
+    """Build the model and run one training step's worth of forward and backward at a tiny batch."""
+    import torch
+
+    from harness.contract import SubmissionError, check_forward_output
+
+    file = str(sub.folder / "submission.py")
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    torch.manual_seed(seed)
+    model = sub.get_model(dict(sub.config))
+    if not isinstance(model, torch.nn.Module):
+        raise SubmissionError(file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
+                              "return the model instance from get_model(config)")
+    model.to(device=device, dtype=torch.float32)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
+    batch, T, V = 2, sub.seq_len, int(sub.config["vocab_size"])
+    idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        out = model(x, y)
+    check_forward_output(out, batch, T, V, True, file)
+    loss = out[1]
+    if not torch.isfinite(loss.detach()).item():
+        raise SubmissionError(file, f"the loss of the freshly built model is {loss.item()}.",
+                              "check the initialisation and the loss computation")
+    loss.backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+        raise SubmissionError(file, f"{len(unused)} trainable parameter(s) get no gradient: {shown}.",
+                              "DDP needs every trainable parameter used in forward: remove them or set requires_grad=False")
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        out = model(x)
+    check_forward_output(out, batch, T, V, False, file)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": sum(p.numel() for p in trainable),
+        "initial_loss": float(loss.item()),
+    }
+
+
+def run_checks(request: dict) -> dict:
+    from harness.contract import import_submission_module, check_submission
+
+    folder = Path(request["submission_dir"])
+    report: dict = {"ok": False, "problems": []}
+    try:
+        module = import_submission_module(folder)
+        sub = check_submission(module, folder, request["vocab_size"])
+        report["config"] = sub.config
+        report["compile"] = sub.compile
+        report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"]))
+        report["ok"] = True
+    except BaseException as exc:
+        report["problems"].append(_problem(exc))
+    return report
+
+
+def main(argv: list[str]) -> None:
+    request = json.loads(Path(argv[1]).read_text())
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(request.get("threads", 1))))
+        report = run_checks(request)
+    except BaseException as exc:
+        report = {"ok": False, "problems": [_problem(exc)]}
+    Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

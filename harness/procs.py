@@ -1,0 +1,90 @@
+"""Process hygiene for the launcher: no process of a job may outlive it.
+
+torch elastic starts each rank in its own session, so signals to our process group never reach
+them, and SIGKILL to the agent would orphan them. The launcher therefore makes itself a child
+subreaper (Linux): every process a rank starts, even a double-forked daemon, stays a descendant of
+the launcher and is found and killed here. Elsewhere, the direct descendants are still found.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux only); returns whether it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> list[int]:
+    """SIGTERM every descendant, SIGKILL what is left after grace_s; returns the pids SIGKILLed.
+
+    Zombies are not reaped here (a Popen in torch elastic may still want their exit status);
+    `reap_zombies` does that once the agent is done.
+    """
+    exclude = exclude or set()
+    procs = [p for p in descendants() if p.pid not in exclude and _alive(p)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in procs):
+        time.sleep(0.05)
+    killed = []
+    # Look again: a process may have forked while being told to stop.
+    for p in [p for p in descendants() if p.pid not in exclude] + procs:
+        if _alive(p):
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_alive(p) for p in procs):
+        time.sleep(0.05)
+    return sorted(set(killed))
+
+
+def reap_zombies() -> None:
+    """Collect the exit status of finished children (adopted orphans included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def alive_descendants() -> list[int]:
+    return [p.pid for p in descendants() if _alive(p)]

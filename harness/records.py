@@ -1,0 +1,185 @@
+"""Run records: the source of truth. One self-contained directory per run, written atomically.
+
+    runs/<track>/<team>/<run_id>/
+        run.json        the record (this module's RunRecord)
+        metrics.csv     step, train_time_s, train_loss, lr_scale, tokens, tokens_per_s
+        checkpoint.pt   {config, model, step, tokens}: what evaluation scored
+        submission/     the exact files that ran
+        logs/           launcher.log, preflight.log, rank<R>.log, eval-rank<R>.log
+
+Everything else (leaderboards, charts, comparisons) is derived from these and can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
+METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s")
+
+
+def runs_root(cli_value: str | None = None) -> Path:
+    """--runs-dir, then HARNESS_RUNS_DIR, then ./runs."""
+    return Path(cli_value or os.environ.get("HARNESS_RUNS_DIR") or "runs")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    # identity
+    run_id: str
+    team: str
+    track_name: str
+    status: str = "running"
+    reason: str = ""
+    official: bool = True
+    flagged: bool = False
+    flag_reason: str = ""
+    # result
+    val_loss: float | None = None
+    loss_floor: float | None = None
+    loss_gap: float | None = None  # val_loss - loss_floor
+    unigram_entropy: float | None = None
+    train_loss: float | None = None
+    # training
+    steps: int | None = None
+    tokens: int | None = None
+    budget_s: float | None = None
+    train_time_s: float | None = None  # measured by the ranks
+    launcher_train_time_s: float | None = None  # measured by the launcher from rank 0's reports
+    tokens_per_s: float | None = None
+    tokens_per_s_per_device: float | None = None
+    params: int | None = None
+    peak_mem_gib: float | None = None
+    data_wait_s: float | None = None
+    # setup
+    seed: int | None = None
+    world_size: int | None = None
+    nnodes: int | None = None
+    nproc_per_node: int | None = None
+    device_name: str | None = None
+    torch_version: str | None = None
+    python_version: str | None = None
+    harness_version: str | None = None
+    hostname: str | None = None
+    command: list[str] = field(default_factory=list)
+    submission_sha256: str | None = None
+    checkpoint_sha256: str | None = None
+    data_fingerprint: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    track: dict[str, Any] = field(default_factory=dict)  # the resolved track, overrides applied
+    overrides: dict[str, Any] = field(default_factory=dict)
+    team_members: list[str] = field(default_factory=list)
+    # evaluation
+    eval: dict[str, Any] = field(default_factory=dict)
+    # failure detail
+    failing_rank: int | None = None
+    traceback: str | None = None
+    killed_pids: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # time
+    timings: dict[str, float] = field(default_factory=dict)  # launcher-measured phase durations, seconds
+    started_at: str = field(default_factory=utc_now)
+    ended_at: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)  # metrics added by later features
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names}
+        return cls(**known, extra=extra)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename: readers see old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_record(run_dir: Path, record: RunRecord) -> Path:
+    path = run_dir / "run.json"
+    write_atomic(path, json.dumps(record.to_dict(), indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def load_record(run_dir: Path) -> RunRecord:
+    return RunRecord.from_dict(json.loads((Path(run_dir) / "run.json").read_text()))
+
+
+def save_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=METRICS_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    write_atomic(run_dir / "metrics.csv", buf.getvalue())
+
+
+def iter_run_dirs(root: Path, track: str | None = None) -> Iterator[Path]:
+    """Every run directory under root (runs/<track>/<team>/<run_id>/run.json), sorted."""
+    pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
+    for path in sorted(Path(root).glob(pattern)):
+        yield path.parent
+
+
+def iter_records(root: Path, track: str | None = None) -> Iterator[tuple[Path, RunRecord]]:
+    """Records that parse; a record that does not is skipped by views (and reported by `harness ls`)."""
+    for run_dir in iter_run_dirs(root, track):
+        try:
+            yield run_dir, load_record(run_dir)
+        except (OSError, ValueError, TypeError):
+            continue
+
+
+def find_run(root: Path, key: str) -> Path:
+    """A run directory from a path or a run id."""
+    p = Path(key)
+    if (p / "run.json").is_file():
+        return p
+    matches = [d for d in iter_run_dirs(root) if d.name == key or d.name.startswith(key)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise FileNotFoundError(f"no run {key!r} under {root} (give a run id or a run directory)")
+    raise FileNotFoundError(f"{key!r} matches {len(matches)} runs under {root}: give more of the id")

@@ -1,0 +1,55 @@
+"""`harness eval RUN_DIR`: score a run's checkpoint again, the same way, for audits and disputes.
+
+The track is the one saved in the record (overrides included); the data must be the data the
+run used (same fingerprint), and the checkpoint must be the one recorded (same sha256).
+Nothing in the record is changed: the figure is printed, for a person to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.console import NullReporter
+from harness.data.prepare import prepare_data
+from harness.data.shards import DataError
+from harness.phases import run_evaluation
+from harness.records import load_record
+from harness.runner import build_eval_job
+from harness.track import track_from_record
+from harness.watch import abort_on_signals
+
+
+@dataclass
+class Rescore:
+    status: str
+    reason: str
+    val_loss: float | None
+    recorded_val_loss: float | None
+    val_tokens: int | None
+    world_size: int
+    eval_time_s: float | None
+
+
+def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None = None, reporter=None) -> Rescore:
+    reporter = reporter or NullReporter()
+    run_dir = Path(run_dir)
+    record = load_record(run_dir)
+    if not (run_dir / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"{run_dir}: no checkpoint.pt (the run ended with status {record.status!r})")
+    track = track_from_record(record.track)
+    data = prepare_data(track, data_root, say=reporter.info)
+    if record.data_fingerprint and data.fingerprint != record.data_fingerprint:
+        raise DataError(f"the data found ({data.location}, fingerprint {data.fingerprint}) is not the data this run "
+                        f"used (fingerprint {record.data_fingerprint}); point --data-root at the run's data")
+    nproc = nproc or record.nproc_per_node or 1
+    job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc)
+    log = run_dir / "logs" / "rescore-launcher.log"
+    job.log_dir = str(run_dir / "logs" / "rescore")
+    with abort_on_signals() as abort:
+        ev = run_evaluation(job, nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
+                            log_path=log, abort=abort, reporter=reporter)
+    r0 = ev.reports("eval_result").get(0, {})
+    return Rescore(status=ev.outcome.status, reason=ev.outcome.reason, val_loss=r0.get("val_loss"),
+                   recorded_val_loss=record.val_loss, val_tokens=r0.get("val_tokens"), world_size=nproc,
+                   eval_time_s=r0.get("eval_time_s"))

@@ -1,0 +1,323 @@
+"""Tracks: the fixed setup of an event (hardware, clock, data, evaluation), as TOML.
+
+A track is named (`local`, `paris2026`, `dev-gpu`: the files in harness/tracks/) or given as a
+path to an organiser's own TOML file. Every key is validated: a typo is an error that names
+the file and the key, never a silent fall-back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "tracks"
+
+BACKENDS = ("nccl", "gloo")
+DEVICES = ("cuda", "cpu")
+DTYPES = ("bfloat16",)
+CLOCK_STARTS = ("first_forward", "model_build")
+RANKINGS = ("best", "mean")
+SHARD_FORMATS = ("auto", "raw_uint16", "llmc_uint16", "llmc_uint32")
+
+
+class TrackError(ValueError):
+    """A track could not be found or its TOML is wrong; the message says where and how to fix it."""
+
+
+def _positive(name: str, value: float, where: str) -> None:
+    if not value > 0:
+        raise TrackError(f"{where}: `{name}` must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticSpec:
+    """A random sparse Markov source whose entropy rate is computed exactly (see harness.data.synthetic)."""
+
+    order: int = 2  # tokens of context the source conditions on
+    branching: int = 4  # successors per context in each sparse component
+    mix: float = 0.35  # weight of the component keyed by the older token (what makes it order 2)
+    concentration: float = 0.7  # Dirichlet concentration of each sparse distribution
+    seed: int = 20260101  # the corpus is a pure function of these fields
+    train_tokens: int = 8_000_000
+
+    def __post_init__(self) -> None:
+        where = "[data.synthetic]"
+        if self.order != 2:
+            raise TrackError(f"{where}: only `order = 2` is implemented, got {self.order}")
+        if self.branching < 1:
+            raise TrackError(f"{where}: `branching` must be >= 1, got {self.branching}")
+        if not 0.0 <= self.mix < 1.0:
+            raise TrackError(f"{where}: `mix` must be in [0, 1), got {self.mix}")
+        _positive("concentration", self.concentration, where)
+        _positive("train_tokens", self.train_tokens, where)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """Where the tokens come from. Training processes only ever see the `train` part."""
+
+    source: str  # "synthetic" (built on first use into a cache) or "shards" (files on disk)
+    vocab_size: int
+    val_tokens: int  # evaluation scores exactly this many target tokens
+    root: str = ""  # shard globs are relative to it; HARNESS_DATA_ROOT or --data-root replace it
+    train: tuple[str, ...] = ()
+    val: tuple[str, ...] = ()
+    format: str = "auto"
+    synthetic: SyntheticSpec | None = None
+
+    def __post_init__(self) -> None:
+        where = "[data]"
+        if self.source not in ("synthetic", "shards"):
+            raise TrackError(f"{where}: `source` must be 'synthetic' or 'shards', got {self.source!r}")
+        _positive("vocab_size", self.vocab_size, where)
+        _positive("val_tokens", self.val_tokens, where)
+        if self.format not in SHARD_FORMATS:
+            raise TrackError(f"{where}: `format` must be one of {', '.join(SHARD_FORMATS)}, got {self.format!r}")
+        if self.source == "shards" and (not self.train or not self.val):
+            raise TrackError(f"{where}: a 'shards' source needs both `train` and `val` globs")
+        if self.source == "synthetic":
+            if self.synthetic is None:
+                raise TrackError(f"{where}: a 'synthetic' source needs a [data.synthetic] table")
+            if self.vocab_size > 65535:
+                raise TrackError(f"{where}: a synthetic vocabulary must fit uint16 (<= 65535)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSpec:
+    seq_len: int  # target tokens per evaluation window
+    batch_size: int  # windows per forward pass; the batches are the unit sharded over ranks
+    timeout_s: float = 600.0
+    causality_check: bool = True  # probe the trained model for peeking at future tokens
+
+    def __post_init__(self) -> None:
+        _positive("seq_len", self.seq_len, "[eval]")
+        _positive("batch_size", self.batch_size, "[eval]")
+        _positive("timeout_s", self.timeout_s, "[eval]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Track:
+    """The fixed setup of an event. Resolved copies (with overrides) are saved in every run record."""
+
+    name: str
+    description: str = ""
+    nnodes: int = 1
+    nproc_per_node: int | str = 1  # or "auto": every visible GPU
+    backend: str = "gloo"
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    budget_s: float
+    grace_s: float = 30.0  # the launcher kills the job at budget_s + grace_s
+    clock_start: str = "first_forward"
+    startup_timeout_s: float = 600.0  # from launch to the first training step
+    collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
+    rendezvous_timeout_s: float = 300.0
+    shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
+    log_interval_s: float = 5.0
+    cpu_threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
+    peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
+    device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
+    ranking: str = "mean"  # how a team's runs combine on the leaderboard
+    data: DataSpec
+    eval: EvalSpec
+    source: str = ""  # where the track came from (a path); not part of its identity
+
+    def __post_init__(self) -> None:
+        where = f"track {self.name!r}"
+        if self.backend not in BACKENDS:
+            raise TrackError(f"{where}: `backend` must be one of {BACKENDS}, got {self.backend!r}")
+        if self.device not in DEVICES:
+            raise TrackError(f"{where}: `device` must be one of {DEVICES}, got {self.device!r}")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise TrackError(f"{where}: backend 'nccl' needs device 'cuda' (use 'gloo' on cpu)")
+        if self.dtype not in DTYPES:
+            raise TrackError(f"{where}: `dtype` must be one of {DTYPES}, got {self.dtype!r}")
+        if self.clock_start not in CLOCK_STARTS:
+            raise TrackError(f"{where}: `clock_start` must be one of {CLOCK_STARTS}, got {self.clock_start!r}")
+        if self.ranking not in RANKINGS:
+            raise TrackError(f"{where}: `ranking` must be one of {RANKINGS}, got {self.ranking!r}")
+        if self.nnodes < 1:
+            raise TrackError(f"{where}: `nnodes` must be >= 1, got {self.nnodes}")
+        if self.nproc_per_node != "auto" and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
+            raise TrackError(f"{where}: `nproc_per_node` must be a positive integer or 'auto', got {self.nproc_per_node!r}")
+        if self.nproc_per_node == "auto" and self.device != "cuda":
+            raise TrackError(f"{where}: `nproc_per_node = 'auto'` counts GPUs; give a number on cpu")
+        for name in ("budget_s", "startup_timeout_s", "collective_timeout_s", "rendezvous_timeout_s",
+                     "shutdown_timeout_s", "log_interval_s"):
+            _positive(name, getattr(self, name), where)
+        if self.grace_s < 0:
+            raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
+        if self.peak_flops_per_device < 0:
+            raise TrackError(f"{where}: `peak_flops_per_device` must be >= 0")
+        if self.data.val_tokens % self.eval.seq_len:
+            raise TrackError(
+                f"{where}: data.val_tokens ({self.data.val_tokens}) must be a multiple of eval.seq_len "
+                f"({self.eval.seq_len}) so that every window is whole"
+            )
+
+    @property
+    def hard_limit_s(self) -> float:
+        return self.budget_s + self.grace_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = {f.name for f in dataclasses.fields(Track)} - {"source"}
+_DATA_KEYS = {f.name for f in dataclasses.fields(DataSpec)}
+_SYNTH_KEYS = {f.name for f in dataclasses.fields(SyntheticSpec)}
+_EVAL_KEYS = {f.name for f in dataclasses.fields(EvalSpec)}
+
+
+def builtin_track_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str, path: str) -> None:
+    for key in table:
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, sorted(allowed), n=1)
+            tip = f" Did you mean `{hint[0]}`?" if hint else f" Known keys: {', '.join(sorted(allowed))}."
+            raise TrackError(f"{path}: unknown key `{key}` in {where}.{tip}")
+
+
+def _as_globs(value: Any, key: str, path: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TrackError(f"{path}: [data] `{key}` must be a glob string or a list of them")
+
+
+def track_from_dict(raw: dict[str, Any], path: str) -> Track:
+    """Build a Track from parsed TOML, naming `path` in every error."""
+    raw = dict(raw)
+    _check_keys(raw, _TOP_KEYS, "the top level", path)
+    for required in ("name", "budget_s", "data", "eval"):
+        if required not in raw:
+            raise TrackError(f"{path}: missing required key `{required}`")
+    data_raw = dict(raw.pop("data"))
+    _check_keys(data_raw, _DATA_KEYS, "[data]", path)
+    synth_raw = data_raw.pop("synthetic", None)
+    synthetic = None
+    if synth_raw is not None:
+        _check_keys(synth_raw, _SYNTH_KEYS, "[data.synthetic]", path)
+        synthetic = SyntheticSpec(**synth_raw)
+    for key in ("train", "val"):
+        if key in data_raw:
+            data_raw[key] = _as_globs(data_raw[key], key, path)
+    eval_raw = dict(raw.pop("eval"))
+    _check_keys(eval_raw, _EVAL_KEYS, "[eval]", path)
+    try:
+        return Track(data=DataSpec(synthetic=synthetic, **data_raw), eval=EvalSpec(**eval_raw), source=path, **raw)
+    except TrackError as exc:
+        raise TrackError(f"{path}: {exc}") from None
+    except TypeError as exc:  # a value of the wrong type reaching a comparison
+        raise TrackError(f"{path}: {exc}") from None
+
+
+def track_from_record(d: dict[str, Any]) -> Track:
+    """Rebuild the resolved Track saved in a run record (Track.to_dict output)."""
+    d = dict(d)
+    source = d.pop("source", "") or "run.json"
+    return track_from_dict(d, source)
+
+
+def load_track(name_or_path: str) -> Track:
+    """A built-in track by name, or an organiser's TOML file by path."""
+    candidate = Path(name_or_path).expanduser()
+    if name_or_path.endswith(".toml") or candidate.is_file():
+        if not candidate.is_file():
+            raise TrackError(f"track file {candidate} does not exist")
+        path = candidate.resolve()
+    else:
+        path = BUILTIN_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            names = builtin_track_names()
+            hint = difflib.get_close_matches(name_or_path, names, n=1)
+            tip = f" Did you mean: {hint[0]}?" if hint else ""
+            raise TrackError(
+                f"Unknown track {name_or_path!r}.{tip} Built-in tracks: {', '.join(names)}; "
+                "or pass the path of a .toml file."
+            )
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TrackError(f"{path}: not valid TOML: {exc}") from None
+    return track_from_dict(raw, str(path))
+
+
+# --------------------------------------------------------------------------- overrides
+
+# Command-line overrides for testing: each one is recorded in the run and makes it unofficial.
+OVERRIDABLE = {
+    "budget_s": ("budget_s",),
+    "grace_s": ("grace_s",),
+    "nproc_per_node": ("nproc_per_node",),
+    "nnodes": ("nnodes",),
+    "val_tokens": ("data", "val_tokens"),
+    "log_interval_s": ("log_interval_s",),
+    "collective_timeout_s": ("collective_timeout_s",),
+    "eval_timeout_s": ("eval", "timeout_s"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedTrack:
+    """A track after command-line overrides; `overrides` maps each changed key to (track, run) values."""
+
+    track: Track
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def official(self) -> bool:
+        return not self.overrides
+
+
+def _get(track: Track, path: tuple[str, ...]) -> Any:
+    obj: Any = track
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _replace(obj: Any, path: tuple[str, ...], value: Any) -> Any:
+    if len(path) == 1:
+        return dataclasses.replace(obj, **{path[0]: value})
+    return dataclasses.replace(obj, **{path[0]: _replace(getattr(obj, path[0]), path[1:], value)})
+
+
+def apply_overrides(track: Track, **values: Any) -> ResolvedTrack:
+    """Apply the given overrides (None means "not given"); only real changes are recorded."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key not in OVERRIDABLE:
+            raise TrackError(f"`{key}` cannot be overridden; overridable: {', '.join(OVERRIDABLE)}")
+        path = OVERRIDABLE[key]
+        before = _get(track, path)
+        if before == value:
+            continue
+        try:
+            track = _replace(track, path, value)
+        except TrackError as exc:
+            raise TrackError(f"override {key}={value!r}: {exc}") from None
+        overrides[key] = {"track": before, "run": value}
+    return ResolvedTrack(track=track, overrides=overrides)
+
+
+def data_root(track: Track, cli_root: str | None = None) -> Path:
+    """The directory the track's shard globs are relative to: --data-root, then HARNESS_DATA_ROOT, then the track."""
+    root = cli_root or os.environ.get("HARNESS_DATA_ROOT") or track.data.root
+    path = Path(os.path.expandvars(root)).expanduser()
+    if not path.is_absolute() and track.source:
+        path = Path(track.source).parent / path
+    return path
