@@ -77,7 +77,7 @@ class ElasticJob:
         self.error: BaseException | None = None
         self.succeeded = False
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-job-"))  # torchelastic_* folders land here
-        self._preexisting = {p.pid for p in procs.descendants()}
+        self._scope = procs.ProcessScope(spec.shutdown_timeout_s)
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
 
@@ -116,12 +116,12 @@ class ElasticJob:
 
     def kill(self) -> list[int]:
         """End every process the job started (ranks and anything they spawned)."""
-        return procs.terminate_descendants(self.spec.shutdown_timeout_s, exclude=self._preexisting)
+        return procs.terminate_descendants(self.spec.shutdown_timeout_s, exclude=self._scope.before)
 
     def close(self, wait_s: float = 10.0) -> list[int]:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
         self.wait(wait_s)
-        leftover = procs.terminate_descendants(self.spec.shutdown_timeout_s, exclude=self._preexisting)
+        leftover = self._scope.close()
         procs.reap_zombies()
         tempfile.tempdir = None
         for key, value in getattr(self, "_saved_env", {}).items():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import procs
 from harness.channel import ChannelServer, Message
 from harness.console import NullReporter, progress_text
 from harness.jobs import EvalJob, TrainJob
@@ -35,7 +36,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     tmp.mkdir(parents=True, exist_ok=True)
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, procs.ProcessScope(grace_s=2.0):  # nothing it starts may linger
         try:
             proc = subprocess.run([sys.executable, "-u", "-m", "harness.preflight", str(req), str(rep)],
                                   stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)

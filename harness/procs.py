@@ -45,7 +45,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> list[int]:
-    """SIGTERM every descendant, SIGKILL what is left after grace_s; returns the pids SIGKILLed.
+    """SIGTERM every descendant, SIGKILL what is left after grace_s; returns every pid it ended.
 
     Zombies are not reaped here (a Popen in torch elastic may still want their exit status);
     `reap_zombies` does that once the agent is done.
@@ -72,7 +72,7 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and any(_alive(p) for p in procs):
         time.sleep(0.05)
-    return sorted(set(killed))
+    return sorted({p.pid for p in procs} | set(killed))
 
 
 def reap_zombies() -> None:
@@ -88,3 +88,22 @@ def reap_zombies() -> None:
 
 def alive_descendants() -> list[int]:
     return [p.pid for p in descendants() if _alive(p)]
+
+
+class ProcessScope:
+    """Everything started inside the scope is ended when it closes (`killed` lists what had to be)."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.before = {p.pid for p in descendants()}
+        self.killed: list[int] = []
+
+    def close(self) -> list[int]:
+        self.killed = terminate_descendants(self.grace_s, exclude=self.before)
+        return self.killed
+
+    def __enter__(self) -> "ProcessScope":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -15,6 +15,7 @@ import platform
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ def _apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
     record.steps, record.tokens = r0.get("steps"), r0.get("tokens")
     record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
     record.device_name = r0.get("device_name")
+    for key in ("max_step_s", "last_step_start_s", "tokens_per_step"):
+        if key in r0:
+            record.extra[key] = r0[key]
     if r0.get("config"):
         record.config = r0["config"]
     if results:
@@ -113,6 +117,11 @@ def _set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | N
         record.traceback = tb[-8000:]
 
 
+def _name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
+    """Errors point at the team's own files (what they edit), not at the record's copy."""
+    record.reason = record.reason.replace(str(snapshot), str(folder))
+
+
 def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData, Path, int]:
     """Everything that can fail before a run directory exists (usage and setup errors)."""
     resolved = apply_overrides(load_track(opts.track), **opts.overrides)
@@ -120,6 +129,20 @@ def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData
     nproc = resolve_nproc(resolved.track)
     data = prepare_data(resolved.track, opts.data_root, say=reporter.info)
     return resolved, data, folder, nproc
+
+
+@contextmanager
+def _marked_processes(run_id: str):
+    """Every process started for the run carries HARNESS_RUN_ID (inherited), so it can be found."""
+    before = os.environ.get("HARNESS_RUN_ID")
+    os.environ["HARNESS_RUN_ID"] = run_id
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HARNESS_RUN_ID", None)
+        else:
+            os.environ["HARNESS_RUN_ID"] = before
 
 
 def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
@@ -144,7 +167,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     reporter.info(f"run {run_id}: {record.team} on track {track.name} "
                   f"({record.world_size} x {track.device}, budget {track.budget_s:.0f}s"
                   f"{'' if resolved.official else ', unofficial: ' + ', '.join(resolved.overrides)})")
-    with abort_on_signals() as abort:
+    with abort_on_signals() as abort, _marked_processes(run_id):
         try:
             _execute(opts, track, data, folder, team, nproc, run_dir, record, metrics, abort, reporter)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
@@ -153,6 +176,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                 _set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
+            _name_team_files(record, run_dir / "submission", folder)
             record.ended_at = utc_now()
             if record.status == "running":
                 _set_outcome(record, "aborted", "the launcher stopped before the run finished")
@@ -212,6 +236,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.killed_pids = phase.leftover_pids
     o = phase.outcome
     _set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
+    if o.status == "ok" and phase.leftover_pids:
+        record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
     if o.status != "ok":
         return
 

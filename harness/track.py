@@ -191,7 +191,7 @@ def _check_keys(table: dict[str, Any], allowed: set[str], where: str, path: str)
 def _as_globs(value: Any, key: str, path: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
     raise TrackError(f"{path}: [data] `{key}` must be a glob string or a list of them")
 

@@ -66,6 +66,8 @@ class WatchResult:
     train_start_s: float | None = None
     train_end_s: float | None = None
     exited_s: float | None = None  # when the agent returned
+    limit_s: float | None = None  # when the limit that caused a kill passed
+    all_gone_s: float | None = None  # when every process of the job was gone after a kill
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
@@ -77,6 +79,8 @@ class WatchResult:
         end = self.train_end_s or self.kill_at_s
         if end is not None and self.exited_s is not None:
             out["save_and_teardown_s"] = self.exited_s - end
+        if self.all_gone_s is not None and self.limit_s is not None:
+            out["kill_latency_s"] = self.all_gone_s - self.limit_s  # limit passed -> every process gone
         return out
 
     @property
@@ -95,9 +99,12 @@ class Deadlines:
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
 
 
-def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str) -> None:
+def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_s: float | None = None) -> None:
+    """End the job now; `limit_s` is when the limit that triggered it passed (for the kill latency)."""
     result.kill_status, result.kill_reason, result.kill_at_s = status, reason, time.monotonic()
     result.killed_pids = job.kill()
+    result.all_gone_s = time.monotonic()
+    result.limit_s = limit_s if limit_s is not None else result.kill_at_s
 
 
 def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: AbortFlag,
@@ -125,7 +132,8 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
         elif start is not None and end is None and deadlines.hard_limit_s is not None \
                 and now - start.received_s > deadlines.hard_limit_s:
             _kill(job, result, "timeout",
-                  f"killed at the hard limit: {deadlines.hard_limit_s:.1f} s (budget + grace) after training started")
+                  f"killed at the hard limit: {deadlines.hard_limit_s:.1f} s (budget + grace) after training started",
+                  limit_s=start.received_s + deadlines.hard_limit_s)
         elif end is not None and now - end.received_s > deadlines.after_train_s:
             _kill(job, result, "timeout",
                   f"ranks still running {deadlines.after_train_s:.0f} s after training ended (checkpoint save hung?)")

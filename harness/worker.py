@@ -106,6 +106,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     last_log_s = 0.0
     lr_scale = 0.0
     stop_code = CONTINUE
+    last_step_start_s = max_step_s = prev_synced = 0.0
 
     # ---------------------------------------------------------------- the clock runs from here
     if t0 is None:
@@ -121,6 +122,9 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         stop_code = int(flag.item())  # the one host sync per step
         synced = perf_counter() - t0
         rule.synced(synced)
+        if step > 0:
+            max_step_s = max(max_step_s, synced - prev_synced)
+        prev_synced = synced
         if env.rank == 0 and (stop_code != CONTINUE or synced - last_log_s >= job.log_interval_s):
             loss_value = (loss_sum / max(loss_count, 1)).item() if loss_count else float("nan")
             channel.send("progress", step=step, train_time_s=synced, train_loss=loss_value, lr_scale=lr_scale,
@@ -131,6 +135,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             last_log_s = synced
         if stop_code != CONTINUE:
             break
+        last_step_start_s = synced
 
         lr_scale = float(schedule(min(1.0, now / job.budget_s)))
         for opt in optimizers:
@@ -189,7 +194,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         "params": params, "peak_mem_gib": peak_mem_gib, "data_wait_s": prefetch.wait_s,
         "checkpoint_saved": saved, "config": sub.config, "tokens_per_step": tokens_per_step,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "step_estimate_s": rule.step_estimate_s,
+        "max_step_s": max_step_s, "last_step_start_s": last_step_start_s,
     }
 
 

@@ -1,0 +1,74 @@
+"""Shared test helpers: the real CLI in a subprocess, a per-session data cache, process checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+TINY_TRACK = FIXTURES / "tracks" / "tiny.toml"
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One synthetic-data cache for the whole session (each corpus is built once)."""
+    path = Path(os.environ.get("HARNESS_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache"))
+    return path
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+@pytest.fixture
+def cli(cache_dir, tmp_path):
+    """Run `harness ...` exactly as a user does: a fresh process, the real entry point."""
+
+    def run(*args: str, timeout: float = 240, env: dict | None = None, runs_dir: Path | None = None) -> CliResult:
+        full_env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir),
+                    "HARNESS_RUNS_DIR": str(runs_dir or tmp_path / "runs"), **(env or {})}
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
+                              timeout=timeout, env=full_env, cwd=tmp_path)
+        return CliResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+    return run
+
+
+def run_dirs(runs: Path) -> list[Path]:
+    return sorted(p.parent for p in runs.glob("*/*/*/run.json"))
+
+
+def only_record(runs: Path) -> tuple[Path, dict]:
+    dirs = run_dirs(runs)
+    assert len(dirs) == 1, f"expected one run record under {runs}, found {dirs}"
+    return dirs[0], json.loads((dirs[0] / "run.json").read_text())
+
+
+def processes_of_run(run_id: str) -> list[psutil.Process]:
+    """Live processes started for a run (they all carry HARNESS_RUN_ID)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("HARNESS_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,28 @@
+"""The command line itself: help, and setup errors that stop before anything runs (exit code 2)."""
+
+from conftest import ROOT
+
+
+def test_help_lists_the_commands(cli):
+    result = cli("--help")
+    assert result.code == 0
+    for command in ("run", "eval"):
+        assert command in result.out
+
+
+def test_unknown_track_is_one_clear_line_and_no_record(cli, tmp_path):
+    result = cli("run", str(ROOT / "submissions" / "baseline"), "--track", "paris2062")
+    assert result.code == 2
+    assert "Unknown track 'paris2062'. Did you mean: paris2026?" in result.err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_submission_folder(cli, tmp_path):
+    result = cli("run", "submissions/team_x")
+    assert result.code == 2 and "submissions/team_x: does not exist" in result.err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_gpu_for_a_gpu_track_is_a_setup_error(cli):
+    result = cli("run", str(ROOT / "submissions" / "baseline"), "--track", "dev-gpu")
+    assert result.code == 2 and "none is visible" in result.err

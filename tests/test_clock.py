@@ -1,0 +1,46 @@
+import pytest
+
+from harness.clock import CONTINUE, STOP_BUDGET, StopRule
+
+
+def test_first_step_runs_when_time_is_left():
+    assert StopRule(10.0).decide(0.0) == CONTINUE
+
+
+def test_no_step_starts_that_would_end_past_the_budget():
+    rule = StopRule(10.0)
+    t, steps = 0.0, 0
+    while True:  # the worker's order: vote, agree (a sync point), then run the step
+        if rule.decide(t) != CONTINUE:
+            break
+        rule.synced(t)
+        t += 1.5  # every step takes 1.5 s
+        steps += 1
+    assert steps == 6 and t == pytest.approx(9.0)  # a 7th step would end at 10.5 s
+
+
+def test_estimate_uses_the_slowest_recent_step():
+    rule = StopRule(100.0, window=3)
+    for t in (0.0, 1.0, 5.0, 6.0):
+        rule.synced(t)
+    assert rule.step_estimate_s == 4.0
+    for t in (7.0, 8.0, 9.0):
+        rule.synced(t)
+    assert rule.step_estimate_s == 1.0
+
+
+def test_host_ahead_of_device_is_accounted_for():
+    # On a GPU the host returns before the device finishes: the previous step is assumed to end
+    # no sooner than one estimate after the last sync.
+    rule = StopRule(5.5)
+    rule.synced(0.0)
+    rule.synced(2.0)  # one step of 2 s; the host has just queued the next one
+    assert rule.predicted_end_s(2.1) == pytest.approx(6.0)  # not 4.1: the queued step still runs
+    assert rule.decide(2.1) == STOP_BUDGET
+    assert StopRule(6.5).decide(0.0) == CONTINUE
+
+
+@pytest.mark.parametrize("kwargs", [{"budget_s": 0}, {"budget_s": 1, "window": 0}])
+def test_bad_configuration_is_refused(kwargs):
+    with pytest.raises(ValueError):
+        StopRule(**kwargs)

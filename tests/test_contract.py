@@ -1,0 +1,121 @@
+"""Contract checks, in-process: each names the file, the wrong piece and the fix."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import FIXTURES
+from harness.contract import (
+    SubmissionError,
+    check_forward_output,
+    find_submission,
+    load_submission,
+    read_team,
+    submission_sha256,
+    team_slug,
+)
+from harness.preflight import run_checks
+
+
+def test_missing_folder_and_missing_file_are_explained(tmp_path):
+    with pytest.raises(SubmissionError, match="does not exist"):
+        find_submission(tmp_path / "nope")
+    with pytest.raises(SubmissionError, match=r"submission\.py: not found.*Fix: add submission\.py"):
+        find_submission(tmp_path)
+
+
+def test_syntax_error_names_the_line():
+    with pytest.raises(SubmissionError, match=r"syntax_error/submission\.py:5: syntax error"):
+        load_submission(FIXTURES / "syntax_error", 256)
+
+
+def test_import_error_is_a_contract_error():
+    with pytest.raises(SubmissionError, match="import failed: No module named 'definitely_not_installed_package'"):
+        load_submission(FIXTURES / "import_error", 256)
+
+
+def test_missing_get_model_says_how_to_fix():
+    with pytest.raises(SubmissionError, match=r"defines no get_model.*Fix: add `def get_model\(config\)"):
+        load_submission(FIXTURES / "no_get_model", 256)
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(SubmissionError, match="CONFIG has no `seq_len`"):
+        load_submission(FIXTURES / "bad_config", 256)
+    (tmp_path / "submission.py").write_text(
+        'CONFIG = {"micro_batch_size": 2, "seq_len": 8, "vocab_size": 10}\ndef get_model(c):\n    return None\n')
+    with pytest.raises(SubmissionError, match="vocab_size'\\] = 10 is smaller than the track's vocabulary of 256"):
+        load_submission(tmp_path, 256)
+
+
+def test_vocab_is_filled_in_and_a_padded_vocab_is_kept(tmp_path):
+    sub = load_submission(FIXTURES / "ok_bigram", 256)
+    assert sub.config["vocab_size"] == 256 and sub.grad_accum_steps == 1
+    (tmp_path / "submission.py").write_text(
+        'CONFIG = {"micro_batch_size": 2, "seq_len": 8, "vocab_size": 320}\ndef get_model(c):\n    return None\n')
+    assert load_submission(tmp_path, 256).config["vocab_size"] == 320
+
+
+def test_relative_and_sibling_imports_both_work(tmp_path):
+    for style, line in (("rel", "from .model import get_model"), ("plain", "from model import get_model")):
+        folder = tmp_path / style
+        folder.mkdir()
+        (folder / "model.py").write_text("def get_model(config):\n    return 'built'\n")
+        (folder / "submission.py").write_text(f'{line}\nCONFIG = {{"micro_batch_size": 1, "seq_len": 4}}\n')
+        sys.modules.pop("model", None)
+        assert load_submission(folder, 16).get_model({}) == "built"
+        sys.path.remove(str(folder))
+
+
+@pytest.mark.parametrize("out, message", [
+    (torch.zeros(2, 4, 8), "not a pair"),
+    ((torch.zeros(2, 8), torch.zeros(())), r"logits have shape \(2, 8\)"),
+    ((torch.zeros(2, 4, 8, dtype=torch.long), torch.zeros(())), "not a float type"),
+    ((torch.zeros(2, 4, 8), torch.zeros(2, 4)), r"loss is shape \(2, 4\), not a scalar"),
+    ((torch.zeros(2, 4, 8), None), "loss is NoneType"),
+])
+def test_forward_output_checks(out, message):
+    with pytest.raises(SubmissionError, match=message):
+        check_forward_output(out, 2, 4, 8, True, "m.py")
+
+
+def test_forward_without_targets_may_return_no_loss():
+    check_forward_output((torch.zeros(2, 4, 8), None), 2, 4, 8, False, "m.py")
+
+
+@pytest.mark.parametrize("fixture, message", [
+    ("forward_not_pair", "not a pair"),
+    ("wrong_logits_shape", "logits have shape"),
+    ("nonscalar_loss", "not a scalar"),
+    ("int_logits", "not a float type"),
+])
+def test_preflight_runs_the_model_and_reports_the_problem(fixture, message):
+    report = run_checks({"submission_dir": str(FIXTURES / fixture), "vocab_size": 64, "device": "cpu", "seed": 0})
+    assert not report["ok"]
+    assert message in report["problems"][0]["problem"] and report["problems"][0]["file"].endswith("submission.py")
+
+
+def test_preflight_accepts_a_good_submission():
+    report = run_checks({"submission_dir": str(FIXTURES / "ok_bigram"), "vocab_size": 64, "device": "cpu", "seed": 0})
+    assert report["ok"] and report["params"] == 64 * 64 and report["problems"] == []
+
+
+def test_team_file(tmp_path):
+    assert read_team(FIXTURES / "ok_bigram").name == "ok_bigram"
+    (tmp_path / "submission.toml").write_text('[team]\nname = "Les Rapides"\nmembers = ["a", "b"]\n')
+    team = read_team(tmp_path)
+    assert team.name == "Les Rapides" and team.members == ["a", "b"] and team_slug(team.name) == "Les-Rapides"
+    (tmp_path / "submission.toml").write_text('[team]\nnmae = "x"\n')
+    with pytest.raises(SubmissionError, match="unknown key"):
+        read_team(tmp_path)
+
+
+def test_hash_covers_names_and_contents_but_not_caches(tmp_path):
+    (tmp_path / "submission.py").write_text("A = 1\n")
+    h = submission_sha256(tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    assert submission_sha256(tmp_path) == h
+    (tmp_path / "model.py").write_text("")
+    assert submission_sha256(tmp_path) != h

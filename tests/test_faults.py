@@ -1,0 +1,140 @@
+"""Broken submissions through the real CLI: each ends as a record with a status and a reason,
+within a bound, with nothing of the job left running. Track `tiny`: budget 4 s, grace 3 s,
+collective timeout 8 s, SIGTERM->SIGKILL after 2 s."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import FIXTURES, TINY_TRACK, only_record, processes_of_run, run_dirs
+
+
+def run_fixture(cli, name, *extra):
+    result = cli("run", str(FIXTURES / name), "--track", str(TINY_TRACK), *extra)
+    return result
+
+
+def assert_clean(record):
+    assert processes_of_run(record["run_id"]) == [], "a process of the job outlived it"
+
+
+@pytest.mark.parametrize("fixture, message", [
+    ("syntax_error", r"syntax_error/submission.py:5: syntax error"),
+    ("import_error", "import failed"),
+    ("no_get_model", "defines no get_model"),
+    ("bad_config", "CONFIG has no `seq_len`"),
+    ("forward_not_pair", "not a pair (logits, loss)"),
+    ("wrong_logits_shape", "logits have shape"),
+    ("nonscalar_loss", "not a scalar tensor"),
+    ("int_logits", "not a float type"),
+])
+def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fixture, message):
+    result = run_fixture(cli, fixture)
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "invalid" and message in record["reason"]
+    assert str(FIXTURES / fixture) in record["reason"], "the error must name the team's own file"
+    assert not (run_dir / "logs" / "rank0.log").exists(), "ranks were started for an invalid submission"
+    assert "status     invalid" in result.err
+    assert_clean(record)
+
+
+def test_exception_on_one_rank_is_crashed_with_its_traceback(cli, tmp_path):
+    result = run_fixture(cli, "crash_rank1")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and record["failing_rank"] == 1
+    assert "deliberate crash on rank 1 at step 3" in record["reason"]
+    assert "deliberate crash" in record["traceback"] and "submission.py" in record["traceback"]
+    assert record["launcher_train_time_s"] < 5.0, "all ranks must be gone within seconds of the crash"
+    assert_clean(record)
+
+
+def test_forward_sleeping_past_the_budget_is_killed_at_the_hard_limit(cli, tmp_path):
+    result = run_fixture(cli, "sleepy_forward")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "timeout" and "hard limit" in record["reason"]
+    hard_limit = record["track"]["budget_s"] + record["track"]["grace_s"]
+    assert hard_limit <= record["launcher_train_time_s"] < hard_limit + 1.0
+    assert record["timings"]["kill_latency_s"] < 3.0  # poll (0.1 s) + SIGTERM, SIGKILL after 2 s if needed
+    assert record["killed_pids"], "the launcher must have ended the ranks"
+    assert_clean(record)
+
+
+def test_one_hung_rank_ends_the_job_by_timeout(cli, tmp_path):
+    result = run_fixture(cli, "hang_rank1")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    # Hard limit (7 s) comes before the collective timeout (8 s) on this track.
+    assert record["status"] == "timeout" and "hard limit" in record["reason"]
+    assert record["launcher_train_time_s"] < 7.0 + 1.0
+    assert_clean(record)
+
+
+def test_hung_rank_is_named_when_the_collective_timeout_comes_first(cli, tmp_path):
+    result = run_fixture(cli, "hang_rank1", "--grace-s", "30")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and "rank(s) 1 stopped responding" in record["reason"]
+    assert record["failing_rank"] == 1
+    assert record["launcher_train_time_s"] < 8.0 + 4.0  # collective timeout + teardown
+    assert_clean(record)
+
+
+def test_nan_loss_is_diverged_and_not_evaluated(cli, tmp_path):
+    result = run_fixture(cli, "nan_loss")
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "diverged" and "NaN or inf" in record["reason"]
+    assert record["val_loss"] is None and not (run_dir / "checkpoint.pt").exists()
+    assert not (run_dir / "logs" / "eval-rank0.log").exists()
+    assert record["launcher_train_time_s"] < 3.0
+    assert_clean(record)
+
+
+def test_out_of_memory_is_crashed_with_that_reason(cli, tmp_path):
+    result = run_fixture(cli, "oom")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and "out of memory" in record["reason"]
+    assert_clean(record)
+
+
+def test_processes_a_submission_leaves_behind_are_ended(cli, tmp_path):
+    result = run_fixture(cli, "orphan_child")
+    assert result.code == 0, result.err
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "ok"
+    assert record["killed_pids"] and any("left running" in n for n in record["notes"])
+    assert_clean(record)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, sig):
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "sleepy_forward"),
+                             "--track", str(TINY_TRACK), "--budget-s", "60"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the ranks are training
+        dirs = run_dirs(tmp_path / "runs")
+        if dirs and (dirs[0] / "logs" / "rank1.log").exists():
+            break
+        time.sleep(0.2)
+    _, running = only_record(tmp_path / "runs")
+    assert running["status"] == "running", "the record must exist while the run is in progress"
+    time.sleep(2.0)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5.0
+    assert proc.returncode == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "aborted" and sig.name in record["reason"]
+    assert "status     aborted" in err
+    assert_clean(record)

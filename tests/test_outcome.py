@@ -1,0 +1,53 @@
+from harness.channel import Message
+from harness.outcome import classify
+
+
+def msg(kind, t, **body):
+    return Message(kind, body, t)
+
+
+def decide(messages, world=2, **kw):
+    args = dict(world_size=world, done_kind="result", agent_succeeded=False, agent_failures={}, agent_error=None,
+                kill_status=None, kill_reason="")
+    args.update(kw)
+    return classify(messages, **args)
+
+
+def test_success_needs_every_ranks_report():
+    done = [msg("result", 1, rank=0), msg("result", 1, rank=1)]
+    assert decide(done, agent_succeeded=True).status == "ok"
+    half = decide(done[:1], agent_succeeded=True)
+    assert half.status == "crashed" and "rank(s) 1 exited without reporting" in half.reason
+
+
+def test_a_ranks_own_error_beats_the_echo_on_its_peer():
+    messages = [
+        msg("error", 2.0, rank=0, status="crashed", reason="Connection closed by peer", cause="collective"),
+        msg("error", 1.0, rank=1, status="crashed", reason="ValueError: boom", cause="exception", traceback="tb"),
+    ]
+    o = decide(messages, agent_failures={0: {"exitcode": 1}, 1: {"exitcode": 1}})
+    assert (o.status, o.failing_rank, o.traceback) == ("crashed", 1, "tb") and "boom" in o.reason
+
+
+def test_only_collective_errors_name_the_silent_rank():
+    messages = [msg("error", 1.0, rank=0, status="crashed", reason="gloo timed out", cause="collective")]
+    o = decide(messages, world=3, agent_failures={0: {"exitcode": 1}})
+    assert o.status == "crashed" and o.failing_rank == 1 and "rank(s) 1, 2 stopped responding" in o.reason
+
+
+def test_watchdog_kill_and_abort():
+    assert decide([], kill_status="timeout", kill_reason="hard limit").status == "timeout"
+    assert decide([msg("error", 1, rank=0, status="crashed", reason="x", cause="exception")],
+                  kill_status="aborted", kill_reason="SIGINT").status == "aborted"
+
+
+def test_diverged_and_invalid_pass_through():
+    o = decide([msg("error", 1, rank=1, status="diverged", reason="loss became NaN", cause="rule")])
+    assert o.status == "diverged"
+    o = decide([msg("error", 1, rank=0, status="invalid", reason="bad", cause="contract")])
+    assert o.status == "invalid"
+
+
+def test_death_without_a_word():
+    o = decide([], agent_failures={1: {"exitcode": -9, "signal": "SIGKILL"}})
+    assert o.status == "crashed" and "signal SIGKILL" in o.reason and "out of memory?" in o.reason

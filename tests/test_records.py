@@ -1,0 +1,50 @@
+import json
+
+import pytest
+
+from harness.records import RunRecord, find_run, load_record, save_metrics, save_record, write_atomic
+
+
+def test_record_round_trips_and_keeps_unknown_fields(tmp_path):
+    rec = RunRecord(run_id="r1", team="t", track_name="local", status="ok", val_loss=2.5)
+    rec.extra["mfu"] = 0.4
+    save_record(tmp_path, rec)
+    raw = json.loads((tmp_path / "run.json").read_text())
+    assert raw["mfu"] == 0.4 and raw["val_loss"] == 2.5 and "extra" not in raw
+    back = load_record(tmp_path)
+    assert back.val_loss == 2.5 and back.extra == {"mfu": 0.4}
+
+
+def test_bad_status_is_refused():
+    with pytest.raises(ValueError, match="status must be one of"):
+        RunRecord(run_id="r", team="t", track_name="x", status="great")
+
+
+def test_atomic_write_leaves_old_content_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    write_atomic(path, "old")
+
+    def boom(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_metrics_csv_has_the_documented_columns(tmp_path):
+    save_metrics(tmp_path, [{"step": 1, "train_time_s": 0.5, "train_loss": 3.0, "lr_scale": 1.0, "tokens": 64,
+                             "tokens_per_s": 128.0, "rank": 0}])
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0] == "step,train_time_s,train_loss,lr_scale,tokens,tokens_per_s" and lines[1].startswith("1,0.5,3.0")
+
+
+def test_find_run_by_id_prefix_or_path(tmp_path):
+    for rid in ("20260101T000000-aaaaaa", "20260101T000000-bbbbbb"):
+        save_record(tmp_path / "local" / "t" / rid, RunRecord(run_id=rid, team="t", track_name="local"))
+    assert find_run(tmp_path, "20260101T000000-aa").name.endswith("aaaaaa")
+    with pytest.raises(FileNotFoundError, match="matches 2 runs"):
+        find_run(tmp_path, "20260101T")
+    with pytest.raises(FileNotFoundError, match="no run"):
+        find_run(tmp_path, "zzz")

@@ -1,0 +1,100 @@
+"""`harness run` end to end through the real CLI: 2 gloo ranks, a real clock, a real evaluation."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from conftest import ROOT, only_record, processes_of_run
+from harness.contract import submission_sha256
+
+REQUIRED = [
+    "status", "reason", "val_loss", "loss_floor", "train_loss", "steps", "tokens", "budget_s", "train_time_s",
+    "launcher_train_time_s", "tokens_per_s", "params", "seed", "world_size", "nnodes", "device_name",
+    "torch_version", "submission_sha256", "data_fingerprint", "track", "overrides", "official",
+    "harness_version", "team", "run_id", "started_at", "ended_at",
+]
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory, cache_dir):
+    """The README's command, `harness run submissions/baseline` on the local track (~45 s), shared below."""
+    import os
+    import subprocess
+    import sys
+
+    work = tmp_path_factory.mktemp("e2e")
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
+                           "--seed", "5"],
+                          capture_output=True, text=True, env=env, cwd=work, timeout=240)
+    run_dir, record = only_record(work / "runs")
+    return proc, run_dir, record, env, work
+
+
+def test_run_ends_ok_with_every_record_field(baseline_run):
+    proc, run_dir, record, _, _ = baseline_run
+    assert proc.returncode == 0, proc.stderr
+    assert record["status"] == "ok" and record["reason"] == ""
+    missing = [k for k in REQUIRED if k not in record or (record[k] is None and k != "reason")]
+    assert not missing, f"run.json lacks {missing}"
+    assert record["world_size"] == 2 and record["nnodes"] == 1 and record["seed"] == 5
+    assert record["team"] == "baseline" and record["official"] is True and record["overrides"] == {}
+    assert record["track"]["name"] == "local" and record["torch_version"] == torch.__version__
+    assert run_dir.parts[-3:] == ("local", "baseline", record["run_id"])
+
+
+def test_baseline_learns_well_below_the_unigram_entropy(baseline_run):
+    _, _, record, _, _ = baseline_run
+    # The unigram entropy is what a model that ignores context scores; the baseline must use context.
+    assert record["loss_floor"] < record["val_loss"] < record["unigram_entropy"] - 2.0
+    assert record["loss_gap"] == pytest.approx(record["val_loss"] - record["loss_floor"])
+
+
+def test_the_clock_stops_before_the_budget(baseline_run):
+    _, _, r, _, _ = baseline_run
+    assert r["steps"] > 3 and r["tokens"] == r["steps"] * r["tokens_per_step"]
+    assert r["last_step_start_s"] < r["budget_s"], "a step started after the deadline"
+    assert r["train_time_s"] <= r["budget_s"] + r["max_step_s"]
+    assert abs(r["launcher_train_time_s"] - r["train_time_s"]) < 0.5
+    assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["train_time_s"])
+
+
+def test_record_directory_is_self_contained(baseline_run):
+    _, run_dir, record, _, _ = baseline_run
+    assert submission_sha256(run_dir / "submission") == record["submission_sha256"]
+    assert submission_sha256(ROOT / "submissions" / "baseline") == record["submission_sha256"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert set(ckpt) == {"config", "model", "step", "tokens"}
+    assert ckpt["step"] == record["steps"] and ckpt["config"]["vocab_size"] == 256
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"]), "a wrapper leaked into the state dict"
+    for log in ("rank0.log", "rank1.log", "eval-rank0.log", "launcher.log", "preflight.log"):
+        assert (run_dir / "logs" / log).is_file(), log
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert rows and list(rows[0]) == ["step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s"]
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] == record["steps"]
+    assert not (run_dir / "staging").exists()
+
+
+def test_nothing_of_the_run_is_left_running(baseline_run):
+    _, _, record, _, _ = baseline_run
+    assert processes_of_run(record["run_id"]) == []
+
+
+def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
+    import subprocess
+    import sys
+
+    _, run_dir, record, env, work = baseline_run
+    figures = []
+    for n in (1, 2):
+        proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir), "--nproc-per-node", str(n),
+                               "--json"], capture_output=True, text=True, env=env, cwd=work, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["world_size"] == n and out["val_tokens"] == record["track"]["data"]["val_tokens"]
+        figures.append(out["val_loss"])
+    assert figures[0] == pytest.approx(figures[1], abs=1e-5)
+    assert figures[0] == pytest.approx(record["val_loss"], abs=1e-5)

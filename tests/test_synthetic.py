@@ -1,0 +1,48 @@
+import json
+
+import numpy as np
+import pytest
+
+from harness.data.shards import inspect_shard
+from harness.data.synthetic import MarkovSource, build_synthetic, loss_floor
+from harness.track import DataSpec, SyntheticSpec
+
+SPEC = SyntheticSpec(seed=11, train_tokens=20000, branching=3)
+
+
+@pytest.fixture(scope="module")
+def source():
+    return MarkovSource(SPEC, 32)
+
+
+def test_stationary_distribution_is_a_fixed_point(source):
+    assert source.pi.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(source._step(source.pi), source.pi, atol=1e-12)
+
+
+def test_entropy_rate_matches_the_sources_own_loss_on_a_long_sample(source):
+    tokens = source.sample_chains(np.random.default_rng(0), 1, 400_001).ravel()
+    losses = source.window_losses(tokens, seq_len=len(tokens) - 1)  # one window: every target has context
+    # Sampling error of the mean: std of -log p over sqrt(n); allow 4 of them.
+    assert losses[1:].mean() == pytest.approx(source.entropy_rate(), abs=4 * losses.std() / np.sqrt(len(losses)))
+
+
+def test_floor_sits_between_entropy_rate_and_unigram_entropy(source):
+    h, h1, uni = source.entropy_rate(), source.first_token_entropy(), source.unigram_entropy()
+    assert h < h1 < uni <= np.log(32) + 1e-9
+
+
+def test_corpus_is_built_once_deterministically(tmp_path):
+    data = DataSpec(source="synthetic", vocab_size=32, val_tokens=2048, synthetic=SPEC)
+    a = build_synthetic(data, tmp_path / "a")
+    b = build_synthetic(data, tmp_path / "b")
+    assert (a / "train.bin").read_bytes() == (b / "train.bin").read_bytes()
+    assert (a / "val.bin").read_bytes() == (b / "val.bin").read_bytes()
+    meta = json.loads((a / "meta.json").read_text())
+    assert meta["entropy_rate_nats"] < meta["unigram_entropy_nats"]
+    assert inspect_shard(a / "train.bin").num_tokens == 20000
+    assert inspect_shard(a / "val.bin").num_tokens == 2049
+    assert build_synthetic(data, tmp_path / "a") == a  # cached: not rebuilt
+    assert not list((tmp_path / "a").glob(".building-*"))
+    floor = loss_floor(data, a, 64)
+    assert meta["entropy_rate_nats"] - 0.3 < floor < meta["unigram_entropy_nats"]
