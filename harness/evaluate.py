@@ -22,6 +22,7 @@ import numpy as np
 from harness.rank import (
     RankEnv,
     describe_failure,
+    die_with_launcher,
     init_process_group,
     perf_counter,
     redirect_output,
@@ -72,7 +73,7 @@ def window_batch(tokens: np.ndarray, first: int, count: int, seq_len: int) -> tu
     starts = (first + np.arange(count)) * seq_len
     idx = starts[:, None] + np.arange(seq_len + 1)
     buf = tokens[idx]
-    return buf[:, :-1], buf[:, 1:]
+    return np.ascontiguousarray(buf[:, :-1]), np.ascontiguousarray(buf[:, 1:])
 
 
 def load_for_eval(checkpoint: str, expected_sha256: str, submission_dir: str, device):
@@ -157,6 +158,7 @@ def main(argv: list[str]) -> None:
 
     job = EvalJob.load(argv[1])
     env = RankEnv.from_environ()
+    die_with_launcher()
     redirect_output(f"{job.log_dir}/eval-rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
     holders: list = []

@@ -45,7 +45,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
         raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
     batch, T, V = 2, sub.seq_len, int(sub.config["vocab_size"])
     idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
-    x, y = idx[:, :-1], idx[:, 1:]
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         out = model(x, y)
     check_forward_output(out, batch, T, V, True, file)

@@ -41,6 +41,25 @@ class RankEnv:
         )
 
 
+def die_with_launcher() -> None:
+    """If the launcher is killed outright (SIGKILL), its ranks die with it (Linux), never orphaned.
+
+    torch elastic starts each rank in its own session, so nothing else would reach them.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    launcher = os.environ.get("HARNESS_LAUNCHER_PID")
+    if launcher and os.getppid() != int(launcher):  # it died before prctl took effect
+        os._exit(1)
+
+
 def redirect_output(log_path: str) -> None:
     """Send this process's stdout and stderr (fd level, so C++ output too) to its own log file."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)

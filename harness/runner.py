@@ -55,9 +55,13 @@ class RunOptions:
 
 
 def resolve_nproc(track: Track) -> int:
+    import torch
+
+    if track.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"track {track.name!r} runs on CUDA GPUs and none is visible on this machine "
+                           "(try --track local)")
     if track.nproc_per_node != "auto":
         return int(track.nproc_per_node)
-    import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n == 0:
@@ -134,15 +138,17 @@ def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData
 @contextmanager
 def _marked_processes(run_id: str):
     """Every process started for the run carries HARNESS_RUN_ID (inherited), so it can be found."""
-    before = os.environ.get("HARNESS_RUN_ID")
-    os.environ["HARNESS_RUN_ID"] = run_id
+    marks = {"HARNESS_RUN_ID": run_id, "HARNESS_LAUNCHER_PID": str(os.getpid())}
+    before = {k: os.environ.get(k) for k in marks}
+    os.environ.update(marks)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("HARNESS_RUN_ID", None)
-        else:
-            os.environ["HARNESS_RUN_ID"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
@@ -194,7 +200,11 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         except SubmissionError as exc:
             _set_outcome(record, "invalid", str(exc))
             return
-    record.submission_sha256 = snapshot_submission(folder, run_dir / "submission")
+    try:
+        record.submission_sha256 = snapshot_submission(folder, run_dir / "submission")
+    except SubmissionError as exc:
+        _set_outcome(record, "invalid", str(exc))
+        return
     save_record(run_dir, record)  # status "running": visible at once, never lost
 
     t_begin = time.monotonic()

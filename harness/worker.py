@@ -17,6 +17,7 @@ import sys
 from harness.rank import (
     RankEnv,
     describe_failure,
+    die_with_launcher,
     init_process_group,
     perf_counter,
     redirect_output,
@@ -42,7 +43,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
 
     from harness.clock import CONTINUE, STOP_DIVERGED, StopRule
     from harness.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
-    from harness.data.stream import Prefetcher, TokenStream
+    from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
     from harness.defaults import default_lr_schedule, default_optimizers
 
     # ---------------------------------------------------------------- setup (not on the clock)
@@ -142,9 +143,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * lr_scale
         for micro in range(accum):
-            batch = prefetch.next()
-            x = batch[0].to(device, non_blocking=True)
-            y = batch[1].to(device, non_blocking=True)
+            x, y = split_inputs_targets(prefetch.next().to(device, non_blocking=True))
             sync_ctx = ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with autocast:
@@ -204,6 +203,7 @@ def main(argv: list[str]) -> None:
 
     job = TrainJob.load(argv[1])
     env = RankEnv.from_environ()
+    die_with_launcher()
     redirect_output(f"{job.log_dir}/rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
     import os

@@ -173,13 +173,19 @@ class Prefetcher:
         except BaseException as exc:  # handed to the consumer, which raises it
             self.queue.put(exc)
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> torch.Tensor:
+        """The next [B, T+1] batch (pinned on CUDA): copy it to the device whole, then split it."""
         t0 = time.perf_counter()
         item = self.queue.get()
         self.wait_s += time.perf_counter() - t0
         if isinstance(item, BaseException):
             raise item
-        return item[:, :-1], item[:, 1:]
+        return item
 
     def close(self) -> None:
         self.stop.set()
+
+
+def split_inputs_targets(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and shifted targets, each contiguous (a model may call .view on them)."""
+    return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
