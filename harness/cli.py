@@ -42,29 +42,55 @@ def main() -> None:
 @click.option("--data-root", default=None, help="Folder the track's shard globs are relative to (or HARNESS_DATA_ROOT).")
 @click.option("--eval-nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Ranks for evaluation [default: the training ranks per node].")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run N times with consecutive seeds (seed, seed+1, ...), for statistics.")
+@click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard after the run.")
 def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, node_rank,
-        rdzv_endpoint, run_id, data_root, eval_nproc_per_node):
+        rdzv_endpoint, run_id, data_root, eval_nproc_per_node, repeat, no_leaderboard):
     """Train SUBMISSION on the track's fixed setup, evaluate it, and write its run record."""
     from harness.console import ConsoleReporter
     from harness.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.runner import RunOptions, run_submission, summary_lines
+    from harness.runner import RunOptions, repeat_summary, run_submission, summary_lines
     from harness.track import TrackError
 
-    opts = RunOptions(
-        submission=submission, track=track, runs_dir=runs_dir, seed=seed,
-        overrides=_overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                             val_tokens=val_tokens),
-        data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
-        eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
-    )
+    if repeat > 1 and run_id:
+        raise SetupError("--run-id names one run; it cannot be combined with --repeat")
     reporter = ConsoleReporter()
+    records = []
+    for i in range(repeat):
+        opts = RunOptions(
+            submission=submission, track=track, runs_dir=runs_dir, seed=seed + i,
+            overrides=_overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                 val_tokens=val_tokens),
+            data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
+            eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
+        )
+        try:
+            record, run_dir = run_submission(opts, reporter)
+        except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
+            raise SetupError(str(exc)) from None
+        reporter.summary(summary_lines(record, run_dir))
+        records.append(record)
+        if record.status == "aborted":
+            break
+        if not no_leaderboard and node_rank == 0:
+            _refresh_leaderboard(runs_dir, record.track_name, reporter)
+    if len(records) > 1:
+        reporter.summary(repeat_summary(records))
+    sys.exit(0 if all(r.status == "ok" for r in records) else 1)
+
+
+def _refresh_leaderboard(runs_dir, track: str, reporter) -> None:
+    """Keep the track's leaderboard current; a failure here never changes the run's outcome."""
+    from harness.records import runs_root
+    from harness.views import leaderboard_root, plots_root, rebuild
+
     try:
-        record, run_dir = run_submission(opts, reporter)
-    except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
-        raise SetupError(str(exc)) from None
-    reporter.summary(summary_lines(record, run_dir))
-    sys.exit(0 if record.status == "ok" else 1)
+        out = rebuild(runs_root(runs_dir), track, leaderboard_root(), plots_root())
+        reporter.info(f"leaderboard {out.html} ({out.ranked} ranked of {out.teams} teams)")
+    except Exception as exc:  # the record is written; the view can be rebuilt with `harness leaderboard`
+        reporter.error(f"leaderboard not refreshed ({type(exc).__name__}: {exc}); run `harness leaderboard`")
 
 
 
@@ -97,6 +123,34 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
             line += f"; recorded {result.recorded_val_loss:.6f} (difference {result.val_loss - result.recorded_val_loss:+.2e})"
         click.echo(line)
     sys.exit(0 if result.status == "ok" else 1)
+
+
+
+@main.command()
+@click.option("--track", "-t", "tracks", multiple=True, help="Track(s) to rank [default: every track under runs/].")
+@click.option("--all", "include_unofficial", is_flag=True, help="Include unofficial runs (writes <track>-all.*).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--out", "out_dir", envvar="HARNESS_LEADERBOARD_DIR", default=None,
+              help="Where the CSV, Markdown and HTML go [default: ./leaderboard].")
+@click.option("--plots-dir", envvar="HARNESS_PLOTS_DIR", default=None, help="Where charts go [default: ./plots].")
+@click.option("--ranking", type=click.Choice(["mean", "best"]), default=None,
+              help="Override the track's ranking rule for this view.")
+@click.option("--no-charts", is_flag=True, help="Only the table (faster).")
+def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts):
+    """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
+    from harness.page import to_markdown
+    from harness.records import runs_root
+    from harness.views import leaderboard_root, plots_root, rebuild, tracks_in
+
+    root = runs_root(runs_dir)
+    tracks = list(tracks) or tracks_in(root)
+    if not tracks:
+        raise SetupError(f"no run records under {root} (run `harness run SUBMISSION` first, or pass --runs-dir)")
+    for track in tracks:
+        out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
+                      charts=not no_charts)
+        click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
+                   + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
 
 
 if __name__ == "__main__":

@@ -63,10 +63,15 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         out = model(x)
     check_forward_output(out, batch, T, V, False, file)
+    from harness.metrics import count_training_flops_per_token
+
+    flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
+                                           sub.micro_batch_size, T)
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
         "initial_loss": float(loss.item()),
+        **flops,
     }
 
 

@@ -68,6 +68,11 @@ class RunRecord:
     tokens_per_s: float | None = None
     tokens_per_s_per_device: float | None = None
     params: int | None = None
+    flops_per_token: float | None = None  # measured: FLOP counter over one training step
+    peak_flops_per_device: float | None = None
+    mfu: float | None = None  # None where the device's peak is unknown (a CPU)
+    scaling_efficiency: float | None = None  # compute-only / synchronised step time, after training
+    scaling: dict[str, Any] = field(default_factory=dict)  # the probe's k, medians and spread
     peak_mem_gib: float | None = None
     data_wait_s: float | None = None
     # setup

@@ -27,6 +27,7 @@ from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.evaluate import file_sha256
 from harness.jobs import EvalJob, TrainJob
 from harness.launch import LaunchSpec
+from harness.metrics import mfu, peak_flops_per_device
 from harness.phases import PhaseResult, run_evaluation, run_preflight, run_training
 from harness.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.track import ResolvedTrack, Track, apply_overrides, load_track
@@ -104,6 +105,14 @@ def _apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
     if record.tokens and record.train_time_s:
         record.tokens_per_s = record.tokens / record.train_time_s
         record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
+    track = record.track
+    record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
+                                                         track.get("device_peak", ""), record.device_name)
+    record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    if r0.get("scaling_efficiency") is not None:
+        record.scaling_efficiency = r0["scaling_efficiency"]
+        record.scaling = {k: r0.get(k) for k in ("scaling_probe_steps", "scaling_synced_step_s",
+                          "scaling_compute_step_s", "scaling_efficiency_min", "scaling_efficiency_max", "comm_s")}
     if record.steps is None:  # killed or crashed: keep what rank 0 last reported
         progress = [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
         if progress:
@@ -222,6 +231,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                      + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return
     record.params, record.config = report.get("params"), report.get("config", {})
+    record.flops_per_token = report.get("flops_per_token")
+    if report.get("flops_method"):
+        record.extra["flops_method"] = report["flops_method"]
 
     staging = run_dir / "staging"
     staging.mkdir(exist_ok=True)
@@ -231,7 +243,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
         dtype=track.dtype, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
         cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
-        log_dir=str(run_dir / "logs"), staging_dir=str(staging),
+        log_dir=str(run_dir / "logs"), staging_dir=str(staging), scaling_probe_steps=track.scaling_probe_steps,
     )
     launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
@@ -312,3 +324,16 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     if record.status not in ("ok",):
         lines.append(f"logs       {run_dir / 'logs'}")
     return lines
+
+
+def repeat_summary(records: list[RunRecord]) -> list[str]:
+    from harness.stats import summarize
+
+    ok = [r.val_loss for r in records if r.status == "ok" and r.val_loss is not None]
+    line = f"{len(records)} runs (seeds {records[0].seed}..{records[-1].seed}): {len(ok)} ok"
+    if ok:
+        s = summarize(ok)
+        line += f", val_loss mean {s.mean:.4f}"
+        if s.ci95 is not None:
+            line += f" ± {s.ci95:.4f} (95% CI, std {s.std:.4f})"
+    return [line]

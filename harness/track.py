@@ -119,6 +119,7 @@ class Track:
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
     log_interval_s: float = 5.0
+    scaling_probe_steps: int = 5  # after training: k synchronised vs k compute-only steps (0: off)
     cpu_threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
     peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
@@ -152,6 +153,8 @@ class Track:
             _positive(name, getattr(self, name), where)
         if self.grace_s < 0:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
+        if self.scaling_probe_steps < 0:
+            raise TrackError(f"{where}: `scaling_probe_steps` must be >= 0")
         if self.peak_flops_per_device < 0:
             raise TrackError(f"{where}: `peak_flops_per_device` must be >= 0")
         if self.data.val_tokens % self.eval.seq_len:

@@ -12,6 +12,7 @@ loss is accumulated on the device and read only at the log interval.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from harness.rank import (
@@ -41,7 +42,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from harness.clock import CONTINUE, STOP_DIVERGED, StopRule
+    from harness.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
     from harness.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
     from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
     from harness.defaults import default_lr_schedule, default_optimizers
@@ -107,7 +108,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     last_log_s = 0.0
     lr_scale = 0.0
     stop_code = CONTINUE
-    last_step_start_s = max_step_s = prev_synced = 0.0
+    last_step_start_s = max_step_s = prev_synced = warm_s = 0.0
 
     # ---------------------------------------------------------------- the clock runs from here
     if t0 is None:
@@ -116,8 +117,9 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             channel.send("train_start", clock_start=job.clock_start)
     while True:
         now = perf_counter() - t0
+        vote = rule.decide(now) if not job.max_steps else (STOP_BUDGET if step >= job.max_steps else CONTINUE)
         # A non-finite loss from the previous step votes to stop too: found at once, no extra sync.
-        flag.fill_(rule.decide(now))
+        flag.fill_(vote)
         torch.maximum(flag, (~torch.isfinite(last_loss)).to(torch.int32) * STOP_DIVERGED, out=flag)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         stop_code = int(flag.item())  # the one host sync per step
@@ -126,6 +128,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         if step > 0:
             max_step_s = max(max_step_s, synced - prev_synced)
         prev_synced = synced
+        if job.max_steps and step == job.warmup_steps:
+            warm_s = synced
         if env.rank == 0 and (stop_code != CONTINUE or synced - last_log_s >= job.log_interval_s):
             loss_value = (loss_sum / max(loss_count, 1)).item() if loss_count else float("nan")
             channel.send("progress", step=step, train_time_s=synced, train_loss=loss_value, lr_scale=lr_scale,
@@ -165,9 +169,11 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     train_time_s = synced
     if env.rank == 0:
         channel.send("train_end", step=step, tokens=tokens, train_time_s=train_time_s)
-    prefetch.close()
     if stop_code == STOP_DIVERGED:
+        prefetch.close()
         raise Diverged(f"loss became NaN or inf at step {step}; training stopped")
+    probe_batches = [prefetch.next() for _ in range(min(job.scaling_probe_steps, 4))]
+    prefetch.close()
 
     # ---------------------------------------------------------------- after the clock
     final = torch.stack([loss_sum.double(), torch.tensor(float(loss_count), dtype=torch.float64, device=device)])
@@ -180,15 +186,23 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
 
         peak_mem_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     saved = False
-    if env.rank == 0:
-        import os
-
+    if env.rank == 0 and job.staging_dir:
         staged = os.path.join(job.staging_dir, "checkpoint.pt")
         state = {k: v.detach().cpu() for k, v in raw_model.state_dict().items()}
         torch.save({"config": sub.config, "model": state, "step": step, "tokens": tokens}, staged + ".tmp")
         os.replace(staged + ".tmp", staged)
         saved = True
+    probe: dict = {}
+    if job.scaling_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
+        from harness.metrics import summarize_probe
+        from harness.probe import time_sync_vs_compute
+
+        probe = summarize_probe(*time_sync_vs_compute(ddp, probe_batches, device, job.scaling_probe_steps))
+    measured_steps = step - job.warmup_steps if job.max_steps else step
+    measured_s = train_time_s - warm_s
     return {
+        **probe,
+        "measured_tokens_per_s": measured_steps * tokens_per_step / measured_s if measured_s > 0 else None,
         "steps": step, "tokens": tokens, "train_time_s": train_time_s, "train_loss": train_loss,
         "params": params, "peak_mem_gib": peak_mem_gib, "data_wait_s": prefetch.wait_s,
         "checkpoint_saved": saved, "config": sub.config, "tokens_per_step": tokens_per_step,
@@ -206,8 +220,6 @@ def main(argv: list[str]) -> None:
     die_with_launcher()
     redirect_output(f"{job.log_dir}/rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
-    import os
-
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
                  world_size=env.world_size)
     holders: list = []

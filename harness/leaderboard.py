@@ -1,0 +1,127 @@
+"""The ranking: derived from run records alone, rebuildable at any time.
+
+Rules (docs/leaderboard.md):
+- A team's entry is its latest submission (the submission_sha256 of its newest run); runs of
+  earlier versions do not count.
+- Ranked: teams with at least one official, unflagged `ok` run of that submission, by
+  validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
+  t interval) or the best run (`ranking = "best"`).
+- Adjacent teams whose difference is not significant (Welch t-test, p >= 0.05, both with 2 or
+  more runs) are marked as tied, not silently ordered.
+- Teams without an `ok` run are listed below, with their best status and its reason.
+- Unofficial runs (command-line overrides) are left out unless `include_unofficial`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from harness.stats import summarize, welch
+
+COLUMNS = [
+    "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",
+    "steps", "train_time_s", "status", "run_id", "submission_sha256", "val_loss_std", "p_vs_next", "tied_with",
+    "reason",
+]
+# Which failure says the team got furthest: shown for teams without an ok run.
+STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "running"]
+METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s"]
+FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
+          "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size"]
+
+
+def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
+    """The fields the views need from every run.json under root (unreadable records are skipped)."""
+    rows = []
+    pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
+    for path in Path(root).glob(pattern):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        row = {k: raw.get(k) for k in FIELDS}
+        row["run_dir"] = str(path.parent)
+        row["ranking"] = (raw.get("track") or {}).get("ranking")
+        rows.append(row)
+    return rows
+
+
+def _effective_status(row: dict) -> str:
+    return "flagged" if row.get("flagged") else (row.get("status") or "running")
+
+
+def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per team, the runs of its latest submission (newest run's submission_sha256)."""
+    by_team: dict[str, list[dict]] = {}
+    for row in rows:
+        by_team.setdefault(row["team"], []).append(row)
+    out = {}
+    for team, runs in by_team.items():
+        latest = max(runs, key=lambda r: (r.get("started_at") or "", r["run_id"]))
+        sha = latest.get("submission_sha256")
+        out[team] = [r for r in runs if r.get("submission_sha256") == sha] if sha else [latest]
+    return out
+
+
+def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: bool = False) -> pd.DataFrame:
+    """The leaderboard as a DataFrame with COLUMNS, ranked teams first, in order."""
+    if ranking not in ("mean", "best"):
+        raise ValueError(f"ranking must be 'mean' or 'best', got {ranking!r}")
+    eligible = [r for r in rows if r.get("official") or include_unofficial]
+    ranked, unranked = [], []
+    for team, runs in current_runs(eligible).items():
+        ok = [r for r in runs if _effective_status(r) == "ok" and r.get("val_loss") is not None]
+        if ok:
+            ranked.append(_ranked_entry(team, ok, ranking))
+        else:
+            unranked.append(_unranked_entry(team, runs))
+    ranked.sort(key=lambda e: (e["val_loss"], e["team"]))
+    for i, entry in enumerate(ranked):
+        entry["rank"] = i + 1
+    _mark_ties(ranked)
+    unranked.sort(key=lambda e: (STATUS_ORDER.index(e["status"]) if e["status"] in STATUS_ORDER else 99, e["team"]))
+    frame = pd.DataFrame(ranked + unranked, columns=COLUMNS)
+    return frame.astype({"rank": "Int64", "n_runs": "Int64"})  # metric columns may be means: floats
+
+
+def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
+    losses = [float(r["val_loss"]) for r in ok]
+    best = min(ok, key=lambda r: r["val_loss"])
+    s = summarize(losses)
+    entry = {"team": team, "n_runs": len(ok), "status": "ok", "run_id": best["run_id"], "reason": "",
+             "submission_sha256": (best.get("submission_sha256") or "")[:12], "_losses": losses}
+    if ranking == "mean":
+        entry.update(val_loss=s.mean, ci95=s.ci95, val_loss_std=s.std)
+        for col in METRIC_COLUMNS:  # means over the same runs the loss is averaged over
+            values = [r[col] for r in ok if r.get(col) is not None]
+            entry[col] = sum(values) / len(values) if values else None
+    else:
+        entry.update(val_loss=best["val_loss"], ci95=None, val_loss_std=s.std)
+        entry.update({col: best.get(col) for col in METRIC_COLUMNS})
+    return entry
+
+
+def _unranked_entry(team: str, runs: list[dict]) -> dict:
+    best = min(runs, key=lambda r: STATUS_ORDER.index(_effective_status(r)) if _effective_status(r) in STATUS_ORDER else 99)
+    status = _effective_status(best)
+    reason = best.get("flag_reason") if status == "flagged" else best.get("reason")
+    return {"team": team, "n_runs": len(runs), "status": status, "reason": reason or "", "run_id": best["run_id"],
+            "submission_sha256": (best.get("submission_sha256") or "")[:12],
+            **{col: best.get(col) for col in ("params", "steps", "tokens", "train_time_s")}}
+
+
+def _mark_ties(ranked: list[dict]) -> None:
+    for a, b in zip(ranked, ranked[1:]):
+        cmp = welch(a["_losses"], b["_losses"])
+        a["p_vs_next"] = cmp.p_value
+        if cmp.p_value is not None and cmp.p_value >= 0.05:
+            a.setdefault("_tied", []).append(b["rank"])
+            b.setdefault("_tied", []).append(a["rank"])
+    for entry in ranked:
+        tied = sorted(entry.pop("_tied", []))
+        entry["tied_with"] = ", ".join(f"#{r}" for r in tied)
+        entry.pop("_losses", None)

@@ -1,0 +1,43 @@
+"""The scaling probe: how much of a step is gradient synchronisation, measured on real batches.
+
+After training (off the clock), each of k rounds times one forward + backward with DDP's
+gradient all-reduce and one inside `no_sync` (compute only) on the same batch, in alternating
+order (ABBA) so drift cancels. Ranks are aligned by a barrier before each timed step, so the
+figure is the cost of communication, not of waiting for a slow rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from harness.rank import perf_counter
+
+
+def time_sync_vs_compute(ddp, batches: list, device, steps: int) -> tuple[list[float], list[float]]:
+    """(synchronised step times, compute-only step times), seconds, this rank's view."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.data.stream import split_inputs_targets
+
+    def sync_device() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    synced, compute = [], []
+    for i in range(steps):
+        x, y = split_inputs_targets(batches[i % len(batches)].to(device, non_blocking=True))
+        order = ("sync", "nosync") if i % 2 == 0 else ("nosync", "sync")
+        for mode in order:
+            dist.barrier()
+            sync_device()
+            t0 = perf_counter()
+            with ddp.no_sync() if mode == "nosync" else contextlib.nullcontext():
+                with autocast:
+                    loss = ddp(x, y)[1]
+                loss.backward()
+            sync_device()
+            (synced if mode == "sync" else compute).append(perf_counter() - t0)
+            ddp.zero_grad(set_to_none=True)
+    return synced, compute

@@ -1,0 +1,84 @@
+"""Ranking rules, on records made by the tests (the leaderboard needs nothing but records)."""
+
+import pytest
+
+from harness.leaderboard import build_table, load_rows
+from records_factory import make_run
+
+
+def table(root, **kw):
+    return build_table(load_rows(root, "local"), **kw)
+
+
+def test_mean_ranking_with_intervals_and_ties(tmp_path):
+    for seed, v in enumerate((2.00, 2.02, 2.01), 1):
+        make_run(tmp_path, "alpha", v, seed=seed)
+    for seed, v in enumerate((2.015, 2.005, 2.03), 1):
+        make_run(tmp_path, "bravo", v, seed=seed)
+    for seed, v in enumerate((3.0, 3.001), 1):
+        make_run(tmp_path, "charlie", v, seed=seed)
+    t = table(tmp_path)
+    assert list(t["team"]) == ["alpha", "bravo", "charlie"] and list(t["rank"]) == [1, 2, 3]
+    assert t.loc[0, "val_loss"] == pytest.approx(2.01) and t.loc[0, "n_runs"] == 3
+    assert t.loc[0, "ci95"] == pytest.approx(4.303 * 0.01 / 3**0.5, rel=1e-3)  # t(0.975, 2) * s / sqrt(n)
+    assert t.loc[0, "tied_with"] == "#2" and t.loc[1, "tied_with"] == "#1"  # not significantly different
+    assert t.loc[1, "p_vs_next"] < 0.05 and t.loc[2, "tied_with"] == ""
+
+
+def test_single_runs_are_never_marked_tied(tmp_path):
+    make_run(tmp_path, "alpha", 2.0)
+    make_run(tmp_path, "bravo", 2.0000001)
+    t = table(tmp_path)
+    assert list(t["tied_with"]) == ["", ""] and t["p_vs_next"].isna().all()
+
+
+def test_best_ranking_uses_each_teams_best_run(tmp_path):
+    make_run(tmp_path, "alpha", 2.5, seed=1)
+    make_run(tmp_path, "alpha", 1.9, seed=2)
+    make_run(tmp_path, "bravo", 2.0, seed=1)
+    make_run(tmp_path, "bravo", 2.1, seed=2)
+    assert list(table(tmp_path, ranking="best")["team"]) == ["alpha", "bravo"]
+    assert list(table(tmp_path, ranking="mean")["team"]) == ["bravo", "alpha"]
+
+
+def test_teams_without_an_ok_run_are_listed_below_with_their_best_status(tmp_path):
+    make_run(tmp_path, "alpha", 2.0)
+    make_run(tmp_path, "delta", None, status="crashed", reason="rank 1: boom", seed=1)
+    make_run(tmp_path, "delta", None, status="timeout", reason="killed at the hard limit", seed=2)
+    make_run(tmp_path, "echo", None, status="invalid", reason="no get_model")
+    t = table(tmp_path)
+    assert list(t["team"]) == ["alpha", "delta", "echo"]
+    assert t.loc[1, "status"] == "timeout" and "hard limit" in t.loc[1, "reason"] and t["rank"].isna()[1]
+    assert t.loc[2, "status"] == "invalid"
+
+
+def test_unofficial_and_flagged_runs_do_not_rank(tmp_path):
+    make_run(tmp_path, "alpha", 2.0)
+    make_run(tmp_path, "fast", 1.0, official=False)
+    make_run(tmp_path, "sneaky", 0.5, flagged=True, flag_reason="non-causal")
+    t = table(tmp_path)
+    assert list(t["team"]) == ["alpha", "sneaky"] and t.loc[1, "status"] == "flagged"
+    assert t.loc[1, "reason"] == "non-causal"
+    assert list(table(tmp_path, include_unofficial=True)["team"]) == ["fast", "alpha", "sneaky"]
+
+
+def test_only_the_latest_submission_of_a_team_counts(tmp_path):
+    make_run(tmp_path, "alpha", 1.5, sha="1" * 64, started_at="2026-11-29T09:00:00Z", seed=1)
+    make_run(tmp_path, "alpha", 2.5, sha="2" * 64, started_at="2026-11-29T11:00:00Z", seed=2)
+    t = table(tmp_path)
+    assert t.loc[0, "val_loss"] == 2.5 and t.loc[0, "submission_sha256"] == "2" * 12
+
+
+def test_a_copied_runs_tree_gives_the_same_files(tmp_path, cli):
+    import shutil
+
+    runs = tmp_path / "runs"
+    for seed, v in enumerate((2.0, 2.1), 1):
+        make_run(runs, "alpha", v, seed=seed)
+    make_run(runs, "bravo", None, status="crashed", reason="x")
+    first = cli("leaderboard", "--runs-dir", str(runs), "--out", str(tmp_path / "lb1"), "--no-charts")
+    shutil.copytree(runs, tmp_path / "copy")
+    second = cli("leaderboard", "--runs-dir", str(tmp_path / "copy"), "--out", str(tmp_path / "lb2"), "--no-charts")
+    assert first.code == 0 and second.code == 0
+    assert (tmp_path / "lb1" / "local.csv").read_text() == (tmp_path / "lb2" / "local.csv").read_text()
+    assert (tmp_path / "lb1" / "local.md").read_text() == (tmp_path / "lb2" / "local.md").read_text()
