@@ -153,5 +153,131 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
                    + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
 
 
+
+@main.command("compare")
+@click.argument("sides", nargs=-1, required=True)
+@click.option("--track", "-t", default=None, help="Track to look teams up in (needed when a team ran on several).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--all", "include_unofficial", is_flag=True, help="Count a team's unofficial runs too.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--chart", "chart_path", default=None,
+              help="Where the overlay chart of loss curves goes [default: plots/compare/<A>_vs_<B>.png].")
+def compare_cmd(sides, track, runs_dir, include_unofficial, fmt, chart_path):
+    """Compare SIDES (team names, run ids or run directories) against the first, with statistics."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from harness.compare import compare, overlay_chart, resolve_side, verdict
+    from harness.records import runs_root
+    from harness.views import plots_root
+
+    if len(sides) < 2:
+        raise SetupError("give at least two sides to compare: team names, run ids or run directories")
+    root = runs_root(runs_dir)
+    try:
+        resolved = [resolve_side(key, root, track, include_unofficial) for key in sides]
+    except LookupError as exc:
+        raise SetupError(str(exc)) from None
+    rows = compare(resolved)
+    sentences = verdict(resolved)
+    safe = "_vs_".join("".join(c if c.isalnum() or c in "-_" else "-" for c in s.label) for s in resolved)
+    chart = overlay_chart(resolved, Path(chart_path) if chart_path else plots_root() / "compare" / f"{safe}.png")
+    if fmt == "json":
+        click.echo(json.dumps({"sides": [{"label": s.label, "run_ids": [r["run_id"] for r in s.runs]} for s in resolved],
+                               "rows": rows, "verdict": sentences, "chart": str(chart)}, indent=2, default=str))
+    elif fmt == "csv":
+        click.echo(pd.DataFrame(rows).to_csv(index=False), nl=False)
+    else:
+        click.echo(_compare_table(resolved, rows))
+        for line in sentences:
+            click.echo(line)
+        click.echo(f"chart: {chart}")
+
+
+def _compare_table(sides, rows) -> str:
+    def num(v, ratio=False):
+        if v is None:
+            return "-"
+        if ratio:
+            return f"x{v:.3f}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+    ref = sides[0].label
+    header = ["metric"] + [f"{s.label} (n={len(s.runs)})" for s in sides] + \
+             [f"{s.label} vs {ref}" for s in sides[1:]] + ["p"] * (len(sides) - 1)
+    lines = []
+    for row in rows:
+        cells = [row["metric"]]
+        for s in sides:
+            mean, ci = row[s.label], row[f"{s.label} ci95"]
+            cells.append(num(mean) + (f" ± {num(ci)}" if ci is not None else ""))
+        for s in sides[1:]:
+            prefix = f"{s.label} vs {ref}"
+            if f"{prefix}: ratio" in row:
+                cells.append(num(row[f"{prefix}: ratio"], ratio=True))
+            else:
+                d, ci = row[f"{prefix}: diff"], row[f"{prefix}: ci95"]
+                cells.append("-" if d is None else f"{d:+.4g}" + (f" ± {num(ci)}" if ci is not None else ""))
+        for s in sides[1:]:
+            p = row[f"{s.label} vs {ref}: p"]
+            cells.append("n/a (1 run)" if p is None and row[f"{s.label} vs {ref}: note"].startswith("one run")
+                         else ("-" if p is None else f"{p:.3g}"))
+        lines.append(cells)
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths))]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+
+@main.command()
+@click.argument("submission")
+@click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--world-sizes", default="1,2", show_default=True, help="Comma-separated world sizes (1 is always added).")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed steps per world size.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Steps before timing starts.")
+@click.option("--probe-steps", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Synchronised vs compute-only step pairs for the all-reduce time.")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where records go [default: ./runs].")
+@click.option("--data-root", default=None, help="Folder the track's shard globs are relative to.")
+def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed, runs_dir, data_root):
+    """Weak-scaling probes of SUBMISSION at several world sizes, and a fitted prediction beyond them."""
+    from harness.console import ConsoleReporter
+    from harness.contract import SubmissionError
+    from harness.data.shards import DataError
+    from harness.scale import ScaleOptions, run_scale
+    from harness.track import TrackError
+
+    try:
+        sizes = [int(x) for x in world_sizes.split(",") if x.strip()]
+        opts = ScaleOptions(submission=submission, track=track, world_sizes=sizes, steps=steps,
+                            warmup_steps=warmup_steps, probe_steps=probe_steps, seed=seed, runs_dir=runs_dir,
+                            data_root=data_root)
+        record, out_dir = run_scale(opts, ConsoleReporter())
+    except (TrackError, DataError, SubmissionError, ValueError, RuntimeError) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo(f"{'world size':>10}  {'tokens/s':>10}  {'step ms':>8}  {'efficiency':>10}  {'overhead ms':>11}  "
+               f"{'probe all-reduce ms':>19}")
+    for p in record["points"]:
+        comm = "-" if p["probe_comm_s"] is None else f"{1000 * p['probe_comm_s']:.2f}"
+        click.echo(f"{p['world_size']:>10}  {p['tokens_per_s']:>10,.0f}  {1000 * p['step_s']:>8.1f}  "
+                   f"{p['efficiency']:>10.3f}  {1000 * p['overhead_s']:>11.2f}  {comm:>19}")
+    fit = record["fit"]
+    if fit.get("b_s") is not None:
+        click.echo(f"fit: step overhead = {1000 * fit['a_s']:.3f} ms + {1000 * fit['b_s']:.3f} ms x 2(N-1)/N"
+                   + (f"  ({fit['note']})" if fit.get("note") else ""))
+        pred = record["prediction"]["efficiency"]
+        click.echo("predicted efficiency: " + ", ".join(f"N={n}: {v:.3f}" for n, v in
+                                                         sorted(pred.items(), key=lambda kv: int(kv[0]))))
+        click.echo(record["prediction"]["note"])
+    else:
+        click.echo(fit.get("note", ""))
+    click.echo(f"record {out_dir / 'scale.json'}, chart {out_dir / 'scale.png'}")
+
+
 if __name__ == "__main__":
     main()

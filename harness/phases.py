@@ -112,11 +112,14 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, startup_timeout_s: float,
             reporter.progress("starting ranks (rendezvous, model build)...")
             return
         if w.train_end_s is not None:
-            reporter.progress("training done; saving the checkpoint...")
+            reporter.progress("training done; finishing (checkpoint, scaling probe)...")
             return
         progress = [m.body for m in channel.all("progress") if m.body.get("rank") == 0]
         p = progress[-1] if progress else {}
         elapsed = time.monotonic() - w.train_start_s
+        if job.max_steps:  # a fixed-step probe: no budget to count down
+            reporter.progress(f"step {p.get('step', 0)}/{job.max_steps} | {elapsed:.1f}s")
+            return
         reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s")))
 
     deadlines = Deadlines(startup_timeout_s=startup_timeout_s, hard_limit_s=hard_limit_s,

@@ -38,6 +38,14 @@ def _save(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def log2_axis(ax, values) -> None:
+    """A log2 world-size axis labelled with plain numbers (1, 2, 4, ... 256)."""
+    ax.set_xscale("log", base=2)
+    top = max([1, *values])
+    ticks = [2**k for k in range(0, max(1, int(top).bit_length()))]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+
+
 def _colors(teams: list[str]) -> dict[str, str]:
     cmap = plt.get_cmap("tab10" if len(teams) <= 10 else "tab20")
     return {t: cmap(i % cmap.N) for i, t in enumerate(teams)}
@@ -148,7 +156,9 @@ def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], 
                 ax.scatter([row["world_size"]], [row["scaling_efficiency"]], color=colors[team], marker="s")
     if not scale_records:
         ax.text(0.5, 0.5, "no scaling data yet: run `harness scale SUBMISSION`", transform=ax.transAxes, ha="center")
-    ax.set_xscale("log", base=2)
+    xs = [p["world_size"] for rec in scale_records for p in rec.get("points", [])]
+    xs += [int(k) for rec in scale_records for k in rec.get("prediction", {}).get("efficiency", {})]
+    log2_axis(ax, xs)
     ax.set(title=f"Scaling efficiency against world size: track {track}", xlabel="devices (world size)",
            ylabel="efficiency (1 = perfect)", ylim=(0, 1.15))
     if scale_records:

@@ -1,0 +1,157 @@
+"""`harness compare A B [C ...]`: does one submission really beat another?
+
+Each side is a team name (its official ok runs of its latest submission), a run id, or a run
+directory. Every metric is shown side by side with the difference from the first side (the
+reference), a 95% Welch interval and a Welch t-test p-value; with a single run on a side no
+significance is claimed. Throughput is compared as a ratio. An overlay chart shows the loss
+curves of every run of every side.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.leaderboard import current_runs
+from harness.records import iter_run_dirs
+from harness.stats import summarize, welch
+
+# (field, label, how differences are shown)
+METRICS = [
+    ("val_loss", "val_loss", "diff"),
+    ("train_loss", "train_loss", "diff"),
+    ("tokens_per_s", "tokens_per_s", "ratio"),
+    ("mfu", "mfu", "diff"),
+    ("scaling_efficiency", "scaling_efficiency", "diff"),
+    ("steps", "steps", "diff"),
+    ("tokens", "tokens", "diff"),
+    ("train_time_s", "train_time_s", "diff"),
+    ("params", "params", "diff"),
+    ("flops_per_token", "flops_per_token", "diff"),
+    ("peak_mem_gib", "peak_mem_gib", "diff"),
+]
+
+
+@dataclass
+class Side:
+    label: str
+    runs: list[dict] = field(default_factory=list)  # raw run.json contents, with "run_dir"
+
+    def values(self, key: str) -> list[float]:
+        return [float(r[key]) for r in self.runs if r.get(key) is not None]
+
+
+def _load(run_dir: Path) -> dict:
+    raw = json.loads((run_dir / "run.json").read_text())
+    raw["run_dir"] = str(run_dir)
+    return raw
+
+
+def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficial: bool) -> Side:
+    """A side from a run directory, a run id (or unique prefix), or a team name."""
+    path = Path(key)
+    if (path / "run.json").is_file():
+        raw = _load(path)
+        return Side(f"{raw['team']}/{raw['run_id']}", [raw])
+    dirs = list(iter_run_dirs(runs_root, track))
+    by_id = [d for d in dirs if d.name == key or d.name.startswith(key)]
+    if len(by_id) == 1:
+        raw = _load(by_id[0])
+        return Side(f"{raw['team']}/{raw['run_id']}", [raw])
+    team_runs = [r for r in (_load(d) for d in dirs) if r.get("team") == key]
+    if not team_runs:
+        if len(by_id) > 1:
+            raise LookupError(f"{key!r} matches {len(by_id)} runs: give more of the run id")
+        raise LookupError(f"{key!r} is not a run directory, a run id or a team under {runs_root}"
+                          + (f" (track {track})" if track else ""))
+    tracks = sorted({r["track_name"] for r in team_runs})
+    if len(tracks) > 1:
+        raise LookupError(f"team {key!r} has runs on tracks {', '.join(tracks)}: choose one with --track")
+    eligible = [r for r in team_runs if r.get("official") or include_unofficial]
+    counted = current_runs(eligible).get(key, [])
+    ok = [r for r in counted if r.get("status") == "ok" and not r.get("flagged") and r.get("val_loss") is not None]
+    if not ok:
+        raise LookupError(f"team {key!r} has no {'' if include_unofficial else 'official '}ok run to compare"
+                          + ("" if include_unofficial else " (--all includes unofficial runs)"))
+    return Side(key, ok)
+
+
+def compare(sides: list[Side]) -> list[dict[str, Any]]:
+    """One row per metric: each side's mean and n, and each later side against the first."""
+    ref = sides[0]
+    rows = []
+    for key, label, mode in METRICS:
+        row: dict[str, Any] = {"metric": label}
+        for side in sides:
+            vals = side.values(key)
+            s = summarize(vals) if vals else None
+            row[side.label] = None if s is None else s.mean
+            row[f"{side.label} ci95"] = None if s is None else s.ci95
+            row[f"{side.label} n"] = len(vals)
+        for side in sides[1:]:
+            a, b = ref.values(key), side.values(key)
+            prefix = f"{side.label} vs {ref.label}"
+            if not a or not b:
+                row[f"{prefix}: diff"] = row[f"{prefix}: ci95"] = row[f"{prefix}: p"] = None
+                row[f"{prefix}: note"] = "missing on a side"
+                continue
+            cmp = welch(b, a)
+            if mode == "ratio":
+                ma, mb = sum(a) / len(a), sum(b) / len(b)
+                row[f"{prefix}: ratio"] = mb / ma if ma else None
+            row[f"{prefix}: diff"] = cmp.diff
+            row[f"{prefix}: ci95"] = cmp.ci95
+            row[f"{prefix}: p"] = cmp.p_value
+            row[f"{prefix}: note"] = cmp.note
+        rows.append(row)
+    return rows
+
+
+def verdict(sides: list[Side]) -> list[str]:
+    """Plain sentences on val_loss: who is lower, and whether it is significant."""
+    ref = sides[0]
+    lines = []
+    for side in sides[1:]:
+        cmp = welch(side.values("val_loss"), ref.values("val_loss"))
+        better, worse = (side.label, ref.label) if cmp.diff < 0 else (ref.label, side.label)
+        if cmp.p_value is None:
+            lines.append(f"{better} has the lower val_loss than {worse} by {abs(cmp.diff):.4f}, but {cmp.note}.")
+        elif cmp.p_value < 0.05:
+            lines.append(f"{better} beats {worse} by {abs(cmp.diff):.4f} ± {cmp.ci95:.4f} (95% CI), "
+                         f"Welch p = {cmp.p_value:.3g}: significant.")
+        else:
+            lines.append(f"{better} is lower than {worse} by {abs(cmp.diff):.4f} ± {cmp.ci95:.4f} (95% CI), "
+                         f"Welch p = {cmp.p_value:.3g}: not significant at 0.05.")
+    return lines
+
+
+def overlay_chart(sides: list[Side], path: Path) -> Path:
+    import pandas as pd
+
+    from harness.plots import _colors, _save, plt
+
+    colors = _colors([s.label for s in sides])
+    fig, ax = plt.subplots(figsize=(10, 6))
+    floors = []
+    for side in sides:
+        for i, run in enumerate(side.runs):
+            if run.get("loss_floor") is not None:
+                floors.append(run["loss_floor"])
+            try:
+                frame = pd.read_csv(Path(run["run_dir"]) / "metrics.csv").dropna(subset=["train_loss"])
+            except (OSError, ValueError):
+                continue
+            ax.plot(frame["train_time_s"], frame["train_loss"], color=colors[side.label], alpha=0.8,
+                    label=f"{side.label} (train)" if i == 0 else None)
+            if run.get("val_loss") is not None and run.get("train_time_s") is not None:
+                ax.scatter([run["train_time_s"]], [run["val_loss"]], color=colors[side.label], marker="*", s=140,
+                           edgecolor="black", zorder=3, label=f"{side.label} (val)" if i == 0 else None)
+    if floors:
+        ax.axhline(min(floors), color="black", linestyle="--", linewidth=1.2, label=f"loss floor {min(floors):.3f}")
+    ax.set(title="Loss curves: " + " vs ".join(s.label for s in sides), xlabel="training time (s)",
+           ylabel="loss (nats per token)")
+    ax.legend(fontsize=10)
+    _save(fig, path)
+    return path

@@ -1,0 +1,47 @@
+"""`harness compare` through the CLI, on records made by the tests."""
+
+import json
+
+from records_factory import make_run
+
+
+def _runs(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, v in enumerate((2.00, 2.01, 2.005, 1.995), 1):
+        make_run(runs, "alpha", v, seed=seed, tokens_per_s=1000.0 + seed)
+    for seed, v in enumerate((2.10, 2.12, 2.11), 1):
+        make_run(runs, "bravo", v, seed=seed, tokens_per_s=1500.0 + seed)
+    single = make_run(runs, "charlie", 2.05, seed=1)
+    return runs, single
+
+
+def test_significant_difference_with_interval_and_ratio(cli, tmp_path):
+    runs, _ = _runs(tmp_path)
+    result = cli("compare", "alpha", "bravo", "--runs-dir", str(runs), "--format", "json",
+                 "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    val = next(r for r in out["rows"] if r["metric"] == "val_loss")
+    assert val["alpha n"] == 4 and val["bravo n"] == 3
+    assert abs(val["bravo vs alpha: diff"] - (2.11 - 2.0025)) < 1e-9
+    assert val["bravo vs alpha: p"] < 0.001 and val["bravo vs alpha: ci95"] > 0
+    tps = next(r for r in out["rows"] if r["metric"] == "tokens_per_s")
+    assert abs(tps["bravo vs alpha: ratio"] - 1502.0 / 1002.5) < 1e-9
+    assert "alpha beats bravo" in out["verdict"][0] and "significant" in out["verdict"][0]
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_single_run_claims_no_significance(cli, tmp_path):
+    runs, single = _runs(tmp_path)
+    result = cli("compare", "alpha", str(single), "--runs-dir", str(runs), "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result.err
+    assert "no significance can be claimed" in result.out and "n/a (1 run)" in result.out
+    by_id = cli("compare", "alpha", single.name, "--runs-dir", str(runs), "--format", "csv",
+                "--chart", str(tmp_path / "d.png"))
+    assert by_id.code == 0 and by_id.out.splitlines()[0].startswith("metric,alpha,alpha ci95,alpha n")
+
+
+def test_unknown_side_is_a_clear_error(cli, tmp_path):
+    runs, _ = _runs(tmp_path)
+    result = cli("compare", "alpha", "zulu", "--runs-dir", str(runs))
+    assert result.code == 2 and "'zulu' is not a run directory, a run id or a team" in result.err
