@@ -253,6 +253,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s, hard_limit_s=track.hard_limit_s,
                          log_path=run_dir / "logs" / "launcher.log", abort=abort, reporter=reporter)
     record.timings.update(phase.watch.timings(t_launch))
+    if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
+        record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
     metrics.extend(_metrics_rows(phase))
     _apply_training(record, phase, nproc)
     record.killed_pids = phase.leftover_pids

@@ -7,12 +7,12 @@ from harness.records import RunRecord, find_run, load_record, save_metrics, save
 
 def test_record_round_trips_and_keeps_unknown_fields(tmp_path):
     rec = RunRecord(run_id="r1", team="t", track_name="local", status="ok", val_loss=2.5)
-    rec.extra["mfu"] = 0.4
+    rec.extra["future_metric"] = 0.4
     save_record(tmp_path, rec)
     raw = json.loads((tmp_path / "run.json").read_text())
-    assert raw["mfu"] == 0.4 and raw["val_loss"] == 2.5 and "extra" not in raw
+    assert raw["future_metric"] == 0.4 and raw["val_loss"] == 2.5 and "extra" not in raw
     back = load_record(tmp_path)
-    assert back.val_loss == 2.5 and back.extra == {"mfu": 0.4}
+    assert back.val_loss == 2.5 and back.extra == {"future_metric": 0.4}
 
 
 def test_bad_status_is_refused():

@@ -12,6 +12,7 @@ interleave, so no window is read by two ranks and the union over ranks is the gl
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 import time
@@ -30,39 +31,35 @@ def _rng(*keys: int) -> np.random.Generator:
 
 
 class EpochOrder:
-    """Maps a position in one epoch's order to (shard index, window index)."""
+    """Maps a position in one epoch's order to (shard index, window index). Pure integer work per call."""
 
     def __init__(self, windows_per_shard: list[int], seed: int, epoch: int, block: int = BLOCK_WINDOWS):
         self.seed, self.epoch, self.block = seed, epoch, block
-        self.shard_order = _rng(seed, epoch, 0x5EED).permutation(len(windows_per_shard))
-        self.counts = np.asarray(windows_per_shard, dtype=np.int64)[self.shard_order]
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)])
-        self.total = int(self.starts[-1])
-        self._block_perm: dict[int, np.ndarray] = {}
-        self._inner_cache: tuple[tuple[int, int], np.ndarray] | None = None
+        self.shard_order = [int(i) for i in _rng(seed, epoch, 0x5EED).permutation(len(windows_per_shard))]
+        self.counts = [int(windows_per_shard[i]) for i in self.shard_order]
+        self.starts = [0]
+        for c in self.counts:
+            self.starts.append(self.starts[-1] + c)
+        self.total = self.starts[-1]
+        self._slots: dict[int, tuple[list[int], int, int]] = {}
+        self._inner_key: tuple[int, int] | None = None
+        self._inner: list[int] = []
 
-    def _blocks(self, shard: int, n_windows: int) -> np.ndarray:
-        if shard not in self._block_perm:
+    def _slot(self, shard: int, n_windows: int) -> tuple[list[int], int, int]:
+        """(visit order of the shard's blocks, where its short last block is visited, that block's size)."""
+        if shard not in self._slots:
             n_blocks = -(-n_windows // self.block)
-            self._block_perm[shard] = _rng(self.seed, self.epoch, shard, 0xB10C).permutation(n_blocks)
-        return self._block_perm[shard]
-
-    def _inner(self, shard: int, block_id: int, length: int) -> np.ndarray:
-        key = (shard, block_id)
-        if self._inner_cache is None or self._inner_cache[0] != key:
-            self._inner_cache = (key, _rng(self.seed, self.epoch, shard, block_id, 0x1AAE).permutation(length))
-        return self._inner_cache[1]
+            order = [int(b) for b in _rng(self.seed, self.epoch, shard, 0xB10C).permutation(n_blocks)]
+            self._slots[shard] = (order, order.index(n_blocks - 1), n_windows - (n_blocks - 1) * self.block)
+        return self._slots[shard]
 
     def locate(self, position: int) -> tuple[int, int]:
-        slot = int(np.searchsorted(self.starts, position, side="right")) - 1
-        shard = int(self.shard_order[slot])
-        n_windows = int(self.counts[slot])
-        k = position - int(self.starts[slot])
-        blocks = self._blocks(shard, n_windows)
+        slot = bisect.bisect_right(self.starts, position) - 1
+        shard, n_windows = self.shard_order[slot], self.counts[slot]
+        k = position - self.starts[slot]
+        blocks, p, short_len = self._slot(shard, n_windows)
         # Every block is full except the last block id, which may be short; it is visited at
         # position p of the permuted order, so positions after it shift by its shortfall.
-        short_len = n_windows - (len(blocks) - 1) * self.block
-        p = int(np.flatnonzero(blocks == len(blocks) - 1)[0])
         if k < p * self.block:
             b, offset = divmod(k, self.block)
         elif k < p * self.block + short_len:
@@ -70,9 +67,12 @@ class EpochOrder:
         else:
             b, offset = divmod(k - p * self.block - short_len, self.block)
             b += p + 1
-        block_id = int(blocks[b])
-        length = min(self.block, n_windows - block_id * self.block)
-        return shard, block_id * self.block + int(self._inner(shard, block_id, length)[offset])
+        block_id = blocks[b]
+        if self._inner_key != (shard, block_id):
+            length = min(self.block, n_windows - block_id * self.block)
+            self._inner = _rng(self.seed, self.epoch, shard, block_id, 0x1AAE).permutation(length).tolist()
+            self._inner_key = (shard, block_id)
+        return shard, block_id * self.block + self._inner[offset]
 
 
 class TokenStream:
@@ -92,7 +92,7 @@ class TokenStream:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of {world_size}")
         self.shards = shards
-        self.tokens = [s.tokens() for s in shards]
+        self.tokens = [np.asarray(s.tokens()) for s in shards]  # plain views of the maps: cheaper slicing
         self.seq_len, self.batch, self.rank, self.world = seq_len, micro_batch_size, rank, world_size
         self.seed, self.vocab_size = seed, vocab_size
         self.windows = [max(0, (s.num_tokens - 1) // seq_len) for s in shards]
@@ -102,6 +102,7 @@ class TokenStream:
                 f"the train shards hold {total} tokens: fewer than one step of "
                 f"{world_size} ranks x {micro_batch_size} sequences x {seq_len + 1} tokens"
             )
+        self.total_windows = sum(self.windows)
         self.micro_step = 0
         self._orders: dict[int, EpochOrder] = {}
 
@@ -112,7 +113,7 @@ class TokenStream:
 
     def window_ids(self, micro_step: int) -> list[tuple[int, int, int]]:
         """(epoch, shard, window) of each sequence of this rank's micro-batch `micro_step`."""
-        total = sum(self.windows)
+        total = self.total_windows
         first = (micro_step * self.world + self.rank) * self.batch
         out = []
         for g in range(first, first + self.batch):

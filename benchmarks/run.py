@@ -1,0 +1,174 @@
+"""Measures the harness itself and prints a table (the figures in docs/performance.md).
+
+    python benchmarks/run.py                  # everything, ~4 minutes on 2 CPU cores
+    python benchmarks/run.py --smoke          # tiny sizes: checks the benchmarks still run (CI)
+
+Measured, in one invocation:
+- overhead: steady-state step time of `harness run` against a bare torch DDP loop (same model,
+  data, batch, world size, backend), interleaved A/B/A/B so drift hits both;
+- start-up: seconds from launching `harness run` to its first training step, against bare torchrun;
+- data loader: tokens/s per rank of the harness's stream against a raw memmap read;
+- evaluation: tokens/s with 1 and 2 ranks;
+- leaderboard: seconds to rebuild from 10,000 run records (table only, and with charts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def steady_step_s(times: list[float], steps: list[int]) -> float:
+    """Seconds per step between the point 25% into the window and its end (warm-up left out)."""
+    cut = times[-1] * 0.25
+    i = next(k for k, t in enumerate(times) if t >= cut)
+    return (times[-1] - times[i]) / (steps[-1] - steps[i])
+
+
+def run_harness(duration_s: float, runs: Path, env: dict) -> dict:
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
+                    "--budget-s", str(duration_s), "--runs-dir", str(runs), "--no-leaderboard"],
+                   check=True, env=env, capture_output=True)
+    run_dir = max(runs.glob("local/baseline/*/run.json"), key=os.path.getmtime).parent
+    record = json.loads((run_dir / "run.json").read_text())
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    times, steps = [float(r["train_time_s"]) for r in rows], [int(r["step"]) for r in rows]
+    return {"step_s": steady_step_s(times, steps), "startup_s": record["timings"]["train_start_unix"] - t0,
+            "run_dir": run_dir, "record": record}
+
+
+def run_bare(duration_s: float, shard: str, env: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bare.json"
+        t0 = time.time()
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "benchmarks" / "bare_ddp.py"), "--shard", shard, "--duration-s", str(duration_s),
+                        "--submission", str(ROOT / "submissions" / "baseline"), "--out", str(out)],
+                       check=True, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, cwd=tmp)
+        data = json.loads(out.read_text())
+    times = data["step_end_s"]
+    return {"step_s": steady_step_s(times, list(range(1, len(times) + 1))), "startup_s": data["first_step_unix"] - t0}
+
+
+def bench_loader(shard_path: str, seconds: float) -> dict:
+    import numpy as np
+
+    from harness.data.shards import inspect_shard
+    from harness.data.stream import TokenStream
+
+    info = inspect_shard(shard_path)
+    stream = TokenStream([info], seq_len=256, micro_batch_size=8, rank=0, world_size=2, seed=1, vocab_size=256)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        stream.batch_at(n)
+        n += 1
+    harness_tps = n * 8 * 256 / (time.perf_counter() - t0)
+    tokens = info.tokens()
+    rng = np.random.default_rng(0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        starts = rng.integers(0, info.num_tokens - 257, size=8)
+        np.asarray(tokens[starts[:, None] + np.arange(257)], dtype=np.int64)
+        n += 1
+    raw_tps = n * 8 * 256 / (time.perf_counter() - t0)
+    return {"harness_tokens_per_s": harness_tps, "raw_memmap_tokens_per_s": raw_tps}
+
+
+def bench_eval(run_dir: Path, env: dict) -> dict:
+    out = {}
+    for n in (1, 2):
+        proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir), "--nproc-per-node", str(n),
+                               "--json"], check=True, env=env, capture_output=True, text=True)
+        res = json.loads(proc.stdout)
+        out[n] = res["val_tokens"] / res["eval_time_s"]
+    return out
+
+
+def bench_leaderboard(n_records: int) -> dict:
+    from harness.views import rebuild
+    from records_factory import make_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        teams = max(1, n_records // 100)
+        for i in range(n_records):
+            status = "ok" if i % 10 else "crashed"
+            make_run(root, f"team{i % teams:03d}", 2.0 + (i % teams) * 0.01 + (i % 7) * 0.001 if status == "ok" else None,
+                     status=status, seed=i, run_id=f"20261129T100000-{i:06x}", reason="" if status == "ok" else "boom")
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            rebuild(root, "local", Path(tmp) / "lb", Path(tmp) / "plots", charts=False)
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        rebuild(root, "local", Path(tmp) / "lb", Path(tmp) / "plots", charts=True)
+        with_charts = time.perf_counter() - t0
+    return {"records": n_records, "table_s": min(times), "table_s_runs": times, "with_charts_s": with_charts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the benchmarks run")
+    ap.add_argument("--pairs", type=int, default=2, help="A/B pairs for the overhead")
+    ap.add_argument("--duration-s", type=float, default=20.0)
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+    pairs, duration, n_records, loader_s = (1, 4.0, 200, 0.5) if args.smoke else (args.pairs, args.duration_s, 10_000, 3.0)
+
+    from harness.data.prepare import prepare_data
+    from harness.track import load_track
+
+    data = prepare_data(load_track("local"))
+    shard = data.train[0].path
+    env = dict(os.environ)
+    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                     "overhead": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        for _ in range(pairs):  # A/B/A/B: machine drift affects both sides alike
+            bare = run_bare(duration, shard, env)
+            harness = run_harness(duration, runs, env)
+            results["overhead"].append({"bare_step_s": bare["step_s"], "harness_step_s": harness["step_s"],
+                                        "ratio": harness["step_s"] / bare["step_s"],
+                                        "bare_startup_s": bare["startup_s"], "harness_startup_s": harness["startup_s"],
+                                        "harness_timings": harness["record"]["timings"]})
+        results["eval_tokens_per_s"] = bench_eval(harness["run_dir"], env)
+    results["loader"] = bench_loader(shard, loader_s)
+    results["leaderboard"] = bench_leaderboard(n_records)
+
+    ov = results["overhead"]
+    ratios = [o["ratio"] for o in ov]
+    print(f"machine: {results['machine']}; torch {__import__('torch').__version__}")
+    print(f"{'measure':<44}{'harness':>14}{'reference':>14}{'ratio':>10}")
+    print(f"{'step time, 2-rank gloo, baseline (ms)':<44}{1000 * statistics.mean(o['harness_step_s'] for o in ov):>14.1f}"
+          f"{1000 * statistics.mean(o['bare_step_s'] for o in ov):>14.1f}{statistics.mean(ratios):>10.3f}")
+    print(f"{'  per pair (A/B)':<44}{'':>14}{'':>14}{', '.join(f'{r:.3f}' for r in ratios):>10}")
+    print(f"{'start-up to first step (s)':<44}{statistics.mean(o['harness_startup_s'] for o in ov):>14.2f}"
+          f"{statistics.mean(o['bare_startup_s'] for o in ov):>14.2f}")
+    ld = results["loader"]
+    print(f"{'data loader, tokens/s per rank':<44}{ld['harness_tokens_per_s']:>14,.0f}{ld['raw_memmap_tokens_per_s']:>14,.0f}"
+          f"{ld['harness_tokens_per_s'] / ld['raw_memmap_tokens_per_s']:>10.3f}")
+    ev = results["eval_tokens_per_s"]
+    print(f"{'evaluation tokens/s, 1 rank / 2 ranks':<44}{ev[1]:>14,.0f}{ev[2]:>14,.0f}")
+    lb = results["leaderboard"]
+    print(f"{'leaderboard rebuild, %d records (s)' % lb['records']:<44}{lb['table_s']:>14.2f}"
+          f"{'':>14}{'':>10}  (with charts {lb['with_charts_s']:.2f} s)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""pytest-benchmark measurements of the harness's in-process parts (not pass/fail tests).
+
+    .venv/bin/python -m pytest benchmarks/ --benchmark-enable
+
+The multi-process figures (overhead against a bare DDP loop, start-up, evaluation) come from
+benchmarks/run.py, which also prints the table used in docs/performance.md.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    from harness.data.shards import inspect_shard, write_shard
+
+    path = tmp_path_factory.mktemp("shard") / "train.bin"
+    write_shard(path, np.random.default_rng(0).integers(0, 256, 8_000_000), "llmc_uint16")
+    return inspect_shard(path)
+
+
+def test_loader_batches(benchmark, shard):
+    from harness.data.stream import TokenStream
+
+    stream = TokenStream([shard], seq_len=256, micro_batch_size=8, rank=0, world_size=2, seed=1, vocab_size=256)
+    steps = iter(range(10**9))
+    benchmark(lambda: stream.batch_at(next(steps)))
+    benchmark.extra_info["tokens_per_batch"] = 8 * 256
+
+
+def test_raw_memmap_windows(benchmark, shard):
+    tokens = shard.tokens()
+    rng = np.random.default_rng(0)
+
+    def read():
+        starts = rng.integers(0, shard.num_tokens - 257, size=8)
+        return np.asarray(tokens[starts[:, None] + np.arange(257)], dtype=np.int64)
+
+    benchmark(read)
+    benchmark.extra_info["tokens_per_batch"] = 8 * 256
+
+
+def test_stop_rule_decision(benchmark):
+    from harness.clock import StopRule
+
+    rule = StopRule(600.0)
+    for t in range(10):
+        rule.synced(float(t))
+    benchmark(rule.decide, 100.0)
+
+
+@pytest.mark.parametrize("n_records", [1000, 10_000])
+def test_leaderboard_table_rebuild(benchmark, tmp_path, n_records):
+    from harness.views import rebuild
+    from records_factory import make_run
+
+    root = tmp_path / "runs"
+    teams = n_records // 100
+    for i in range(n_records):
+        make_run(root, f"team{i % teams:03d}", 2.0 + (i % teams) * 0.01 + (i % 7) * 0.001, seed=i,
+                 run_id=f"20261129T100000-{i:06x}")
+    benchmark.pedantic(rebuild, args=(root, "local", tmp_path / "lb", tmp_path / "plots"),
+                       kwargs={"charts": False}, rounds=3, iterations=1)
+
+
+def test_benchmark_script_runs(tmp_path):
+    """The table script end to end at tiny sizes (its figures are meaningless at this size)."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "run.py"), "--smoke", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert results["overhead"][0]["ratio"] > 0 and results["leaderboard"]["records"] == 200
+    assert "step time, 2-rank gloo" in proc.stdout
