@@ -12,12 +12,12 @@ eval_result. Sending never blocks training: a full or vanished socket drops the 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +92,7 @@ class ChannelServer:
             self.sock.close()
         finally:
             self.thread.join(timeout=1.0)
-            try:
-                os.unlink(self.path)
-                os.rmdir(self.dir)
-            except OSError:
-                pass
+            shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the job files beside it
 
 
 class ChannelClient:

@@ -51,7 +51,8 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
     from harness.console import ConsoleReporter
     from harness.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.runner import RunOptions, repeat_summary, run_submission, summary_lines
+    from harness.assemble import repeat_summary, summary_lines
+    from harness.runner import RunOptions, run_submission
     from harness.track import TrackError
 
     if repeat > 1 and run_id:
@@ -70,7 +71,11 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
             record, run_dir = run_submission(opts, reporter)
         except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
             raise SetupError(str(exc)) from None
-        reporter.summary(summary_lines(record, run_dir))
+        if node_rank == 0:
+            reporter.summary(summary_lines(record, run_dir))
+        else:  # node 0 writes the record; this node wrote its own account
+            reporter.summary([f"node {node_rank}: {record.status}" + (f" ({record.reason})" if record.reason else ""),
+                              f"node report {run_dir / 'nodes' / f'node{node_rank}.json'} (node 0 writes the record)"])
         records.append(record)
         if record.status == "aborted":
             break
@@ -138,7 +143,6 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 @click.option("--no-charts", is_flag=True, help="Only the table (faster).")
 def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts):
     """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
-    from harness.page import to_markdown
     from harness.records import runs_root
     from harness.views import leaderboard_root, plots_root, rebuild, tracks_in
 
@@ -277,6 +281,70 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
     else:
         click.echo(fit.get("note", ""))
     click.echo(f"record {out_dir / 'scale.json'}, chart {out_dir / 'scale.png'}")
+
+
+
+def _flag_command(run: str, runs_dir, flagged: bool, reason: str, wait: bool) -> None:
+    from harness.flags import set_flag
+    from harness.records import runs_root
+
+    try:
+        record, run_dir = set_flag(runs_root(runs_dir), run, flagged=flagged, reason=reason,
+                                   wait_s=None if wait else 10.0)
+    except (FileNotFoundError, ValueError, TimeoutError) as exc:
+        raise SetupError(f"{exc}" + (" (pass --wait to wait for it)" if isinstance(exc, TimeoutError) else "")) from None
+    click.echo(f"{'flagged' if flagged else 'unflagged'} {record.team}/{record.run_id} ({run_dir})")
+    _refresh_leaderboard(runs_dir, record.track_name, _plain_reporter())
+
+
+def _plain_reporter():
+    from harness.console import ConsoleReporter
+
+    return ConsoleReporter()
+
+
+@main.command()
+@click.argument("run")
+@click.option("--reason", required=True, help="Why the run is hidden (shown on the leaderboard).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--wait", is_flag=True, help="Wait for runs training on the track instead of giving up after 10 s.")
+def flag(run, reason, runs_dir, wait):
+    """Hide RUN (a run id or directory) from the ranking, keeping its record."""
+    _flag_command(run, runs_dir, True, reason, wait)
+
+
+@main.command()
+@click.argument("run")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--wait", is_flag=True, help="Wait for runs training on the track instead of giving up after 10 s.")
+def unflag(run, runs_dir, wait):
+    """Return RUN to the ranking."""
+    _flag_command(run, runs_dir, False, "", wait)
+
+
+
+@main.command("check")
+@click.argument("submission")
+@click.option("--track", "-t", default="local", show_default=True, help="The track it will run on.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def check_cmd(submission, track, as_json):
+    """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it would be accepted."""
+    import json
+
+    from harness.check import check, render
+    from harness.contract import SubmissionError
+    from harness.track import TrackError
+
+    try:
+        result = check(submission, track)
+    except (SubmissionError, TrackError) as exc:
+        raise SetupError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"accepted": result.accepted, "team": result.team, "command": result.command,
+                               **{k: v for k, v in result.report.items() if k != "log_tail"}}, indent=2, default=str))
+    else:
+        click.echo("\n".join(render(result)))
+    sys.exit(0 if result.accepted else 1)
 
 
 if __name__ == "__main__":

@@ -210,58 +210,77 @@ def import_submission_module(folder: Path) -> types.ModuleType:
     return module
 
 
-def _positive_int(config: dict, key: str, path: Path, default: int | None = None) -> int:
+def _positive_int(config: dict, key: str, path: Path, problems: list, default: int | None = None) -> int | None:
     value = config.get(key, default)
     if value is None:
-        raise SubmissionError(path, f"CONFIG has no `{key}`.", f'add "{key}": <positive int> to CONFIG')
+        problems.append(SubmissionError(path, f"CONFIG has no `{key}`.", f'add "{key}": <positive int> to CONFIG'))
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SubmissionError(path, f"CONFIG[{key!r}] must be a positive int, got {value!r}.",
-                              f'set "{key}" to a positive integer')
+        problems.append(SubmissionError(path, f"CONFIG[{key!r}] must be a positive int, got {value!r}.",
+                                        f'set "{key}" to a positive integer'))
+        return None
     return value
 
 
-def check_submission(module: types.ModuleType, folder: Path, vocab_size: int) -> Submission:
-    """Check everything that can be checked without running the model; fill in `vocab_size`."""
+def inspect_submission(module: types.ModuleType, folder: Path,
+                       vocab_size: int) -> tuple[Submission | None, list[SubmissionError]]:
+    """Every contract problem that can be found without running the model, all at once."""
     path = folder / "submission.py"
+    problems: list[SubmissionError] = []
     config = getattr(module, "CONFIG", None)
     if config is None:
-        raise SubmissionError(path, "defines no CONFIG.", "add CONFIG = {\"micro_batch_size\": ..., \"seq_len\": ...}")
-    if not isinstance(config, dict):
-        raise SubmissionError(path, f"CONFIG must be a dict, got {type(config).__name__}.", "make CONFIG a dict")
+        problems.append(SubmissionError(path, "defines no CONFIG.",
+                                        "add CONFIG = {\"micro_batch_size\": ..., \"seq_len\": ...}"))
+        config = {}
+    elif not isinstance(config, dict):
+        problems.append(SubmissionError(path, f"CONFIG must be a dict, got {type(config).__name__}.",
+                                        "make CONFIG a dict"))
+        config = {}
     config = dict(config)
-    _positive_int(config, "micro_batch_size", path)
-    _positive_int(config, "seq_len", path)
-    config["grad_accum_steps"] = _positive_int(config, "grad_accum_steps", path, default=1)
+    _positive_int(config, "micro_batch_size", path, problems)
+    _positive_int(config, "seq_len", path, problems)
+    config["grad_accum_steps"] = _positive_int(config, "grad_accum_steps", path, problems, default=1)
     if "vocab_size" not in config:
         config["vocab_size"] = vocab_size
     else:
-        v = _positive_int(config, "vocab_size", path)
-        if v < vocab_size:
-            raise SubmissionError(
+        v = _positive_int(config, "vocab_size", path, problems)
+        if v is not None and v < vocab_size:
+            problems.append(SubmissionError(
                 path, f"CONFIG['vocab_size'] = {v} is smaller than the track's vocabulary of {vocab_size}.",
-                "remove vocab_size from CONFIG (the harness sets it) or set it >= the track's",
-            )
+                "remove vocab_size from CONFIG (the harness sets it) or set it >= the track's"))
     get_model = getattr(module, "get_model", None)
     if get_model is None:
-        raise SubmissionError(path, "defines no get_model.",
-                              "add `def get_model(config): ...` returning a torch.nn.Module (or import it from model.py)")
-    if not callable(get_model):
-        raise SubmissionError(path, "get_model is not callable.", "define get_model as a function of config")
+        problems.append(SubmissionError(path, "defines no get_model.", "add `def get_model(config): ...` returning "
+                                        "a torch.nn.Module (or import it from model.py)"))
+    elif not callable(get_model):
+        problems.append(SubmissionError(path, "get_model is not callable.", "define get_model as a function of config"))
     hooks = {}
     for name in ("build_optimizers", "lr_schedule"):
         hook = getattr(module, name, None)
         if hook is not None and not callable(hook):
-            raise SubmissionError(path, f"{name} is defined but not callable.", f"make {name} a function or remove it")
-        hooks[name] = hook
+            problems.append(SubmissionError(path, f"{name} is defined but not callable.",
+                                            f"make {name} a function or remove it"))
+        hooks[name] = hook if callable(hook) else None
     compile_flag = getattr(module, "COMPILE", False)
     if not isinstance(compile_flag, bool):
-        raise SubmissionError(path, f"COMPILE must be True or False, got {compile_flag!r}.", "set COMPILE = True or False")
+        problems.append(SubmissionError(path, f"COMPILE must be True or False, got {compile_flag!r}.",
+                                        "set COMPILE = True or False"))
     try:
         json.dumps(config)
-    except TypeError as exc:
-        raise SubmissionError(path, f"CONFIG must hold plain values (it is saved with the checkpoint): {exc}.",
-                              "use numbers, strings, booleans, lists and dicts in CONFIG") from None
-    return Submission(folder=folder, config=config, get_model=get_model, compile=compile_flag, **hooks)
+    except (TypeError, ValueError) as exc:
+        problems.append(SubmissionError(path, f"CONFIG must hold plain values (it is saved with the checkpoint): "
+                                        f"{exc}.", "use numbers, strings, booleans, lists and dicts in CONFIG"))
+    if problems:
+        return None, problems
+    return Submission(folder=folder, config=config, get_model=get_model, compile=compile_flag, **hooks), []
+
+
+def check_submission(module: types.ModuleType, folder: Path, vocab_size: int) -> Submission:
+    """The checked submission, or the first contract problem raised."""
+    sub, problems = inspect_submission(module, folder, vocab_size)
+    if problems:
+        raise problems[0]
+    return sub
 
 
 def load_submission(folder: str | Path, vocab_size: int) -> Submission:

@@ -137,6 +137,14 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
     tokens = read_val_tokens(job.val_shards, job.val_tokens, job.vocab_size)
     plan = batch_plan(job.val_tokens, job.seq_len, job.batch_size)
     file = str(Path(job.submission_dir) / "submission.py")
+    causality = None
+    if job.causality_check:  # on real validation tokens, with the trained weights
+        import torch as _torch
+
+        from harness.causality import probe_causality
+
+        window = _torch.from_numpy(np.ascontiguousarray(tokens[: job.seq_len]))
+        causality = probe_causality(model, window, job.vocab_size, device)
     t_score = perf_counter()
     total, count = score(model, tokens, plan, env, job.seq_len, vocab_out, device, file)
     sums = torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=device)])
@@ -149,6 +157,7 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
     return {
         "val_loss": float(sums[0].item()) / n, "val_tokens": n, "eval_world_size": env.world_size,
         "eval_time_s": perf_counter() - t_start, "eval_tokens_per_s": n / elapsed if elapsed > 0 else None,
+        "causality": causality,
     }
 
 

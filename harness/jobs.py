@@ -44,6 +44,7 @@ class TrainJob:
     channel_path: str = ""
     log_dir: str = ""
     staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
+    work_dir: str = ""  # the ranks' private working directory
     scaling_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
     max_steps: int = 0  # >0: a fixed-step throughput probe (`harness scale`) instead of the clock
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure

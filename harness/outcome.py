@@ -20,10 +20,14 @@ class Outcome:
     reason: str = ""
     failing_rank: int | None = None
     traceback: str | None = None
+    cause: str = ""  # own (a rank's own error), collective (a peer's echo), kill, death, launch
 
 
-def _silent_ranks(messages: list[Message], world_size: int, done_kind: str) -> list[int]:
+def _silent_ranks(messages: list[Message], world_size: int, done_kind: str, local: list[int] | None) -> list[int]:
+    """Ranks that said nothing; on several nodes only this node's ranks can be heard from."""
     spoke = {m.body.get("rank") for m in messages if m.kind in ("error", done_kind)}
+    if local is not None and len(local) < world_size:
+        return [r for r in range(world_size) if r not in spoke and r not in local]  # the remote ranks
     return [r for r in range(world_size) if r not in spoke]
 
 
@@ -48,32 +52,33 @@ def classify(
         first = min(own, key=lambda m: m.received_s)
         b = first.body
         return Outcome(b.get("status", "crashed"), f"rank {b.get('rank')}: {b.get('reason', '')}",
-                       b.get("rank"), b.get("traceback"))
+                       b.get("rank"), b.get("traceback"), cause="own")
 
     if kill_status:
-        return Outcome(kill_status, kill_reason)
+        return Outcome(kill_status, kill_reason, cause="kill")
 
     if errors:  # only collective failures: a peer died or hung
         first = min(errors, key=lambda m: m.received_s)
         b = first.body
-        silent = _silent_ranks(messages, world_size, done_kind)
+        silent = _silent_ranks(messages, world_size, done_kind, local_ranks)
         who = f"rank(s) {', '.join(map(str, silent))} stopped responding; " if silent else ""
         return Outcome("crashed", f"{who}rank {b.get('rank')}: {b.get('reason', '')}",
-                       silent[0] if silent else b.get("rank"), b.get("traceback"))
+                       silent[0] if silent else b.get("rank"), b.get("traceback"), cause="collective")
 
     if agent_failures:
         rank, failure = min(agent_failures.items())
         how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exitcode')}"
         hint = " (killed by the system: out of memory?)" if failure.get("signal") == "SIGKILL" else ""
-        return Outcome("crashed", f"rank {rank} died with {how} without a report{hint}", rank)
+        return Outcome("crashed", f"rank {rank} died with {how} without a report{hint}", rank, cause="death")
 
     if agent_error:
-        return Outcome("crashed", f"launch failed: {agent_error}")
+        return Outcome("crashed", f"launch failed: {agent_error}", cause="launch")
 
     expected = local_ranks if local_ranks is not None else list(range(world_size))
     reported = {m.body.get("rank") for m in messages if m.kind == done_kind}
     missing = [r for r in expected if r not in reported]
     if missing or not agent_succeeded:
         return Outcome("crashed", f"rank(s) {', '.join(map(str, missing))} exited without reporting a result "
-                                  "(did the submission call os._exit or exit early?)", missing[0] if missing else None)
-    return Outcome("ok")
+                                  "(did the submission call os._exit or exit early?)", missing[0] if missing else None,
+                       cause="death")
+    return Outcome("ok", cause="ok")

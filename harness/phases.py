@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +34,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     """Contract checks in a throw-away process; returns the report (ok, problems, params, config)."""
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
                "threads": max(1, (os.cpu_count() or 1))}
-    tmp = log_path.parent / ".preflight"
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
     with open(log_path, "w") as log, procs.ProcessScope(grace_s=2.0):  # nothing it starts may linger
@@ -50,9 +51,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     except (OSError, ValueError):
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
-    for p in (req, rep):
-        p.unlink(missing_ok=True)
-    tmp.rmdir()
+    shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 
@@ -82,7 +81,7 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
     try:
         result = watch(job, channel, deadlines, abort, on_tick)
     finally:
-        leftover = job.close()
+        leftover = job.close(wait_s=1.0 if job.running() else 10.0)
     messages = channel.snapshot()
     local = list(range(launch.node_rank * launch.nproc_per_node, (launch.node_rank + 1) * launch.nproc_per_node))
     outcome = classify(

@@ -49,6 +49,8 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         out = model(x, y)
     check_forward_output(out, batch, T, V, True, file)
+    shapes = {"logits_shape": list(out[0].shape), "logits_dtype": str(out[0].dtype).replace("torch.", ""),
+              "loss_dtype": str(out[1].dtype).replace("torch.", "")}
     loss = out[1]
     if not torch.isfinite(loss.detach()).item():
         raise SubmissionError(file, f"the loss of the freshly built model is {loss.item()}.",
@@ -63,6 +65,11 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         out = model(x)
     check_forward_output(out, batch, T, V, False, file)
+    from harness.causality import describe, probe_causality
+
+    causality = probe_causality(model, idx[0, :T].cpu(), vocab_size, device, seed=seed)
+    if not causality["causal"]:
+        raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
     from harness.metrics import count_training_flops_per_token
 
     flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
@@ -71,24 +78,30 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
         "initial_loss": float(loss.item()),
+        "causality": causality,
+        **shapes,
         **flops,
     }
 
 
 def run_checks(request: dict) -> dict:
-    from harness.contract import import_submission_module, check_submission
+    """Every problem found, at once where they are independent; the static screen always."""
+    from harness.contract import import_submission_module, inspect_submission
+    from harness.screen import screen_folder
 
     folder = Path(request["submission_dir"])
-    report: dict = {"ok": False, "problems": []}
+    report: dict = {"ok": False, "problems": [], "screen": screen_folder(folder)}
     try:
         module = import_submission_module(folder)
-        sub = check_submission(module, folder, request["vocab_size"])
-        report["config"] = sub.config
-        report["compile"] = sub.compile
-        report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"]))
-        report["ok"] = True
-    except BaseException as exc:
+        sub, problems = inspect_submission(module, folder, request["vocab_size"])
+        report["problems"] += [_problem(p) for p in problems]
+        if sub is not None:
+            report["config"] = sub.config
+            report["compile"] = sub.compile
+            report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"]))
+    except BaseException as exc:  # the model's problems depend on each other: the first one is reported
         report["problems"].append(_problem(exc))
+    report["ok"] = not report["problems"]
     return report
 
 

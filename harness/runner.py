@@ -10,9 +10,9 @@ run.json is written in a `finally`, so a crash, a kill or Ctrl-C still leaves it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -21,16 +21,34 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__, procs
-from harness.console import NullReporter, fmt_rate
-from harness.contract import SubmissionError, TeamInfo, find_submission, read_team, snapshot_submission, team_slug
+from harness.console import NullReporter
+from harness.contract import (
+    SubmissionError,
+    TeamInfo,
+    find_submission,
+    read_team,
+    snapshot_submission,
+    submission_sha256,
+    team_slug,
+)
 from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.evaluate import file_sha256
+from harness.assemble import (
+    apply_evaluation,
+    apply_training,
+    metrics_rows,
+    name_team_files,
+    set_outcome,
+)
+from harness.guard import GuardReport, RecordGuard
+from harness.nodes import NodePaths, merge_node_reports
 from harness.jobs import EvalJob, TrainJob
 from harness.launch import LaunchSpec
-from harness.metrics import mfu, peak_flops_per_device
 from harness.phases import PhaseResult, run_evaluation, run_preflight, run_training
 from harness.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
+from harness.sandbox import WorkArea
 from harness.track import ResolvedTrack, Track, apply_overrides, load_track
+from harness.views import leaderboard_root
 from harness.watch import AbortFlag, abort_on_signals
 
 
@@ -71,7 +89,12 @@ def resolve_nproc(track: Track) -> int:
 
 
 def _threads_per_rank(track: Track, nproc: int) -> int:
-    return track.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+    """The track's figure; else OMP_NUM_THREADS when set (several "nodes" on one machine); else cores / ranks."""
+    if track.cpu_threads_per_rank:
+        return track.cpu_threads_per_rank
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // nproc)
 
 
 def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, nproc: int) -> RunRecord:
@@ -85,54 +108,6 @@ def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, n
         nproc_per_node=nproc, torch_version=torch.__version__, python_version=platform.python_version(),
         harness_version=__version__, hostname=socket.gethostname(), command=opts.command,
     )
-
-
-def _apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
-    results = phase.reports("result")
-    r0 = results.get(0, {})
-    record.steps, record.tokens = r0.get("steps"), r0.get("tokens")
-    record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
-    record.device_name = r0.get("device_name")
-    for key in ("max_step_s", "last_step_start_s", "tokens_per_step"):
-        if key in r0:
-            record.extra[key] = r0[key]
-    if r0.get("config"):
-        record.config = r0["config"]
-    if results:
-        record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
-        record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
-    record.launcher_train_time_s = phase.watch.launcher_train_time_s
-    if record.tokens and record.train_time_s:
-        record.tokens_per_s = record.tokens / record.train_time_s
-        record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
-    track = record.track
-    record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
-                                                         track.get("device_peak", ""), record.device_name)
-    record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
-    if r0.get("scaling_efficiency") is not None:
-        record.scaling_efficiency = r0["scaling_efficiency"]
-        record.scaling = {k: r0.get(k) for k in ("scaling_probe_steps", "scaling_synced_step_s",
-                          "scaling_compute_step_s", "scaling_efficiency_min", "scaling_efficiency_max", "comm_s")}
-    if record.steps is None:  # killed or crashed: keep what rank 0 last reported
-        progress = [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
-        if progress:
-            record.steps, record.tokens = progress[-1].get("step"), progress[-1].get("tokens")
-            record.train_loss = progress[-1].get("train_loss")
-
-
-def _metrics_rows(phase: PhaseResult) -> list[dict[str, Any]]:
-    return [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
-
-
-def _set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:
-    record.status, record.reason, record.failing_rank = status, reason, rank
-    if tb:
-        record.traceback = tb[-8000:]
-
-
-def _name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
-    """Errors point at the team's own files (what they edit), not at the record's copy."""
-    record.reason = record.reason.replace(str(snapshot), str(folder))
 
 
 def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData, Path, int]:
@@ -170,9 +145,14 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
         team = read_team(folder)
     except SubmissionError:
         team = None
+    if track.nnodes > 1 and not opts.run_id:
+        raise ValueError("the nodes of a run must agree on its id: pass --run-id (the SLURM job id works)")
     run_id = opts.run_id or new_run_id()
     run_dir = runs_root(opts.runs_dir) / track.name / team_slug(team.name if team else folder.name) / run_id
-    run_dir.mkdir(parents=True, exist_ok=opts.node_rank != 0)
+    if opts.node_rank == 0 and (run_dir / "run.json").exists():
+        raise FileExistsError(f"{run_dir} already holds a run: choose another --run-id")
+    run_dir.mkdir(parents=True, exist_ok=True)  # on several nodes, any of them may get here first
+    node = NodePaths(run_dir, opts.node_rank)
     (run_dir / "logs").mkdir(exist_ok=True)
     record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
     record.data_fingerprint, record.loss_floor = data.fingerprint, data.loss_floor
@@ -184,94 +164,89 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                   f"{'' if resolved.official else ', unofficial: ' + ', '.join(resolved.overrides)})")
     with abort_on_signals() as abort, _marked_processes(run_id):
         try:
-            _execute(opts, track, data, folder, team, nproc, run_dir, record, metrics, abort, reporter)
+            _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
             if record.status in ("running", "ok"):
                 status = "aborted" if isinstance(exc, KeyboardInterrupt) or abort.is_set else "crashed"
-                _set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
+                set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
-            _name_team_files(record, run_dir / "submission", folder)
+            name_team_files(record, node.snapshot, folder)
             record.ended_at = utc_now()
             if record.status == "running":
-                _set_outcome(record, "aborted", "the launcher stopped before the run finished")
-            save_metrics(run_dir, metrics)
-            save_record(run_dir, record)
-            shutil.rmtree(run_dir / "staging", ignore_errors=True)
+                set_outcome(record, "aborted", "the launcher stopped before the run finished")
+            if node.lead:
+                save_metrics(run_dir, metrics)
+                save_record(run_dir, record)
+            else:  # the record is node 0's; this node leaves its own account and its logs
+                node.save_report(record)
     return record, run_dir
 
 
-def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: int, run_dir: Path,
+def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: int, node: NodePaths,
              record: RunRecord, metrics: list, abort: AbortFlag, reporter) -> None:
+    run_dir = node.run_dir
     if team is None:  # submission.toml is broken: an invalid run, recorded
         try:
             read_team(folder)
         except SubmissionError as exc:
-            _set_outcome(record, "invalid", str(exc))
+            set_outcome(record, "invalid", str(exc))
             return
     try:
-        record.submission_sha256 = snapshot_submission(folder, run_dir / "submission")
+        record.submission_sha256 = snapshot_submission(folder, node.snapshot)
     except SubmissionError as exc:
-        _set_outcome(record, "invalid", str(exc))
+        set_outcome(record, "invalid", str(exc))
         return
-    save_record(run_dir, record)  # status "running": visible at once, never lost
+    if node.lead:
+        save_record(run_dir, record)  # status "running": visible at once, never lost
 
     t_begin = time.monotonic()
     reporter.progress("checking the submission...")
-    report = run_preflight(run_dir / "submission", vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=run_dir / "logs" / "preflight.log")
+    report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
+                           seed=opts.seed, log_path=node.log("preflight.log"))
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     if abort.is_set:
-        _set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
+        set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
     if not report["ok"]:
         first = report["problems"][0]
-        _set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
+        set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
                      + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return
     record.params, record.config = report.get("params"), report.get("config", {})
+    record.extra["screen"] = report.get("screen", [])
     record.flops_per_token = report.get("flops_per_token")
     if report.get("flops_method"):
         record.extra["flops_method"] = report["flops_method"]
 
-    staging = run_dir / "staging"
-    staging.mkdir(exist_ok=True)
-    threads = _threads_per_rank(track, nproc)
-    job = TrainJob(
-        run_id=record.run_id, track=track.name, submission_dir=str(run_dir / "submission"), seed=opts.seed,
-        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
-        dtype=track.dtype, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
-        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
-        log_dir=str(run_dir / "logs"), staging_dir=str(staging), scaling_probe_steps=track.scaling_probe_steps,
-    )
-    launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
-                        node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
-                        rendezvous_timeout_s=track.rendezvous_timeout_s,
-                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads)
-    t_launch = time.monotonic()
-    phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s, hard_limit_s=track.hard_limit_s,
-                         log_path=run_dir / "logs" / "launcher.log", abort=abort, reporter=reporter)
-    record.timings.update(phase.watch.timings(t_launch))
-    if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
-        record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
-    metrics.extend(_metrics_rows(phase))
-    _apply_training(record, phase, nproc)
-    record.killed_pids = phase.leftover_pids
-    o = phase.outcome
-    _set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
-    if o.status == "ok" and phase.leftover_pids:
-        record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
-    if o.status != "ok":
-        return
-
-    staged = staging / "checkpoint.pt"
-    if not staged.is_file():
-        _set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
-        return
-    checkpoint = run_dir / "checkpoint.pt"
-    os.replace(staged, checkpoint)  # from here on only the launcher and evaluation touch it
+    area = WorkArea(node.snapshot)
+    try:
+        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter)
+        metrics.extend(metrics_rows(phase))
+        apply_training(record, phase, nproc)
+        record.killed_pids = phase.leftover_pids
+        o = phase.outcome
+        set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
+        record.extra["cause"] = o.cause
+        if o.status == "ok" and phase.leftover_pids:
+            record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
+        if node.lead and track.nnodes > 1:
+            merge_node_reports(record, node, o, track.nnodes)
+        if record.status != "ok" or not node.lead:
+            return
+        checkpoint = run_dir / "checkpoint.pt"
+        if not area.take_checkpoint(checkpoint):  # from here on only the launcher and evaluation touch it
+            set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
+            return
+    finally:
+        area.cleanup()
     record.checkpoint_sha256 = file_sha256(checkpoint)
+    if submission_sha256(run_dir / "submission") != record.submission_sha256:
+        set_outcome(record, "invalid", "the submission's files in the record changed during training; "
+                     "evaluation will not import them")
+        record.flagged, record.flag_reason = True, record.reason
+        return
     save_record(run_dir, record)
 
     eval_nproc = opts.eval_nproc or nproc
@@ -283,6 +258,51 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.timings["eval_s"] = time.monotonic() - t_eval
     record.timings["total_s"] = time.monotonic() - t_begin
     apply_evaluation(record, ev)
+
+
+def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
+           area: WorkArea, abort: AbortFlag, reporter) -> PhaseResult:
+    """The ranks, in their private folder, with the track's finished records guarded meanwhile."""
+    threads = _threads_per_rank(track, nproc)
+    job = TrainJob(
+        run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
+        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
+        dtype=track.dtype, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
+        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
+        log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
+        scaling_probe_steps=track.scaling_probe_steps,
+    )
+    launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
+                        node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
+                        rendezvous_timeout_s=track.rendezvous_timeout_s,
+                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads)
+    t_launch = time.monotonic()
+    leaderboard_dir = leaderboard_root()
+    # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
+    guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
+    ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
+    area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
+    with guard or contextlib.nullcontext(), area.hidden_environment():
+        phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s,
+                             hard_limit_s=track.hard_limit_s, log_path=area.logs / node.log("launcher.log").name,
+                             abort=abort, reporter=reporter)
+        report = guard.check_and_restore() if guard else GuardReport()
+    area.collect_logs(node.run_dir / "logs")
+    record.timings.update(phase.watch.timings(t_launch))
+    if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
+        record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
+    if report.appeared:
+        record.notes.append(f"records that appeared while this run trained: {', '.join(report.appeared)}")
+    if report.tampered:
+        changed = report.restored + report.leaderboard_changed
+        record.flagged = True
+        record.flag_reason = f"results were written while this run trained ({', '.join(changed)}); restored"
+        record.notes.append(record.flag_reason)
+        if report.leaderboard_changed:
+            from harness.views import plots_root, rebuild
+
+            rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
+    return phase
 
 
 def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int) -> EvalJob:
@@ -297,45 +317,3 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
     )
 
 
-def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
-    o = ev.outcome
-    if o.status != "ok":
-        prefix = "evaluation: " if o.status != "aborted" else ""
-        _set_outcome(record, o.status, prefix + o.reason, o.failing_rank, o.traceback)
-        return
-    r0 = ev.reports("eval_result").get(0, {})
-    record.val_loss = r0.get("val_loss")
-    record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s")}
-    if record.val_loss is not None and record.loss_floor is not None:
-        record.loss_gap = record.val_loss - record.loss_floor
-
-
-def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
-    lines = [f"status     {record.status}" + (f"  ({record.reason})" if record.reason else "")]
-    if record.val_loss is not None:
-        floor = ""
-        if record.loss_floor is not None:
-            floor = f"  (floor {record.loss_floor:.4f}, gap {record.val_loss - record.loss_floor:+.4f})"
-        lines.append(f"val_loss   {record.val_loss:.4f}{floor}")
-    if record.train_time_s is not None:
-        lines.append(f"trained    {record.train_time_s:.2f}s of {record.budget_s:.0f}s budget, "
-                     f"{record.steps} steps, {record.tokens} tokens, {fmt_rate(record.tokens_per_s)} tok/s")
-    if not record.official:
-        lines.append(f"unofficial overrides: {', '.join(record.overrides)}")
-    lines.append(f"record     {run_dir}")
-    if record.status not in ("ok",):
-        lines.append(f"logs       {run_dir / 'logs'}")
-    return lines
-
-
-def repeat_summary(records: list[RunRecord]) -> list[str]:
-    from harness.stats import summarize
-
-    ok = [r.val_loss for r in records if r.status == "ok" and r.val_loss is not None]
-    line = f"{len(records)} runs (seeds {records[0].seed}..{records[-1].seed}): {len(ok)} ok"
-    if ok:
-        s = summarize(ok)
-        line += f", val_loss mean {s.mean:.4f}"
-        if s.ci95 is not None:
-            line += f" ± {s.ci95:.4f} (95% CI, std {s.std:.4f})"
-    return [line]

@@ -68,6 +68,7 @@ class WatchResult:
     exited_s: float | None = None  # when the agent returned
     limit_s: float | None = None  # when the limit that caused a kill passed
     all_gone_s: float | None = None  # when every process of the job was gone after a kill
+    agent_abandoned: bool = False  # the agent thread did not return after the kill
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
@@ -97,6 +98,7 @@ class Deadlines:
     hard_limit_s: float | None = None  # training started -> kill (budget + grace)
     after_train_s: float = 300.0  # training ended -> ranks gone (checkpoint save, teardown)
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
+    abandon_agent_s: float = 15.0  # after a kill, how long to wait for the agent thread to return
 
 
 def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_s: float | None = None) -> None:
@@ -115,13 +117,17 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
     while job.running():
         channel.wait(POLL_S)
         now = time.monotonic()
-        start = channel.first("train_start", rank=0)
-        end = channel.first("train_end", rank=0)
+        start, end = channel.first("train_start"), channel.first("train_end")  # from this node's first rank
         result.train_start_s = start.received_s if start else None
         result.train_end_s = end.received_s if end else None
         if on_tick:
             on_tick(result)
         if result.kill_status:
+            if now - result.kill_at_s > deadlines.abandon_agent_s:
+                # The agent thread is stuck (say, in a rendezvous with a node that never came): every
+                # process of the job is already gone, so stop waiting for it; it dies with the launcher.
+                result.agent_abandoned = True
+                break
             continue  # already killed: wait for the agent to notice
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
@@ -138,8 +144,7 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
             _kill(job, result, "timeout",
                   f"ranks still running {deadlines.after_train_s:.0f} s after training ended (checkpoint save hung?)")
     result.exited_s = time.monotonic()
-    start = channel.first("train_start", rank=0)
-    end = channel.first("train_end", rank=0)
+    start, end = channel.first("train_start"), channel.first("train_end")
     result.train_start_s = start.received_s if start else None
     result.train_end_s = end.received_s if end else None
     if abort.is_set and not result.kill_status:

@@ -71,7 +71,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     t0 = None
     if job.clock_start == "model_build":
         t0 = perf_counter()
-        if env.rank == 0:
+        if env.local_rank == 0:  # each node's launcher watches its own clock: its first rank reports
             channel.send("train_start", clock_start=job.clock_start)
 
     model = sub.get_model(dict(sub.config))
@@ -111,9 +111,10 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     last_step_start_s = max_step_s = prev_synced = warm_s = 0.0
 
     # ---------------------------------------------------------------- the clock runs from here
+    print(f"[harness] rank {env.rank}: training starts", flush=True)
     if t0 is None:
         t0 = perf_counter()
-        if env.rank == 0:
+        if env.local_rank == 0:  # each node's launcher watches its own clock: its first rank reports
             channel.send("train_start", clock_start=job.clock_start)
     while True:
         now = perf_counter() - t0
@@ -167,7 +168,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         tokens += tokens_per_step
 
     train_time_s = synced
-    if env.rank == 0:
+    if env.local_rank == 0:
         channel.send("train_end", step=step, tokens=tokens, train_time_s=train_time_s)
     if stop_code == STOP_DIVERGED:
         prefetch.close()
@@ -218,6 +219,8 @@ def main(argv: list[str]) -> None:
     job = TrainJob.load(argv[1])
     env = RankEnv.from_environ()
     die_with_launcher()
+    if job.work_dir:
+        os.chdir(job.work_dir)  # the private folder: files a submission writes land there, not in runs/
     redirect_output(f"{job.log_dir}/rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,

@@ -19,6 +19,8 @@ def test_the_minimal_submission_in_the_docs_passes_the_contract_checks(tmp_path)
     (tmp_path / "submission.py").write_text(code)
     report = run_checks({"submission_dir": str(tmp_path), "vocab_size": 256, "device": "cpu", "seed": 0})
     assert report["ok"], report["problems"]
+    shipped = (ROOT / "submissions" / "minimal" / "submission.py").read_text()
+    assert shipped.endswith(code), "submissions/minimal/submission.py differs from the docs' example"
 
 
 @pytest.mark.parametrize("command", sorted(main.commands))

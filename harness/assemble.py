@@ -1,0 +1,139 @@
+"""Turning what the phases saw into the run record: figures, outcome, checks, summaries.
+
+Pure functions of the phase results and the record, kept apart from the orchestration in
+harness/runner.py so each can be read (and tested) on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.console import fmt_rate
+from harness.metrics import mfu, peak_flops_per_device
+from harness.phases import PhaseResult
+from harness.records import RunRecord
+
+
+def apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
+    results = phase.reports("result")
+    r0 = results.get(0, {})
+    record.steps, record.tokens = r0.get("steps"), r0.get("tokens")
+    record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
+    record.device_name = r0.get("device_name")
+    for key in ("max_step_s", "last_step_start_s", "tokens_per_step"):
+        if key in r0:
+            record.extra[key] = r0[key]
+    if r0.get("config"):
+        record.config = r0["config"]
+    if results:
+        record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
+        record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
+    record.launcher_train_time_s = phase.watch.launcher_train_time_s
+    check_clocks(record)
+    if record.tokens and record.train_time_s:
+        record.tokens_per_s = record.tokens / record.train_time_s
+        record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
+    track = record.track
+    record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
+                                                         track.get("device_peak", ""), record.device_name)
+    record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    if r0.get("scaling_efficiency") is not None:
+        record.scaling_efficiency = r0["scaling_efficiency"]
+        record.scaling = {k: r0.get(k) for k in ("scaling_probe_steps", "scaling_synced_step_s",
+                          "scaling_compute_step_s", "scaling_efficiency_min", "scaling_efficiency_max", "comm_s")}
+    if record.steps is None:  # killed or crashed: keep what rank 0 last reported
+        progress = [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
+        if progress:
+            record.steps, record.tokens = progress[-1].get("step"), progress[-1].get("tokens")
+            record.train_loss = progress[-1].get("train_loss")
+
+
+def clock_tolerance_s(budget_s: float) -> float:
+    """How far the ranks' and the launcher's training windows may differ: report latency, not cheating."""
+    return max(0.5, 0.01 * budget_s)
+
+
+def check_clocks(record: RunRecord) -> None:
+    """The launcher's window is the one enforced; a rank clock that disagrees flags the run for review."""
+    ranks, launcher = record.train_time_s, record.launcher_train_time_s
+    if ranks is None or launcher is None:
+        return
+    tolerance = clock_tolerance_s(record.budget_s or 0.0)
+    record.extra["clock_check"] = {"ranks_s": ranks, "launcher_s": launcher, "tolerance_s": tolerance,
+                                   "agree": abs(launcher - ranks) <= tolerance}
+    if abs(launcher - ranks) > tolerance:
+        record.flagged = True
+        record.flag_reason = (f"clock disagreement: the launcher measured {launcher:.2f} s of training, the ranks "
+                              f"reported {ranks:.2f} s (tolerance {tolerance:.2f} s); was a clock patched?")
+        record.notes.append(record.flag_reason)
+
+
+def metrics_rows(phase: PhaseResult) -> list[dict[str, Any]]:
+    return [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
+
+
+def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:
+    record.status, record.reason, record.failing_rank = status, reason, rank
+    if tb:
+        record.traceback = tb[-8000:]
+
+
+def name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
+    """Errors point at the team's own files (what they edit), not at the record's copy."""
+    record.reason = record.reason.replace(str(snapshot), str(folder))
+
+
+def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
+    o = ev.outcome
+    if o.status != "ok":
+        prefix = "evaluation: " if o.status != "aborted" else ""
+        set_outcome(record, o.status, prefix + o.reason, o.failing_rank, o.traceback)
+        return
+    r0 = ev.reports("eval_result").get(0, {})
+    record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
+                                          "causality")}
+    causality = r0.get("causality")
+    if causality is not None and not causality.get("causal", True):
+        from harness.causality import describe
+
+        # The figure is kept for the audit, but it is not a result: a peeking model is not scored.
+        record.eval["unscored_val_loss"] = r0.get("val_loss")
+        set_outcome(record, "invalid", describe(causality))
+        return
+    record.val_loss = r0.get("val_loss")
+    if record.val_loss is not None and record.loss_floor is not None:
+        record.loss_gap = record.val_loss - record.loss_floor
+
+
+def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
+    lines = [f"status     {record.status}" + (f"  ({record.reason})" if record.reason else "")]
+    if record.val_loss is not None:
+        floor = ""
+        if record.loss_floor is not None:
+            floor = f"  (floor {record.loss_floor:.4f}, gap {record.val_loss - record.loss_floor:+.4f})"
+        lines.append(f"val_loss   {record.val_loss:.4f}{floor}")
+    if record.train_time_s is not None:
+        lines.append(f"trained    {record.train_time_s:.2f}s of {record.budget_s:.0f}s budget, "
+                     f"{record.steps} steps, {record.tokens} tokens, {fmt_rate(record.tokens_per_s)} tok/s")
+    if not record.official:
+        lines.append(f"unofficial overrides: {', '.join(record.overrides)}")
+    if record.flagged:
+        lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
+    lines.append(f"record     {run_dir}")
+    if record.status not in ("ok",):
+        lines.append(f"logs       {run_dir / 'logs'}")
+    return lines
+
+
+def repeat_summary(records: list[RunRecord]) -> list[str]:
+    from harness.stats import summarize
+
+    ok = [r.val_loss for r in records if r.status == "ok" and r.val_loss is not None]
+    line = f"{len(records)} runs (seeds {records[0].seed}..{records[-1].seed}): {len(ok)} ok"
+    if ok:
+        s = summarize(ok)
+        line += f", val_loss mean {s.mean:.4f}"
+        if s.ci95 is not None:
+            line += f" ± {s.ci95:.4f} (95% CI, std {s.std:.4f})"
+    return [line]

@@ -1,0 +1,88 @@
+"""`harness check SUBMISSION [--track T]`: what the organisers' harness will say, in seconds on a CPU.
+
+The same checks as before every run (in a throw-away process): import, the contract, the model
+built from CONFIG, one forward and backward at batch 2, output shapes and dtypes, a finite
+loss, the causality probe, parameter count, FLOPs per token; plus the static screen and the
+exact command the organisers will run. Every problem is listed at once.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.contract import find_submission, read_team
+from harness.phases import run_preflight
+from harness.track import Track, load_track
+
+
+@dataclass
+class CheckResult:
+    accepted: bool
+    report: dict
+    team: str
+    track: Track
+    command: list[str] = field(default_factory=list)
+
+
+def check(submission: str, track_name: str = "local", seed: int = 1) -> CheckResult:
+    folder = find_submission(submission)
+    track = load_track(track_name)
+    with tempfile.TemporaryDirectory(prefix="harness-check-") as tmp:
+        report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed,
+                               log_path=Path(tmp) / "check.log")
+        if not report["ok"] and not report["problems"]:
+            report["problems"].append({"file": str(folder), "problem": "the check process failed", "fix": ""})
+        log = (Path(tmp) / "check.log").read_text(errors="replace")[-4000:]
+    report["log_tail"] = log
+    problems = report["problems"]
+    try:
+        team = read_team(folder).name
+    except Exception as exc:  # submission.toml problems are problems too
+        problems.append({"file": str(folder / "submission.toml"), "problem": str(exc), "fix": ""})
+        team = folder.name
+    command = ["harness", "run", submission, "--track", track_name]
+    return CheckResult(accepted=not problems, report=report, team=team, track=track, command=command)
+
+
+def render(result: CheckResult) -> list[str]:
+    r, t = result.report, result.track
+    lines = [f"checking team {result.team!r} for track {t.name!r} (on this CPU; the event runs {t.device})"]
+
+    def row(name: str, text: str) -> None:
+        lines.append(f"  {name:<18}{text}")
+
+    cfg = r.get("config")
+    if cfg:
+        B, T, A = cfg["micro_batch_size"], cfg["seq_len"], cfg["grad_accum_steps"]
+        nproc = t.nproc_per_node if isinstance(t.nproc_per_node, int) else "N"
+        world = t.nnodes * nproc if isinstance(nproc, int) else "N"
+        row("contract", f"ok: micro_batch_size {B}, seq_len {T}, grad_accum_steps {A}, vocab_size {cfg['vocab_size']}"
+                        + (", COMPILE" if r.get("compile") else ""))
+        tokens = f"{world * B * T * A:,}" if isinstance(world, int) else "?"
+        row("tokens per step", f"{world} ranks x {B} x {T} x {A} = {tokens}")
+    if "params" in r:
+        row("model", f"ok: {r['params']:,} parameters ({r['trainable_params']:,} trainable)")
+        row("forward/backward", f"ok: logits {r['logits_shape']} {r['logits_dtype']}, loss {r['loss_dtype']}, "
+                                f"initial loss {r['initial_loss']:.3f} (ln vocab = {math.log(t.data.vocab_size):.3f})")
+    if r.get("causality"):
+        row("causality", f"ok: logits unchanged at positions <= t when later tokens change "
+                         f"(t in {r['causality']['positions']})")
+    if r.get("flops_per_token") is not None:
+        row("FLOPs per token", f"{r['flops_per_token']:,.0f} per training token (forward + backward, {r['flops_method']})")
+    screen = r.get("screen", [])
+    row("static screen", "nothing to review" if not screen else f"{len(screen)} line(s) for a reviewer to look at:")
+    for f in screen:
+        lines.append(f"      {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
+    row("organisers run", " ".join(result.command))
+    if t.nnodes > 1:
+        row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
+    if result.accepted:
+        lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")
+    else:
+        lines.append(f"REJECTED: {len(r['problems'])} problem(s):")
+        for p in r["problems"]:
+            lines.append(f"  - {p['file']}: {p['problem']}" + (f" Fix: {p['fix']}" if p.get("fix") else ""))
+    return lines

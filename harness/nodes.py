@@ -1,0 +1,91 @@
+"""Several nodes, one run: where each node's files go, and how node 0 learns what happened elsewhere.
+
+Every node's launcher checks its own copy of the submission and starts its ranks (static
+rendezvous: node R hosts global ranks R*nproc .. R*nproc + nproc - 1, so node 0 hosts rank 0).
+Node 0 writes the record, evaluates and refreshes the leaderboard. Node R > 0 writes its
+logs (rank logs carry global ranks; its launcher and preflight logs carry `-node<R>`) and
+`nodes/node<R>.json`: its status, reason and the failing rank's traceback. When the job fails
+and node 0 only saw the echo of it (a collective error), node 0 waits briefly for the other
+nodes' accounts and takes the cause from there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from harness.outcome import Outcome
+from harness.records import RunRecord, utc_now, write_atomic
+
+WAIT_FOR_NODES_S = 8.0
+
+
+class NodePaths:
+    def __init__(self, run_dir: Path, node_rank: int):
+        self.run_dir, self.node_rank = run_dir, node_rank
+
+    @property
+    def lead(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def snapshot(self) -> Path:
+        return self.run_dir / "submission" if self.lead else self.run_dir / "nodes" / f"node{self.node_rank}" / "submission"
+
+    def log(self, name: str) -> Path:
+        if self.lead:
+            return self.run_dir / "logs" / name
+        stem, dot, suffix = name.partition(".")
+        return self.run_dir / "logs" / f"{stem}-node{self.node_rank}{dot}{suffix}"
+
+    @property
+    def report_path(self) -> Path:
+        return self.run_dir / "nodes" / f"node{self.node_rank}.json"
+
+    def save_report(self, record: RunRecord) -> None:
+        report = {
+            "node_rank": self.node_rank, "hostname": record.hostname, "status": record.status,
+            "reason": record.reason, "failing_rank": record.failing_rank, "traceback": record.traceback,
+            "cause": record.extra.get("cause", ""), "submission_sha256": record.submission_sha256,
+            "killed_pids": record.killed_pids, "timings": record.timings, "ended_at": utc_now(),
+        }
+        write_atomic(self.report_path, json.dumps(report, indent=2) + "\n")
+
+
+def read_node_reports(run_dir: Path) -> dict[int, dict]:
+    out = {}
+    for path in sorted((run_dir / "nodes").glob("node*.json")):
+        try:
+            report = json.loads(path.read_text())
+            out[int(report["node_rank"])] = report
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nnodes: int) -> None:
+    """Put the other nodes' accounts in the record; take the cause from them when node 0 saw only its echo."""
+    waiting = outcome.status != "ok"
+    deadline = time.monotonic() + (WAIT_FOR_NODES_S if waiting else 2.0)
+    reports = read_node_reports(node.run_dir)
+    while len(reports) < nnodes - 1 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        reports = read_node_reports(node.run_dir)
+    record.extra["nodes"] = {str(r): {k: rep.get(k) for k in ("status", "reason", "failing_rank", "hostname",
+                                                                "submission_sha256")}
+                             for r, rep in reports.items()}
+    for r, rep in reports.items():
+        if rep.get("submission_sha256") and rep["submission_sha256"] != record.submission_sha256:
+            record.notes.append(f"node {r} ran a submission with another sha256 ({rep['submission_sha256'][:12]})")
+    missing = [r for r in range(1, nnodes) if r not in reports]
+    if outcome.cause in ("own", "kill") or outcome.status == "ok":
+        return
+    remote = [rep for rep in reports.values() if rep.get("cause") == "own"]
+    if remote:
+        rep = min(remote, key=lambda x: x["node_rank"])
+        record.status, record.failing_rank = rep["status"], rep.get("failing_rank")
+        record.reason = f"node {rep['node_rank']}: {rep['reason']}"
+        record.traceback = rep.get("traceback")
+    elif missing:
+        record.reason = f"node(s) {', '.join(map(str, missing))} gave no account (lost?); " + record.reason

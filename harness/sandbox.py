@@ -1,0 +1,71 @@
+"""The training processes' private working folder, and an environment that does not point at results.
+
+The ranks get a folder of their own (mode 0700, outside runs/): a copy of the submission to
+import, a logs folder and a staging folder for the checkpoint, and it is their working
+directory. While they run, the launcher's environment loses the variables that name the
+runs, leaderboard, data and cache locations, so the ranks inherit none of them. After the
+job the launcher copies the logs into the record and takes the checkpoint over.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
+              "HARNESS_CACHE_DIR")
+
+
+class WorkArea:
+    def __init__(self, snapshot: Path):
+        self.dir = Path(tempfile.mkdtemp(prefix="harness-train-"))
+        os.chmod(self.dir, 0o700)
+        self.submission = self.dir / "submission"
+        self.logs = self.dir / "logs"
+        self.staging = self.dir / "staging"
+        shutil.copytree(snapshot, self.submission)
+        self.logs.mkdir()
+        self.staging.mkdir()
+
+    @contextmanager
+    def hidden_environment(self):
+        saved = {k: os.environ.pop(k) for k in HIDDEN_ENV if k in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
+
+    def link_logs(self, dest: Path, names: list[str]) -> None:
+        """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            link = dest / name
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(self.logs / name)
+
+    def collect_logs(self, dest: Path) -> None:
+        """The logs become plain files of the record (links replaced by copies)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for path in self.logs.rglob("*"):
+            if path.is_file():
+                target = dest / path.relative_to(self.logs)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_symlink():
+                    target.unlink()
+                shutil.copyfile(path, target)
+        for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
+            if link.is_symlink() and Path(link.resolve()).is_relative_to(self.dir):
+                link.unlink()
+
+    def take_checkpoint(self, dest: Path) -> bool:
+        staged = self.staging / "checkpoint.pt"
+        if not staged.is_file():
+            return False
+        shutil.move(str(staged), str(dest))  # the staging folder may be on another file system
+        return True
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

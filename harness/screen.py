@@ -1,0 +1,133 @@
+"""A static screen of a submission's source: what a reviewer should look at. It never blocks.
+
+Lists file writes and opens, processes, sockets and network libraries, native code (ctypes,
+cffi), threads, changes to attributes of `torch`, `time`, `harness`, `os` or `sys`, reads of
+environment variables, weights loaded from files, dynamic code, and string literals that
+look like data or record paths. Each finding names the file and the line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PATCHABLE = {"torch", "time", "harness", "os", "sys", "builtins", "numpy", "np"}
+MODULE_CATEGORIES = {
+    "subprocess": "process", "multiprocessing": "process", "socket": "network", "urllib": "network",
+    "http": "network", "requests": "network", "httpx": "network", "aiohttp": "network", "ftplib": "network",
+    "ctypes": "native code", "cffi": "native code", "threading": "threads", "_thread": "threads",
+    "concurrent": "threads", "harness": "harness internals", "importlib": "dynamic code", "pickle": "file",
+    "shutil": "file", "tempfile": "file",
+}
+CALLS = {
+    "open": "file", "io.open": "file", "os.open": "file", "os.remove": "file", "os.unlink": "file",
+    "os.rename": "file", "os.replace": "file", "os.makedirs": "file", "os.mkdir": "file", "os.rmdir": "file",
+    "os.system": "process", "os.popen": "process", "os.fork": "process", "os.kill": "process",
+    "os.getenv": "environment", "os.putenv": "environment", "torch.load": "loads weights",
+    "torch.save": "file", "np.load": "file", "numpy.load": "file", "np.fromfile": "file", "np.memmap": "file",
+    "eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code", "__import__": "dynamic code",
+    "setattr": "patching",
+}
+PATH_METHODS = {"write_text", "write_bytes", "open", "unlink", "rename", "replace", "mkdir", "rmdir", "touch",
+                "read_bytes", "read_text"}
+DATA_LIKE = re.compile(r"(\.bin$|\.pt$|\.npy$|\.npz$|/data\b|chunk_\d|\bruns/|leaderboard|\bval(idation)?[_/.])", re.I)
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    category: str
+    what: str
+    code: str
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    return ""
+
+
+class _Visitor(ast.NodeVisitor):
+    def __init__(self, rel: str, lines: list[str]):
+        self.rel, self.lines, self.found = rel, lines, []
+
+    def add(self, node: ast.AST, category: str, what: str) -> None:
+        line = getattr(node, "lineno", 0)
+        code = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
+        self.found.append(Finding(self.rel, line, category, what, code[:160]))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            top = alias.name.split(".")[0]
+            if top in MODULE_CATEGORIES:
+                self.add(node, MODULE_CATEGORIES[top], f"imports {alias.name}")
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        top = (node.module or "").split(".")[0]
+        if node.level == 0 and top in MODULE_CATEGORIES:
+            self.add(node, MODULE_CATEGORIES[top], f"imports from {node.module}")
+        if node.level == 0 and top == "os" and any(a.name == "environ" for a in node.names):
+            self.add(node, "environment", "imports os.environ")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _dotted(node.func)
+        if name in CALLS:
+            self.add(node, CALLS[name], f"calls {name}()")
+        elif name.startswith(("os.exec", "os.spawn", "subprocess.")):
+            self.add(node, "process", f"calls {name}()")
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in PATH_METHODS and name.split(".")[0] not in (
+                "self", "torch", "nn", "F"):
+            self.add(node, "file", f"calls .{node.func.attr}() (a file operation if on a path)")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if _dotted(node) == "os.environ":
+            self.add(node, "environment", "reads os.environ")
+        self.generic_visit(node)
+
+    def _assigned(self, target: ast.AST, node: ast.AST) -> None:
+        if isinstance(target, ast.Attribute):
+            root = _dotted(target).split(".")[0]
+            if root in PATCHABLE:
+                self.add(node, "patching", f"assigns {_dotted(target)}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._assigned(target, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._assigned(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and len(node.value) < 300 and DATA_LIKE.search(node.value):
+            self.add(node, "data paths", f"string {node.value!r} looks like a data or record path")
+
+
+def screen_source(text: str, rel: str) -> list[Finding]:
+    try:
+        tree = ast.parse(text, filename=rel)
+    except SyntaxError as exc:
+        return [Finding(rel, exc.lineno or 0, "syntax", f"cannot be parsed: {exc.msg}", "")]
+    visitor = _Visitor(rel, text.splitlines())
+    visitor.visit(tree)
+    return sorted(visitor.found, key=lambda f: (f.file, f.line, f.category))
+
+
+def screen_folder(folder: Path) -> list[dict]:
+    from harness.contract import submission_files
+
+    findings: list[Finding] = []
+    for path in submission_files(Path(folder)):
+        if path.suffix == ".py":
+            findings += screen_source(path.read_text(errors="replace"), str(path.relative_to(folder)))
+    return [asdict(f) for f in findings]

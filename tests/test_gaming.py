@@ -1,0 +1,79 @@
+"""Submissions that try to game the rules, through the real CLI."""
+
+import json
+import shutil
+
+from conftest import FIXTURES, TINY_TRACK, processes_of_run
+from records_factory import make_run
+
+
+def _record(runs, team):
+    (path,) = (runs / "tiny" / team).glob("*/run.json")
+    return json.loads(path.read_text())
+
+
+def test_a_model_that_peeks_ahead_is_invalid_before_training(cli, tmp_path):
+    result = cli("run", str(FIXTURES / "peeks_ahead"), "--track", str(TINY_TRACK))
+    assert result.code == 1
+    record = _record(tmp_path / "runs", "peeks_ahead")
+    assert record["status"] == "invalid" and "non-causal" in record["reason"] and record["steps"] is None
+
+
+def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_path):
+    result = cli("run", str(FIXTURES / "sneaky_peek"), "--track", str(TINY_TRACK))
+    assert result.code == 1
+    record = _record(tmp_path / "runs", "sneaky_peek")
+    assert record["status"] == "invalid" and "non-causal" in record["reason"]
+    assert record["steps"] > 5 and record["val_loss"] is None  # it trained; its figure is not a result
+    assert record["eval"]["causality"]["causal"] is False and "unscored_val_loss" in record["eval"]
+
+
+def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_path):
+    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(TINY_TRACK))
+    record = _record(tmp_path / "runs", "clock_cheat")
+    assert record["flagged"] is True and "clock disagreement" in record["flag_reason"]
+    budget = record["budget_s"]
+    assert record["train_time_s"] <= budget + record["max_step_s"]  # what the cheated ranks believed
+    assert record["launcher_train_time_s"] > budget + 1.0  # what really happened
+    assert "FLAGGED" in result.err
+    board = (tmp_path / "leaderboard" / "tiny.csv").read_text().splitlines()
+    assert board[1].startswith(",clock_cheat,") and ",flagged," in board[1]  # listed, not ranked
+
+
+def test_writes_into_results_are_undone_and_flag_the_run(cli, tmp_path):
+    runs = tmp_path / "runs"
+    victim = make_run(runs, "victim", 2.5, track="tiny") / "run.json"
+    before = victim.read_bytes()
+    assert cli("leaderboard", "--runs-dir", str(runs), "--no-charts").code == 0
+    board = tmp_path / "leaderboard" / "tiny.csv"
+    sub = tmp_path / "tamper"
+    shutil.copytree(FIXTURES / "tamper", sub)
+    (sub / "targets.json").write_text(json.dumps({"records": [str(victim)], "leaderboard": [str(board)]}))
+
+    result = cli("run", str(sub), "--track", str(TINY_TRACK))
+    assert victim.read_bytes() == before, "another team's record was changed"
+    record = _record(runs, "tamper")
+    assert record["flagged"] is True and str(victim) in record["flag_reason"] and str(board) in record["flag_reason"]
+    text = board.read_text()
+    assert "HACKED" not in text and ",victim," in text
+    assert "FLAGGED" in result.err
+    assert processes_of_run(record["run_id"]) == []
+
+
+def test_the_ranks_are_not_told_where_results_or_data_live(cli, tmp_path):
+    sub = tmp_path / "nosy"
+    sub.mkdir()
+    (sub / "submission.py").write_text((FIXTURES / "ok_bigram" / "submission.py").read_text() + '''
+import os as _os, json as _json
+if _os.environ.get("RANK") == "0":
+    _seen = {k: v for k, v in _os.environ.items() if k.startswith("HARNESS_")}
+    print("SEEN-ENV " + _json.dumps(_seen) + " CWD " + _os.getcwd(), flush=True)
+''')
+    result = cli("run", str(sub), "--track", str(TINY_TRACK), env={"HARNESS_DATA_ROOT": "/secret/data"})
+    assert result.code == 0, result.err
+    (log,) = (tmp_path / "runs" / "tiny" / "nosy").glob("*/logs/rank0.log")
+    line = next(l for l in log.read_text().splitlines() if l.startswith("SEEN-ENV"))
+    seen = json.loads(line.split("SEEN-ENV ", 1)[1].split(" CWD ")[0])
+    assert set(seen) <= {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"}, seen
+    cwd = line.split(" CWD ")[1]
+    assert str(tmp_path) not in cwd and "harness-train-" in cwd

@@ -1,0 +1,81 @@
+"""Several nodes on one machine: two launchers on 127.0.0.1, one rank each (torchrun semantics)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from conftest import FIXTURES, TINY_TRACK, processes_of_run
+from test_run_e2e import REQUIRED
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(node_rank: int, port: int, run_id: str, tmp_path, cache_dir, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs"),
+           "OMP_NUM_THREADS": "1"}  # one rank per "node", two nodes on two cores
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK),
+         "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-id", run_id, *extra],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_nodes_give_the_same_kind_of_record_as_one(tmp_path, cache_dir):
+    port = free_port()
+    nodes = [launch(r, port, "two-nodes", tmp_path, cache_dir) for r in (1, 0)]
+    outs = [p.communicate(timeout=180) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    run_dir = tmp_path / "runs" / "tiny" / "ok_bigram" / "two-nodes"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ok", record["reason"]
+    missing = [k for k in REQUIRED if k not in record or (record[k] is None and k != "reason")]
+    assert not missing
+    assert (record["world_size"], record["nnodes"], record["nproc_per_node"]) == (2, 2, 1)
+    node1 = json.loads((run_dir / "nodes" / "node1.json").read_text())
+    assert node1["status"] == "ok" and record["nodes"]["1"]["status"] == "ok"
+    for log in ("rank0.log", "rank1.log", "launcher.log", "launcher-node1.log", "preflight-node1.log"):
+        assert (run_dir / "logs" / log).is_file(), log
+    assert "node report" in outs[0][1] and "record" in outs[1][1]
+    assert processes_of_run("two-nodes") == []
+
+
+def _read(path) -> str:
+    try:
+        return path.read_text()  # a live link into the node's private folder while the job runs
+    except OSError:
+        return ""
+
+
+def test_a_node_that_dies_ends_the_job_with_a_clear_record(tmp_path, cache_dir):
+    port = free_port()
+    node1 = launch(1, port, "lost-node", tmp_path, cache_dir, "--budget-s", "60")
+    node0 = launch(0, port, "lost-node", tmp_path, cache_dir, "--budget-s", "60")
+    run_dir = tmp_path / "runs" / "tiny" / "ok_bigram" / "lost-node"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "training starts" not in _read(run_dir / "logs" / "rank1.log"):
+        time.sleep(0.2)
+    time.sleep(3.0)  # both ranks training
+    node1.send_signal(signal.SIGKILL)  # the whole node goes away: no chance to report
+    killed = time.monotonic()
+    node0.communicate(timeout=120)
+    ended_s = time.monotonic() - killed
+    node1.communicate(timeout=10)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert node0.returncode == 1 and record["status"] == "crashed"
+    assert "node(s) 1 gave no account" in record["reason"] and "rank(s) 1 stopped responding" in record["reason"]
+    assert ended_s < 25.0  # peer loss seen at once, up to 8 s waiting for node 1's account, teardown
+    assert processes_of_run("lost-node") == []
+
+
+def test_several_nodes_need_a_shared_run_id(cli):
+    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), "--nnodes", "2",
+                 "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert result.code == 2 and "--run-id" in result.err
