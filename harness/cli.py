@@ -347,5 +347,44 @@ def check_cmd(submission, track, as_json):
     sys.exit(0 if result.accepted else 1)
 
 
+
+@main.command("slurm")
+@click.argument("submission")
+@click.option("--track", "-t", default="paris2026", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--output", "-o", "script_path", default=None, help="Where the sbatch script goes [default: slurm-<team>.sbatch].")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default="runs", show_default=True,
+              help="Records folder on the shared file system.")
+@click.option("--log-dir", default="slurm-logs", show_default=True, help="Folder for the per-node SLURM logs.")
+@click.option("--partition", default=None, help="SLURM partition.")
+@click.option("--account", default=None, help="SLURM account.")
+@click.option("--time", "time_limit", default=None, help="Wall time HH:MM:SS [default: computed from the track].")
+@click.option("--submit", is_flag=True, help="Hand the script to sbatch.")
+def slurm_cmd(submission, track, script_path, runs_dir, log_dir, partition, account, time_limit, submit):
+    """Write an sbatch script that runs SUBMISSION on the track's nodes (and submit it with --submit)."""
+    from pathlib import Path
+
+    from harness.contract import SubmissionError, team_slug
+    from harness.slurm import SlurmOptions, render
+    from harness.slurm import submit as sbatch_submit
+    from harness.track import TrackError
+
+    try:
+        text, resolved, team = render(SlurmOptions(submission=submission, track=track, runs_dir=runs_dir,
+                                                   log_dir=log_dir, partition=partition, account=account,
+                                                   time_limit=time_limit))
+    except (SubmissionError, TrackError) as exc:
+        raise SetupError(str(exc)) from None
+    path = Path(script_path or f"slurm-{team_slug(team)}.sbatch")
+    Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs
+    path.write_text(text)
+    path.chmod(0o755)
+    click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
+    if submit:
+        try:
+            click.echo(sbatch_submit(path))
+        except RuntimeError as exc:
+            raise SetupError(str(exc)) from None
+
+
 if __name__ == "__main__":
     main()

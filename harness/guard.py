@@ -8,9 +8,10 @@ stamped itself, and the checkpoint is taken over only once every training proces
 A submission can still find the runs/ tree on its own. So, while the ranks run, the launcher
 holds a snapshot of every finished record of the track and of the track's leaderboard files;
 when the ranks are gone it compares: a finished record that changed or vanished is restored
-byte for byte, a changed leaderboard is rebuilt from the records, and the run is flagged,
-naming the paths. Records that appeared meanwhile are listed in the run's notes (a concurrent
-`harness run` creates them too).
+byte for byte and the run is flagged, naming the paths. A changed leaderboard is rebuilt from
+the records (it is derived, and a concurrent `harness run` legitimately rewrites it, so that
+alone flags nothing). Records that appeared meanwhile are listed in the run's notes (a
+concurrent `harness run` creates them too).
 
 `harness flag` / `harness unflag` take the track's lock exclusively; a guard holds it shared
 while ranks run, so an organiser's flag is never mistaken for tampering.
@@ -66,7 +67,7 @@ class GuardReport:
 
     @property
     def tampered(self) -> bool:
-        return bool(self.restored or self.leaderboard_changed)
+        return bool(self.restored)
 
 
 def _finished_records(track_dir: Path, own: Path) -> dict[Path, bytes]:

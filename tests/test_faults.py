@@ -2,6 +2,7 @@
 within a bound, with nothing of the job left running. Track `tiny`: budget 4 s, grace 3 s,
 collective timeout 8 s, SIGTERM->SIGKILL after 2 s."""
 
+import csv
 import os
 import signal
 import subprocess
@@ -13,13 +14,32 @@ import pytest
 from conftest import FIXTURES, TINY_TRACK, only_record, processes_of_run, run_dirs
 
 
+def _read(path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def run_fixture(cli, name, *extra):
     result = cli("run", str(FIXTURES / name), "--track", str(TINY_TRACK), *extra)
     return result
 
 
-def assert_clean(record):
+def assert_clean(record, tmp_path=None, cli=None):
+    """Nothing of the job left running; and the leaderboard lists the team as not finished, with the reason."""
     assert processes_of_run(record["run_id"]) == [], "a process of the job outlived it"
+    if tmp_path is None:
+        return
+    name = "tiny.csv" if record["official"] else "tiny-all.csv"
+    if not record["official"]:
+        assert cli("leaderboard", "--all", "--no-charts").code == 0
+    rows = list(csv.DictReader((tmp_path / "leaderboard" / name).open()))
+    (row,) = [r for r in rows if r["team"] == record["team"]]
+    if record["status"] == "ok":
+        assert row["rank"] == "1"
+    else:
+        assert row["rank"] == "" and row["status"] == record["status"] and row["reason"] == record["reason"]
 
 
 @pytest.mark.parametrize("fixture, message", [
@@ -40,7 +60,7 @@ def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fix
     assert str(FIXTURES / fixture) in record["reason"], "the error must name the team's own file"
     assert not (run_dir / "logs" / "rank0.log").exists(), "ranks were started for an invalid submission"
     assert "status     invalid" in result.err
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_exception_on_one_rank_is_crashed_with_its_traceback(cli, tmp_path):
@@ -51,7 +71,7 @@ def test_exception_on_one_rank_is_crashed_with_its_traceback(cli, tmp_path):
     assert "deliberate crash on rank 1 at step 3" in record["reason"]
     assert "deliberate crash" in record["traceback"] and "submission.py" in record["traceback"]
     assert record["launcher_train_time_s"] < 5.0, "all ranks must be gone within seconds of the crash"
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_forward_sleeping_past_the_budget_is_killed_at_the_hard_limit(cli, tmp_path):
@@ -63,7 +83,7 @@ def test_forward_sleeping_past_the_budget_is_killed_at_the_hard_limit(cli, tmp_p
     assert hard_limit <= record["launcher_train_time_s"] < hard_limit + 1.0
     assert record["timings"]["kill_latency_s"] < 3.0  # poll (0.1 s) + SIGTERM, SIGKILL after 2 s if needed
     assert record["killed_pids"], "the launcher must have ended the ranks"
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_one_hung_rank_ends_the_job_by_timeout(cli, tmp_path):
@@ -73,7 +93,7 @@ def test_one_hung_rank_ends_the_job_by_timeout(cli, tmp_path):
     # Hard limit (7 s) comes before the collective timeout (8 s) on this track.
     assert record["status"] == "timeout" and "hard limit" in record["reason"]
     assert record["launcher_train_time_s"] < 7.0 + 1.0
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_hung_rank_is_named_when_the_collective_timeout_comes_first(cli, tmp_path):
@@ -83,7 +103,7 @@ def test_hung_rank_is_named_when_the_collective_timeout_comes_first(cli, tmp_pat
     assert record["status"] == "crashed" and "rank(s) 1 stopped responding" in record["reason"]
     assert record["failing_rank"] == 1
     assert record["launcher_train_time_s"] < 8.0 + 4.0  # collective timeout + teardown
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_nan_loss_is_diverged_and_not_evaluated(cli, tmp_path):
@@ -94,7 +114,7 @@ def test_nan_loss_is_diverged_and_not_evaluated(cli, tmp_path):
     assert record["val_loss"] is None and not (run_dir / "checkpoint.pt").exists()
     assert not (run_dir / "logs" / "eval-rank0.log").exists()
     assert record["launcher_train_time_s"] < 3.0
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_out_of_memory_is_crashed_with_that_reason(cli, tmp_path):
@@ -102,7 +122,7 @@ def test_out_of_memory_is_crashed_with_that_reason(cli, tmp_path):
     assert result.code == 1
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "crashed" and "out of memory" in record["reason"]
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 def test_processes_a_submission_leaves_behind_are_ended(cli, tmp_path):
@@ -111,11 +131,11 @@ def test_processes_a_submission_leaves_behind_are_ended(cli, tmp_path):
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "ok"
     assert record["killed_pids"] and any("left running" in n for n in record["notes"])
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, sig):
+def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, sig):
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "sleepy_forward"),
                              "--track", str(TINY_TRACK), "--budget-s", "60"], env=env, cwd=tmp_path,
@@ -123,7 +143,7 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, sig):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until the ranks are training
         dirs = run_dirs(tmp_path / "runs")
-        if dirs and (dirs[0] / "logs" / "rank1.log").exists():
+        if dirs and "training starts" in _read(dirs[0] / "logs" / "rank1.log"):
             break
         time.sleep(0.2)
     _, running = only_record(tmp_path / "runs")
@@ -137,4 +157,29 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, sig):
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "aborted" and sig.name in record["reason"]
     assert "status     aborted" in err
-    assert_clean(record)
+    assert_clean(record, tmp_path, cli)
+
+
+def test_two_runs_at_once_on_the_same_tree(cache_dir, tmp_path, cli):
+    import shutil
+
+    other = tmp_path / "other_team"
+    shutil.copytree(FIXTURES / "ok_bigram", other)
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    procs = [subprocess.Popen([sys.executable, "-m", "harness", "run", str(sub), "--track", str(TINY_TRACK)],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for sub in (FIXTURES / "ok_bigram", other)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    dirs = run_dirs(tmp_path / "runs")
+    assert len(dirs) == 2
+    import json
+
+    records = [json.loads((d / "run.json").read_text()) for d in dirs]
+    assert {r["team"] for r in records} == {"ok_bigram", "other_team"}
+    assert all(r["status"] == "ok" and not r["flagged"] for r in records), [r["flag_reason"] for r in records]
+    assert not list((tmp_path / "runs").rglob(".run.json.*")), "a temporary file was left behind"
+    rows = list(csv.DictReader((tmp_path / "leaderboard" / "tiny.csv").open()))
+    assert sorted(r["team"] for r in rows) == ["ok_bigram", "other_team"] and all(r["rank"] for r in rows)
+    for r in records:
+        assert_clean(r)

@@ -53,7 +53,7 @@ def test_writes_into_results_are_undone_and_flag_the_run(cli, tmp_path):
     result = cli("run", str(sub), "--track", str(TINY_TRACK))
     assert victim.read_bytes() == before, "another team's record was changed"
     record = _record(runs, "tamper")
-    assert record["flagged"] is True and str(victim) in record["flag_reason"] and str(board) in record["flag_reason"]
+    assert record["flagged"] is True and str(victim) in record["flag_reason"]
     text = board.read_text()
     assert "HACKED" not in text and ",victim," in text
     assert "FLAGGED" in result.err

@@ -1,0 +1,48 @@
+"""`harness check` through the CLI: accepted or rejected, with every problem at once."""
+
+import json
+
+from conftest import FIXTURES, ROOT
+
+
+def test_a_good_submission_is_accepted_with_its_figures(cli):
+    result = cli("check", str(ROOT / "submissions" / "baseline"), "--track", "paris2026")
+    assert result.code == 0, result.out + result.err
+    out = result.out
+    assert "ACCEPTED" in out and "32 ranks x 8 x 256 x 1 = 65,536" in out
+    assert "logits [2, 256, 32000]" in out and "causality         ok" in out
+    assert "FLOPs per token" in out and "static screen     nothing to review" in out
+    assert f"harness run {ROOT / 'submissions' / 'baseline'} --track paris2026" in out
+    assert result.seconds < 60
+
+
+def test_every_problem_is_listed_at_once(cli):
+    result = cli("check", str(FIXTURES / "bad_config"))
+    assert result.code == 1
+    assert "REJECTED: 2 problem(s)" in result.out
+    assert "CONFIG has no `seq_len`" in result.out and "smaller than the track's vocabulary" in result.out
+
+
+def test_a_peeking_model_and_the_screen_are_reported(cli):
+    result = cli("check", str(FIXTURES / "peeks_ahead"), "--json")
+    assert result.code == 1
+    report = json.loads(result.out)
+    assert not report["accepted"] and "non-causal" in report["problems"][0]["problem"]
+    result = cli("check", str(FIXTURES / "orphan_child"))
+    assert result.code == 0 and "[process] calls subprocess.Popen()" in result.out
+
+
+def test_the_static_screen_names_what_a_reviewer_should_read(tmp_path):
+    from harness.screen import screen_source
+
+    src = '''import os, time, socket, ctypes, threading
+import harness
+time.perf_counter = lambda: 0.0
+open("/data/paris2026/chunk_0049.bin", "rb")
+key = os.environ["HOME"]
+weights = torch.load("extra.pt")
+'''
+    found = {(f.line, f.category) for f in screen_source(src, "s.py")}
+    for expected in [(1, "network"), (1, "native code"), (1, "threads"), (2, "harness internals"), (3, "patching"),
+                     (4, "file"), (4, "data paths"), (5, "environment"), (6, "loads weights")]:
+        assert expected in found, expected

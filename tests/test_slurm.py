@@ -1,0 +1,67 @@
+"""`harness slurm`: the sbatch script's content, `bash -n`, shellcheck, and --submit through sbatch."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.fixture
+def script(cli, tmp_path):
+    result = cli("slurm", str(ROOT / "submissions" / "baseline"), "--track", "paris2026", "-o", "job.sbatch",
+                 "--partition", "gpu", "--account", "gpumode")
+    assert result.code == 0, result.err
+    return (tmp_path / "job.sbatch").read_text(), tmp_path
+
+
+def test_script_asks_for_the_tracks_allocation(script):
+    text, tmp_path = script
+    assert text.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=gpumode", "#SBATCH --job-name=harness-baseline"):
+        assert line in text.splitlines(), line
+    # budget 600 + grace 60 + start-up 120 + evaluation 120 + margin 60 = 960 s
+    assert "#SBATCH --time=00:16:00" in text and "budget 600 s + grace 60 s" in text
+    assert (tmp_path / "slurm-logs").is_dir()
+
+
+def test_one_launcher_per_node_with_rendezvous_on_the_first_node(script):
+    text, tmp_path = script
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
+    srun = text[text.index("srun "):]
+    assert '--ntasks-per-node=1' in srun and f"--output={tmp_path}/slurm-logs/%x-%j-node%n.out" in srun
+    assert '--node-rank "$SLURM_NODEID"' in srun and '--rdzv-endpoint "$HARNESS_RDZV_HOST:29500"' in srun
+    assert '--run-id "$SLURM_JOB_ID"' in srun and '--track "$HARNESS_TRACK"' in srun
+    assert f"export HARNESS_SUBMISSION={ROOT / 'submissions' / 'baseline'}" in text
+    assert f"export HARNESS_RUNS_DIR={tmp_path / 'runs'}" in text
+
+
+def test_script_is_valid_bash_and_passes_shellcheck(script):
+    _, tmp_path = script
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+    assert shutil.which("shellcheck"), "shellcheck is needed (scripts/test installs it)"
+    proc = subprocess.run(["shellcheck", "--severity=info", str(tmp_path / "job.sbatch")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_submit_hands_the_script_to_sbatch(cli, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sbatch"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho "Submitted batch job 4242"\n')
+    fake.chmod(0o755)
+    result = cli("slurm", str(ROOT / "submissions" / "baseline"), "--track", "paris2026", "-o", "job.sbatch",
+                 "--submit", env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.code == 0, result.err
+    assert "Submitted batch job 4242" in result.out
+    assert (bin_dir / "args").read_text().strip() == "job.sbatch"
+
+
+def test_submit_without_sbatch_is_a_clear_error(cli, tmp_path):
+    result = cli("slurm", str(ROOT / "submissions" / "baseline"), "--submit", "-o", "job.sbatch",
+                 env={"PATH": str(tmp_path)})
+    assert result.code == 2 and "sbatch is not on PATH" in result.err
+    assert (tmp_path / "job.sbatch").is_file()  # the script is written anyway
