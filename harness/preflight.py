@@ -26,7 +26,7 @@ def _problem(exc: BaseException) -> dict:
             "traceback": "".join(traceback.format_exception(exc))}
 
 
-def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
+def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None) -> dict:
     """Build the model and run one training step's worth of forward and backward at a tiny batch."""
     import torch
 
@@ -65,6 +65,17 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int) -> dict:
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         out = model(x)
     check_forward_output(out, batch, T, V, False, file)
+    if eval_seq_len and eval_seq_len != T:  # evaluation scores windows of the track's length, not CONFIG's
+        long = torch.randint(0, vocab_size, (1, eval_seq_len), device=device)
+        try:
+            with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                out = model(long)
+        except Exception as exc:
+            raise SubmissionError(
+                file, f"forward fails on a window of {eval_seq_len} tokens, the track's evaluation length "
+                f"({type(exc).__name__}: {exc}).", f"accept sequences up to {eval_seq_len} tokens (size position "
+                "tables for the evaluation length, not only CONFIG's seq_len)") from exc
+        check_forward_output(out, 1, eval_seq_len, V, False, file)
     from harness.causality import describe, probe_causality
 
     causality = probe_causality(model, idx[0, :T].cpu(), vocab_size, device, seed=seed)
@@ -98,7 +109,8 @@ def run_checks(request: dict) -> dict:
         if sub is not None:
             report["config"] = sub.config
             report["compile"] = sub.compile
-            report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"]))
+            report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
+                                      request.get("eval_seq_len")))
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
         report["problems"].append(_problem(exc))
     report["ok"] = not report["problems"]

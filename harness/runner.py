@@ -203,7 +203,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     t_begin = time.monotonic()
     reporter.progress("checking the submission...")
     report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=node.log("preflight.log"))
+                           seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len)
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     if abort.is_set:

@@ -116,7 +116,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     (out_dir / "logs").mkdir(parents=True)
     sha = snapshot_submission(folder, out_dir / "submission")
     report = run_preflight(out_dir / "submission", vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=out_dir / "logs" / "preflight.log")
+                           seed=opts.seed, log_path=out_dir / "logs" / "preflight.log", eval_seq_len=track.eval.seq_len)
     if not report["ok"]:
         p = report["problems"][0]
         raise ValueError(f"the submission is invalid: {p['file']}: {p['problem']}")

@@ -51,6 +51,7 @@ def assert_clean(record, tmp_path=None, cli=None):
     ("wrong_logits_shape", "logits have shape"),
     ("nonscalar_loss", "not a scalar tensor"),
     ("int_logits", "not a float type"),
+    ("short_positions", "forward fails on a window of 64 tokens, the track's evaluation length"),
 ])
 def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fixture, message):
     result = run_fixture(cli, fixture)

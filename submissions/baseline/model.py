@@ -16,14 +16,20 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
-        angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+        self.head_dim, self.base = head_dim, base
+        self._build(max_seq_len, torch.device("cpu"))
+
+    def _build(self, length: int, device: torch.device) -> None:
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+        angles = torch.outer(torch.arange(length, device=device).float(), inv_freq)
         # Not persistent: rebuilt from the config, so the checkpoint holds only learned weights.
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, H, T, D]
         T, half = x.size(-2), x.size(-1) // 2
+        if T > self.cos.size(0):  # evaluation may use longer windows than training
+            self._build(T, x.device)
         cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
         x1, x2 = x[..., :half], x[..., half:]  # rotate-half layout: two contiguous halves
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
