@@ -30,10 +30,10 @@ def apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
         record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
         record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
-    check_clocks(record)
     if record.tokens and record.train_time_s:
         record.tokens_per_s = record.tokens / record.train_time_s
         record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
+    check_clocks(record)  # may replace the throughput with the launcher's figure
     track = record.track
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
@@ -63,6 +63,10 @@ def check_clocks(record: RunRecord) -> None:
     record.extra["clock_check"] = {"ranks_s": ranks, "launcher_s": launcher, "tolerance_s": tolerance,
                                    "agree": abs(launcher - ranks) <= tolerance}
     if abs(launcher - ranks) > tolerance:
+        # The launcher's window is the enforced one: throughput is computed from it, not the ranks' claim.
+        if record.tokens:
+            record.tokens_per_s = record.tokens / launcher
+            record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
         record.flagged = True
         record.flag_reason = (f"clock disagreement: the launcher measured {launcher:.2f} s of training, the ranks "
                               f"reported {ranks:.2f} s (tolerance {tolerance:.2f} s); was a clock patched?")
@@ -81,7 +85,8 @@ def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | No
 
 def name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
     """Errors point at the team's own files (what they edit), not at the record's copy."""
-    record.reason = record.reason.replace(str(snapshot), str(folder))
+    for form in (str(snapshot.resolve()), str(snapshot)):  # absolute first: it contains the relative form
+        record.reason = record.reason.replace(form, str(folder))
 
 
 def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:

@@ -32,7 +32,7 @@ def fmt(col: str, value) -> str:
     if col == "train_time_s":
         return f"{value:.1f}"
     if col == "p_vs_next":
-        return f"{value:.3f}"
+        return "<0.001" if value < 0.001 else f"{value:.3f}"
     if col in ("params", "tokens", "steps", "n_runs", "rank"):
         return f"{round(value):,}"
     return str(value)

@@ -206,16 +206,17 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                            seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len)
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
+    record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
     if abort.is_set:
         set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
     if not report["ok"]:
+        record.extra["problems"] = report["problems"]
         first = report["problems"][0]
         set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
                      + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return
     record.params, record.config = report.get("params"), report.get("config", {})
-    record.extra["screen"] = report.get("screen", [])
     record.flops_per_token = report.get("flops_per_token")
     if report.get("flops_method"):
         record.extra["flops_method"] = report["flops_method"]

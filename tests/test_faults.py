@@ -58,7 +58,7 @@ def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fix
     assert result.code == 1
     run_dir, record = only_record(tmp_path / "runs")
     assert record["status"] == "invalid" and message in record["reason"]
-    assert str(FIXTURES / fixture) in record["reason"], "the error must name the team's own file"
+    assert record["reason"].startswith(str(FIXTURES / fixture)), "the error must name the team's own file"
     assert not (run_dir / "logs" / "rank0.log").exists(), "ranks were started for an invalid submission"
     assert "status     invalid" in result.err
     assert_clean(record, tmp_path, cli)

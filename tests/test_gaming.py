@@ -35,6 +35,7 @@ def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_pat
     budget = record["budget_s"]
     assert record["train_time_s"] <= budget + record["max_step_s"]  # what the cheated ranks believed
     assert record["launcher_train_time_s"] > budget + 1.0  # what really happened
+    assert record["tokens_per_s"] == record["tokens"] / record["launcher_train_time_s"]  # the enforced window
     assert "FLAGGED" in result.err
     board = (tmp_path / "leaderboard" / "tiny.csv").read_text().splitlines()
     assert board[1].startswith(",clock_cheat,") and ",flagged," in board[1]  # listed, not ranked
