@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 CONTINUE = 0
 STOP_BUDGET = 1
 STOP_DIVERGED = 2
-STOP_REASONS = {STOP_BUDGET: "budget", STOP_DIVERGED: "diverged"}
 
 
 @dataclass

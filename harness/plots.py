@@ -24,7 +24,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 MAX_CURVES = 5
-CHARTS = ("loss_vs_time.png", "loss_vs_tokens.png", "val_loss.png", "throughput.png", "scaling.png")
 plt.rcParams.update({"font.size": 12, "axes.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3,
                      "figure.dpi": 110, "savefig.bbox": "tight"})
 

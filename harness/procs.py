@@ -86,10 +86,6 @@ def reap_zombies() -> None:
             return
 
 
-def alive_descendants() -> list[int]:
-    return [p.pid for p in descendants() if _alive(p)]
-
-
 class ProcessScope:
     """Everything started inside the scope is ended when it closes (`killed` lists what had to be)."""
 

@@ -168,15 +168,6 @@ def iter_run_dirs(root: Path, track: str | None = None) -> Iterator[Path]:
         yield path.parent
 
 
-def iter_records(root: Path, track: str | None = None) -> Iterator[tuple[Path, RunRecord]]:
-    """Records that parse; a record that does not is skipped by views (and reported by `harness ls`)."""
-    for run_dir in iter_run_dirs(root, track):
-        try:
-            yield run_dir, load_record(run_dir)
-        except (OSError, ValueError, TypeError):
-            continue
-
-
 def find_run(root: Path, key: str) -> Path:
     """A run directory from a path or a run id."""
     p = Path(key)

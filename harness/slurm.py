@@ -89,7 +89,7 @@ def render(opts: SlurmOptions) -> tuple[str, Track, str]:
         "",
         "# One launcher per node; SLURM_NODEID (0..N-1) is expanded on each node, not here.",
         "# shellcheck disable=SC2016  # the single quotes are the point: each task expands its own variables",
-        f'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \\',
+        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \\',
         f"     --output={shlex.quote(str(logs))}/%x-%j-node%n.out \\",
         "     bash -c 'exec \"$HARNESS_PYTHON\" -m harness run \"$HARNESS_SUBMISSION\" --track \"$HARNESS_TRACK\" "
         f"--node-rank \"$SLURM_NODEID\" --rdzv-endpoint \"$HARNESS_RDZV_HOST:{opts.port}\" "

@@ -209,6 +209,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         "checkpoint_saved": saved, "config": sub.config, "tokens_per_step": tokens_per_step,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "max_step_s": max_step_s, "last_step_start_s": last_step_start_s,
+        "reports_dropped": channel.dropped,  # progress reports the launcher could not take in time
     }
 
 
