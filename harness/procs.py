@@ -90,6 +90,7 @@ class ProcessScope:
     """Everything started inside the scope is ended when it closes (`killed` lists what had to be)."""
 
     def __init__(self, grace_s: float):
+        become_subreaper()  # orphans of what starts in the scope stay ours to find (idempotent)
         self.grace_s = grace_s
         self.before = {p.pid for p in descendants()}
         self.killed: list[int] = []

@@ -1,8 +1,18 @@
 """`harness check` through the CLI: accepted or rejected, with every problem at once."""
 
 import json
+import uuid
+
+import psutil
 
 from conftest import FIXTURES, ROOT
+
+
+def _marked(proc, mark: str) -> bool:
+    try:
+        return proc.environ().get("HARNESS_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def test_a_good_submission_is_accepted_with_its_figures(cli):
@@ -28,8 +38,11 @@ def test_a_peeking_model_and_the_screen_are_reported(cli):
     assert result.code == 1
     report = json.loads(result.out)
     assert not report["accepted"] and "non-causal" in report["problems"][0]["problem"]
-    result = cli("check", str(FIXTURES / "orphan_child"))
+    mark = f"check-{uuid.uuid4()}"
+    result = cli("check", str(FIXTURES / "orphan_child"), env={"HARNESS_TEST_MARK": mark})
     assert result.code == 0 and "[process] calls subprocess.Popen()" in result.out
+    left = [p for p in psutil.process_iter() if _marked(p, mark)]
+    assert left == [], "the process the submission started during the check outlived it"
 
 
 def test_the_static_screen_names_what_a_reviewer_should_read(tmp_path):
