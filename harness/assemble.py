@@ -15,7 +15,7 @@ from harness.phases import PhaseResult
 from harness.records import RunRecord
 
 
-def apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
+def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     results = phase.reports("result")
     r0 = results.get(0, {})
     record.steps, record.tokens = r0.get("steps"), r0.get("tokens")
@@ -49,6 +49,12 @@ def apply_training(record: RunRecord, phase: PhaseResult, nproc: int) -> None:
             record.train_loss = progress[-1].get("train_loss")
 
 
+def flag_run(record: RunRecord, reason: str) -> None:
+    """Hide the run from the ranking for a person to review; the reason is kept in the notes too."""
+    record.flagged, record.flag_reason = True, reason
+    record.notes.append(reason)
+
+
 def clock_tolerance_s(budget_s: float) -> float:
     """How far the ranks' and the launcher's training windows may differ: report latency, not cheating."""
     return max(0.5, 0.01 * budget_s)
@@ -67,10 +73,8 @@ def check_clocks(record: RunRecord) -> None:
         if record.tokens:
             record.tokens_per_s = record.tokens / launcher
             record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
-        record.flagged = True
-        record.flag_reason = (f"clock disagreement: the launcher measured {launcher:.2f} s of training, the ranks "
-                              f"reported {ranks:.2f} s (tolerance {tolerance:.2f} s); was a clock patched?")
-        record.notes.append(record.flag_reason)
+        flag_run(record, f"clock disagreement: the launcher measured {launcher:.2f} s of training, the ranks "
+                         f"reported {ranks:.2f} s (tolerance {tolerance:.2f} s); was a clock patched?")
 
 
 def metrics_rows(phase: PhaseResult) -> list[dict[str, Any]]:

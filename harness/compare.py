@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.leaderboard import current_runs
-from harness.records import iter_run_dirs
+from harness.leaderboard import current_runs, scored
+from harness.records import iter_run_dirs, match_runs
 from harness.stats import summarize, welch
 
 # (field, label, how differences are shown)
@@ -56,7 +56,7 @@ def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficia
         raw = _load(path)
         return Side(f"{raw['team']}/{raw['run_id']}", [raw])
     dirs = list(iter_run_dirs(runs_root, track))
-    by_id = [d for d in dirs if d.name == key or d.name.startswith(key)]
+    by_id = match_runs(runs_root, key, track)
     if len(by_id) == 1:
         raw = _load(by_id[0])
         return Side(f"{raw['team']}/{raw['run_id']}", [raw])
@@ -71,7 +71,7 @@ def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficia
         raise LookupError(f"team {key!r} has runs on tracks {', '.join(tracks)}: choose one with --track")
     eligible = [r for r in team_runs if r.get("official") or include_unofficial]
     counted = current_runs(eligible).get(key, [])
-    ok = [r for r in counted if r.get("status") == "ok" and not r.get("flagged") and r.get("val_loss") is not None]
+    ok = [r for r in counted if scored(r)]
     if not ok:
         raise LookupError(f"team {key!r} has no {'' if include_unofficial else 'official '}ok run to compare"
                           + ("" if include_unofficial else " (--all includes unofficial runs)"))

@@ -10,7 +10,6 @@ clock and the kill switch, so a hung or hostile job is ended on the launcher's t
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import procs
+from harness.sandbox import patched_environ
 
 
 @dataclass(kw_only=True)
@@ -80,6 +80,7 @@ class ElasticJob:
         self._scope = procs.ProcessScope(spec.shutdown_timeout_s)
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
+        self._env = None
 
     def _run(self) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -100,10 +101,9 @@ class ElasticJob:
 
     def start(self) -> None:
         self._handler = _route_torch_logs(self.log_path)
-        self._saved_env = {k: os.environ.get(k) for k in [*self.spec.env, "OMP_NUM_THREADS", "TMPDIR"]}
-        os.environ.update(self.spec.env)
-        os.environ["OMP_NUM_THREADS"] = str(self.spec.threads_per_rank)
-        os.environ["TMPDIR"] = str(self._tmp)
+        self._env = patched_environ({**self.spec.env, "OMP_NUM_THREADS": str(self.spec.threads_per_rank),
+                                     "TMPDIR": str(self._tmp)})
+        self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         self._thread.start()
 
@@ -116,7 +116,7 @@ class ElasticJob:
 
     def kill(self) -> list[int]:
         """End every process the job started (ranks and anything they spawned)."""
-        return procs.terminate_descendants(self.spec.shutdown_timeout_s, exclude=self._scope.before)
+        return self._scope.close()
 
     def close(self, wait_s: float = 10.0) -> list[int]:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
@@ -124,11 +124,9 @@ class ElasticJob:
         leftover = self._scope.close()
         procs.reap_zombies()
         tempfile.tempdir = None
-        for key, value in getattr(self, "_saved_env", {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        if self._env is not None:
+            self._env.__exit__(None, None, None)
+            self._env = None
         shutil.rmtree(self._tmp, ignore_errors=True)
         if self._handler is not None:
             for name in ("torch.distributed", "torch.distributed.elastic"):

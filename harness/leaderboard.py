@@ -54,6 +54,11 @@ def _effective_status(row: dict) -> str:
     return "flagged" if row.get("flagged") else (row.get("status") or "running")
 
 
+def scored(row: dict) -> bool:
+    """A run whose val_loss counts: ok, evaluated, not flagged (official-ness is the caller's filter)."""
+    return _effective_status(row) == "ok" and row.get("val_loss") is not None
+
+
 def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
     """Per team, the runs of its latest submission (newest run's submission_sha256)."""
     by_team: dict[str, list[dict]] = {}
@@ -74,7 +79,7 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
     eligible = [r for r in rows if r.get("official") or include_unofficial]
     ranked, unranked = [], []
     for team, runs in current_runs(eligible).items():
-        ok = [r for r in runs if _effective_status(r) == "ok" and r.get("val_loss") is not None]
+        ok = [r for r in runs if scored(r)]
         if ok:
             ranked.append(_ranked_entry(team, ok, ranking))
         else:

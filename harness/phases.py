@@ -139,7 +139,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
     job.save(job_file)
     launch = LaunchSpec(module="harness.evaluate", args=[str(job_file)], nproc_per_node=nproc,
                         shutdown_timeout_s=shutdown_timeout_s,
-                        threads_per_rank=max(1, (os.cpu_count() or 1) // nproc))
+                        threads_per_rank=job.cpu_threads_per_rank)
     started = time.monotonic()
 
     def on_tick(_: WatchResult) -> None:

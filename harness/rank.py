@@ -74,9 +74,7 @@ def redirect_output(log_path: str) -> None:
 def setup_device(device_kind: str, env: RankEnv, threads: int):
     import torch
 
-    if threads <= 0:
-        threads = max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(max(1, threads))  # decided by the launcher (runner._threads_per_rank)
     if device_kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("the track needs CUDA but no GPU is visible to this process")

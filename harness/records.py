@@ -168,12 +168,17 @@ def iter_run_dirs(root: Path, track: str | None = None) -> Iterator[Path]:
         yield path.parent
 
 
+def match_runs(root: Path, key: str, track: str | None = None) -> list[Path]:
+    """Run directories whose id is `key` or starts with it."""
+    return [d for d in iter_run_dirs(root, track) if d.name == key or d.name.startswith(key)]
+
+
 def find_run(root: Path, key: str) -> Path:
     """A run directory from a path or a run id."""
     p = Path(key)
     if (p / "run.json").is_file():
         return p
-    matches = [d for d in iter_run_dirs(root) if d.name == key or d.name.startswith(key)]
+    matches = match_runs(root, key)
     if len(matches) == 1:
         return matches[0]
     if not matches:

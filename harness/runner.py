@@ -15,7 +15,6 @@ import os
 import platform
 import socket
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from harness.evaluate import file_sha256
 from harness.assemble import (
     apply_evaluation,
     apply_training,
+    flag_run,
     metrics_rows,
     name_team_files,
     set_outcome,
@@ -46,7 +46,7 @@ from harness.jobs import EvalJob, TrainJob
 from harness.launch import LaunchSpec
 from harness.phases import PhaseResult, run_evaluation, run_preflight, run_training
 from harness.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
-from harness.sandbox import WorkArea
+from harness.sandbox import WorkArea, patched_environ
 from harness.track import ResolvedTrack, Track, apply_overrides, load_track
 from harness.views import leaderboard_root
 from harness.watch import AbortFlag, abort_on_signals
@@ -119,20 +119,9 @@ def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData
     return resolved, data, folder, nproc
 
 
-@contextmanager
 def _marked_processes(run_id: str):
     """Every process started for the run carries HARNESS_RUN_ID (inherited), so it can be found."""
-    marks = {"HARNESS_RUN_ID": run_id, "HARNESS_LAUNCHER_PID": str(os.getpid())}
-    before = {k: os.environ.get(k) for k in marks}
-    os.environ.update(marks)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return patched_environ({"HARNESS_RUN_ID": run_id, "HARNESS_LAUNCHER_PID": str(os.getpid())})
 
 
 def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
@@ -225,7 +214,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     try:
         phase = _train(opts, track, data, nproc, node, record, area, abort, reporter)
         metrics.extend(metrics_rows(phase))
-        apply_training(record, phase, nproc)
+        apply_training(record, phase)
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
@@ -246,7 +235,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     if submission_sha256(run_dir / "submission") != record.submission_sha256:
         set_outcome(record, "invalid", "the submission's files in the record changed during training; "
                      "evaluation will not import them")
-        record.flagged, record.flag_reason = True, record.reason
+        flag_run(record, record.reason)
         return
     save_record(run_dir, record)
 
@@ -295,10 +284,8 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     if report.appeared:
         record.notes.append(f"records that appeared while this run trained: {', '.join(report.appeared)}")
     if report.tampered:
-        record.flagged = True
-        record.flag_reason = (f"records of other runs were changed while this run trained "
-                              f"({', '.join(report.restored)}); restored")
-        record.notes.append(record.flag_reason)
+        flag_run(record, f"records of other runs were changed while this run trained "
+                         f"({', '.join(report.restored)}); restored")
     if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
         from harness.views import plots_root, rebuild
 
@@ -313,7 +300,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
         backend=track.backend, device=track.device, dtype=track.dtype,
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
-        cpu_threads_per_rank=max(1, (os.cpu_count() or 1) // nproc),
+        cpu_threads_per_rank=_threads_per_rank(track, nproc),
         causality_check=track.eval.causality_check, log_dir=str(run_dir / "logs"),
     )
 

@@ -15,6 +15,24 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+@contextmanager
+def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ...] = ()):
+    """Set and remove environment variables for a while (children inherit it), then put them back."""
+    keys = [*(set_vars or {}), *unset]
+    saved = {k: os.environ.get(k) for k in keys}
+    for key in unset:
+        os.environ.pop(key, None)
+    os.environ.update(set_vars or {})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
               "HARNESS_CACHE_DIR")
 
@@ -30,13 +48,8 @@ class WorkArea:
         self.logs.mkdir()
         self.staging.mkdir()
 
-    @contextmanager
     def hidden_environment(self):
-        saved = {k: os.environ.pop(k) for k in HIDDEN_ENV if k in os.environ}
-        try:
-            yield
-        finally:
-            os.environ.update(saved)
+        return patched_environ(unset=HIDDEN_ENV)
 
     def link_logs(self, dest: Path, names: list[str]) -> None:
         """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""

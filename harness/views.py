@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.leaderboard import build_table, current_runs, load_rows
+from harness.leaderboard import build_table, current_runs, load_rows, scored
 from harness.records import utc_now, write_atomic
 
 
@@ -67,9 +67,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
             from harness.plots import draw_track, load_scale_records
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
-            counted = {team: [r for r in runs if r.get("status") == "ok" and not r.get("flagged")
-                              and r.get("val_loss") is not None]
-                       for team, runs in current_runs(eligible).items()}
+            counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}
             chart_paths = draw_track(track, table, counted, load_scale_records(runs_root, track),
                                      plots_dir / f"{track}{suffix}")
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
