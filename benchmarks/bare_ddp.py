@@ -1,7 +1,8 @@
 """A bare torch DDP training loop: the reference the harness's overhead is measured against.
 
 Same model (the baseline's get_model), same data (the track's train shard, random windows),
-same batch, world size, backend, bf16 autocast and AdamW as `harness run`; nothing else: no
+same batch, world size, backend, precision (bf16 autocast or float32, as the harness
+resolved it) and AdamW as `harness run`; nothing else: no
 stop vote, no schedule, no prefetch thread, no reports. Launched with torchrun:
 
     torchrun --standalone --nproc-per-node 2 benchmarks/bare_ddp.py --shard PATH --duration-s 20 --out OUT.json
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--submission", default="submissions/baseline")
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--precision", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -60,7 +62,7 @@ def main() -> None:
         starts = rng.integers(0, len(tokens) - T - 1, size=B)
         buf = torch.from_numpy(np.stack([tokens[s: s + T + 1] for s in starts]).astype(np.int64))
         x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bfloat16"):
             _, loss = ddp(x, y)
         loss.backward()
         opt.step()

@@ -52,13 +52,14 @@ def run_harness(duration_s: float, runs: Path, env: dict) -> dict:
             "run_dir": run_dir, "record": record}
 
 
-def run_bare(duration_s: float, shard: str, env: dict) -> dict:
+def run_bare(duration_s: float, shard: str, env: dict, precision: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         str(ROOT / "benchmarks" / "bare_ddp.py"), "--shard", shard, "--duration-s", str(duration_s),
-                        "--submission", str(ROOT / "submissions" / "baseline"), "--out", str(out)],
+                        "--submission", str(ROOT / "submissions" / "baseline"), "--out", str(out),
+                        "--precision", precision],
                        check=True, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, cwd=tmp)
         data = json.loads(out.read_text())
     times = data["step_end_s"]
@@ -133,15 +134,19 @@ def main() -> None:
     from harness.data.prepare import prepare_data
     from harness.track import load_track
 
-    data = prepare_data(load_track("local"))
+    from harness.precision import resolve_precision
+
+    track = load_track("local")
+    data = prepare_data(track)
+    precision, _ = resolve_precision(track.dtype, track.device)  # the bare loop computes as the harness does
     shard = data.train[0].path
     env = dict(os.environ)
     results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-                     "overhead": []}
+                     "precision": precision, "overhead": []}
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
         for _ in range(pairs):  # A/B/A/B: machine drift affects both sides alike
-            bare = run_bare(duration, shard, env)
+            bare = run_bare(duration, shard, env, precision)
             harness = run_harness(duration, runs, env)
             results["overhead"].append({"bare_step_s": bare["step_s"], "harness_step_s": harness["step_s"],
                                         "ratio": harness["step_s"] / bare["step_s"],
@@ -153,7 +158,7 @@ def main() -> None:
 
     ov = results["overhead"]
     ratios = [o["ratio"] for o in ov]
-    print(f"machine: {results['machine']}; torch {__import__('torch').__version__}")
+    print(f"machine: {results['machine']}; torch {__import__('torch').__version__}; precision {precision}")
     print(f"{'measure':<44}{'harness':>14}{'reference':>14}{'ratio':>10}")
     print(f"{'step time, 2-rank gloo, baseline (ms)':<44}{1000 * statistics.mean(o['harness_step_s'] for o in ov):>14.1f}"
           f"{1000 * statistics.mean(o['bare_step_s'] for o in ov):>14.1f}{statistics.mean(ratios):>10.3f}")

@@ -35,6 +35,8 @@ def main() -> None:
 @click.option("--nproc-per-node", type=click.IntRange(min=1), help="Override ranks per node (unofficial).")
 @click.option("--nnodes", type=click.IntRange(min=1), help="Override the number of nodes (unofficial).")
 @click.option("--val-tokens", type=click.IntRange(min=1), help="Override the evaluated tokens (unofficial).")
+@click.option("--max-steps", type=click.IntRange(min=1),
+              help="Train exactly N steps instead of to the time budget; the hard limit still holds (unofficial).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
               help="This node's rank when running on several nodes (torchrun semantics).")
 @click.option("--rdzv-endpoint", default="", help="HOST:PORT of node 0, for several nodes.")
@@ -45,7 +47,7 @@ def main() -> None:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run N times with consecutive seeds (seed, seed+1, ...), for statistics.")
 @click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard after the run.")
-def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, node_rank,
+def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, max_steps, node_rank,
         rdzv_endpoint, run_id, data_root, eval_nproc_per_node, repeat, no_leaderboard):
     """Train SUBMISSION on the track's fixed setup, evaluate it, and write its run record."""
     from harness.console import ConsoleReporter
@@ -63,7 +65,7 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
         opts = RunOptions(
             submission=submission, track=track, runs_dir=runs_dir, seed=seed + i,
             overrides=_overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                 val_tokens=val_tokens),
+                                 val_tokens=val_tokens, max_steps=max_steps),
             data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
             eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
         )

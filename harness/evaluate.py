@@ -98,7 +98,8 @@ def load_for_eval(checkpoint: str, expected_sha256: str, submission_dir: str, de
     return model, ckpt
 
 
-def score(model, tokens: np.ndarray, plan, env: RankEnv, seq_len: int, vocab_out: int, device, file: str):
+def score(model, tokens: np.ndarray, plan, env: RankEnv, seq_len: int, vocab_out: int, device, file: str,
+          precision: str = "bfloat16"):
     """(sum of per-token cross-entropy in float64, number of target tokens) over this rank's batches."""
     import torch
     import torch.nn.functional as F
@@ -107,7 +108,7 @@ def score(model, tokens: np.ndarray, plan, env: RankEnv, seq_len: int, vocab_out
 
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
     with torch.inference_mode():
         for first, n in batches_for_rank(plan, env.rank, env.world_size):
             x, y = window_batch(tokens, first, n, seq_len)
@@ -146,7 +147,7 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
         window = _torch.from_numpy(np.ascontiguousarray(tokens[: job.seq_len]))
         causality = probe_causality(model, window, job.vocab_size, device)
     t_score = perf_counter()
-    total, count = score(model, tokens, plan, env, job.seq_len, vocab_out, device, file)
+    total, count = score(model, tokens, plan, env, job.seq_len, vocab_out, device, file, job.dtype)
     sums = torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=device)])
     if env.world_size > 1:
         dist.all_reduce(sums)

@@ -24,14 +24,14 @@ from harness.stats import summarize, welch
 
 COLUMNS = [
     "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",
-    "steps", "train_time_s", "status", "run_id", "submission_sha256", "val_loss_std", "p_vs_next", "tied_with",
+    "steps", "train_time_s", "precision", "status", "run_id", "submission_sha256", "val_loss_std", "p_vs_next", "tied_with",
     "reason",
 ]
 # Which failure says the team got furthest: shown for teams without an ok run.
 STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "running"]
 METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
-          "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size"]
+          "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision"]
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -98,6 +98,7 @@ def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
     best = min(ok, key=lambda r: r["val_loss"])
     s = summarize(losses)
     entry = {"team": team, "n_runs": len(ok), "status": "ok", "run_id": best["run_id"], "reason": "",
+             "precision": "/".join(sorted({r.get("precision") or "?" for r in ok})),
              "submission_sha256": (best.get("submission_sha256") or "")[:12], "_losses": losses}
     if ranking == "mean":
         entry.update(val_loss=s.mean, ci95=s.ci95, val_loss_std=s.std)
@@ -116,7 +117,7 @@ def _unranked_entry(team: str, runs: list[dict]) -> dict:
     reason = best.get("flag_reason") if status == "flagged" else best.get("reason")
     return {"team": team, "n_runs": len(runs), "status": status, "reason": reason or "", "run_id": best["run_id"],
             "submission_sha256": (best.get("submission_sha256") or "")[:12],
-            **{col: best.get(col) for col in ("params", "steps", "tokens", "train_time_s")}}
+            **{col: best.get(col) for col in ("params", "steps", "tokens", "train_time_s", "precision")}}
 
 
 def _mark_ties(ranked: list[dict]) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 # Ranking first (what a room reads from the back), then throughput, then identity and reasons.
 SHOWN = ["rank", "team", "val_loss", "ci95", "n_runs", "status", "tied_with", "p_vs_next", "tokens_per_s", "mfu",
-         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "run_id", "submission_sha256", "reason"]
+         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "precision", "run_id", "submission_sha256", "reason"]
 
 
 def fmt(col: str, value) -> str:

@@ -30,10 +30,10 @@ from harness.watch import AbortFlag, Deadlines, WatchResult, watch
 
 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
-                  eval_seq_len: int | None = None, timeout_s: float = 300.0) -> dict:
+                  eval_seq_len: int | None = None, precision: str = "bfloat16", timeout_s: float = 300.0) -> dict:
     """Contract checks in a throw-away process; returns the report (ok, problems, params, config)."""
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
-               "eval_seq_len": eval_seq_len, "threads": max(1, (os.cpu_count() or 1))}
+               "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1))}
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))

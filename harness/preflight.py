@@ -26,7 +26,8 @@ def _problem(exc: BaseException) -> dict:
             "traceback": "".join(traceback.format_exception(exc))}
 
 
-def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None) -> dict:
+def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None,
+                precision: str = "bfloat16") -> dict:
     """Build the model and run one training step's worth of forward and backward at a tiny batch."""
     import torch
 
@@ -35,6 +36,8 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     file = str(sub.folder / "submission.py")
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     torch.manual_seed(seed)
+    autocast = lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,  # noqa: E731
+                                      enabled=precision == "bfloat16")
     model = sub.get_model(dict(sub.config))
     if not isinstance(model, torch.nn.Module):
         raise SubmissionError(file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
@@ -46,7 +49,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     batch, T, V = 2, sub.seq_len, int(sub.config["vocab_size"])
     idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
     x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+    with autocast():
         out = model(x, y)
     check_forward_output(out, batch, T, V, True, file)
     shapes = {"logits_shape": list(out[0].shape), "logits_dtype": str(out[0].dtype).replace("torch.", ""),
@@ -62,13 +65,13 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
         raise SubmissionError(file, f"{len(unused)} trainable parameter(s) get no gradient: {shown}.",
                               "DDP needs every trainable parameter used in forward: remove them or set requires_grad=False")
     model.zero_grad(set_to_none=True)
-    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+    with torch.no_grad(), autocast():
         out = model(x)
     check_forward_output(out, batch, T, V, False, file)
     if eval_seq_len and eval_seq_len != T:  # evaluation scores windows of the track's length, not CONFIG's
         long = torch.randint(0, vocab_size, (1, eval_seq_len), device=device)
         try:
-            with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.no_grad(), autocast():
                 out = model(long)
         except Exception as exc:
             raise SubmissionError(
@@ -110,7 +113,7 @@ def run_checks(request: dict) -> dict:
             report["config"] = sub.config
             report["compile"] = sub.compile
             report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
-                                      request.get("eval_seq_len")))
+                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
         report["problems"].append(_problem(exc))
     report["ok"] = not report["problems"]

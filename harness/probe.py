@@ -13,7 +13,8 @@ import contextlib
 from harness.rank import perf_counter
 
 
-def time_sync_vs_compute(ddp, batches: list, device, steps: int) -> tuple[list[float], list[float]]:
+def time_sync_vs_compute(ddp, batches: list, device, steps: int,
+                         precision: str = "bfloat16") -> tuple[list[float], list[float]]:
     """(synchronised step times, compute-only step times), seconds, this rank's view."""
     import torch
     import torch.distributed as dist
@@ -24,7 +25,7 @@ def time_sync_vs_compute(ddp, batches: list, device, steps: int) -> tuple[list[f
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
     synced, compute = [], []
     for i in range(steps):
         x, y = split_inputs_targets(batches[i % len(batches)].to(device, non_blocking=True))

@@ -81,6 +81,7 @@ class RunRecord:
     nnodes: int | None = None
     nproc_per_node: int | None = None
     device_name: str | None = None
+    precision: str | None = None  # bfloat16 (autocast) or float32: the track's dtype resolved on this machine
     torch_version: str | None = None
     python_version: str | None = None
     harness_version: str | None = None

@@ -14,6 +14,7 @@ from harness.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
 from harness.phases import run_evaluation
+from harness.precision import resolve_precision
 from harness.records import load_record
 from harness.runner import build_eval_job
 from harness.track import track_from_record
@@ -43,7 +44,9 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
         raise DataError(f"the data found ({data.location}, fingerprint {data.fingerprint}) is not the data this run "
                         f"used (fingerprint {record.data_fingerprint}); point --data-root at the run's data")
     nproc = nproc or record.nproc_per_node or 1
-    job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc)
+    # The run's own precision, even on another machine: the figure must be computed the same way.
+    precision = record.precision or resolve_precision(track.dtype, track.device)[0]
+    job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc, precision)
     log = run_dir / "logs" / "rescore-launcher.log"
     job.log_dir = str(run_dir / "logs" / "rescore")
     with abort_on_signals() as abort:

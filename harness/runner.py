@@ -42,6 +42,7 @@ from harness.assemble import (
 )
 from harness.guard import GuardReport, RecordGuard
 from harness.nodes import NodePaths, merge_node_reports
+from harness.precision import resolve_precision
 from harness.jobs import EvalJob, TrainJob
 from harness.launch import LaunchSpec
 from harness.phases import PhaseResult, run_evaluation, run_preflight, run_training
@@ -146,10 +147,11 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
     record.data_fingerprint, record.loss_floor = data.fingerprint, data.loss_floor
     record.unigram_entropy = data.unigram_entropy
+    record.precision, record.extra["precision_reason"] = resolve_precision(track.dtype, track.device)
     record.extra["data"] = data_summary(data)
     metrics: list[dict[str, Any]] = []
     reporter.info(f"run {run_id}: {record.team} on track {track.name} "
-                  f"({record.world_size} x {track.device}, budget {track.budget_s:.0f}s"
+                  f"({record.world_size} x {track.device}, {record.precision}, budget {track.budget_s:.0f}s"
                   f"{'' if resolved.official else ', unofficial: ' + ', '.join(resolved.overrides)})")
     with abort_on_signals() as abort, _marked_processes(run_id):
         try:
@@ -192,7 +194,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     t_begin = time.monotonic()
     reporter.progress("checking the submission...")
     report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len)
+                           seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
+                           precision=record.precision)
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
@@ -240,7 +243,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     save_record(run_dir, record)
 
     eval_nproc = opts.eval_nproc or nproc
-    eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc)
+    eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc, record.precision)
     t_eval = time.monotonic()
     ev = run_evaluation(eval_job, eval_nproc, timeout_s=track.eval.timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, log_path=run_dir / "logs" / "eval-launcher.log",
@@ -257,10 +260,10 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     job = TrainJob(
         run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
         budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
-        dtype=track.dtype, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
+        dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
         cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
-        scaling_probe_steps=track.scaling_probe_steps,
+        scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
     )
     launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
@@ -293,12 +296,13 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     return phase
 
 
-def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int) -> EvalJob:
+def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,
+                   precision: str) -> EvalJob:
     return EvalJob(
         checkpoint=str(run_dir / "checkpoint.pt"), checkpoint_sha256=checkpoint_sha256,
         submission_dir=str(run_dir / "submission"), val_shards=data.val, val_tokens=track.data.val_tokens,
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
-        backend=track.backend, device=track.device, dtype=track.dtype,
+        backend=track.backend, device=track.device, dtype=precision,
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
         cpu_threads_per_rank=_threads_per_rank(track, nproc),
         causality_check=track.eval.causality_check, log_dir=str(run_dir / "logs"),

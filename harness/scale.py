@@ -26,6 +26,7 @@ from harness.data.prepare import prepare_data
 from harness.jobs import TrainJob
 from harness.launch import LaunchSpec
 from harness.phases import run_preflight, run_training
+from harness.precision import resolve_precision
 from harness.records import new_run_id, runs_root, utc_now, write_atomic
 from harness.runner import resolve_nproc
 from harness.track import load_track
@@ -115,8 +116,10 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     out_dir = runs_root(opts.runs_dir) / track.name / team_slug(team.name) / scale_id
     (out_dir / "logs").mkdir(parents=True)
     sha = snapshot_submission(folder, out_dir / "submission")
+    precision, _ = resolve_precision(track.dtype, track.device)
     report = run_preflight(out_dir / "submission", vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=out_dir / "logs" / "preflight.log", eval_seq_len=track.eval.seq_len)
+                           seed=opts.seed, log_path=out_dir / "logs" / "preflight.log", eval_seq_len=track.eval.seq_len,
+                           precision=precision)
     if not report["ok"]:
         p = report["problems"][0]
         raise ValueError(f"the submission is invalid: {p['file']}: {p['problem']}")
@@ -130,7 +133,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             job = TrainJob(
                 run_id=f"{scale_id}-n{n}", track=track.name, submission_dir=str(out_dir / "submission"),
                 seed=opts.seed, budget_s=1e9, clock_start="first_forward", backend=track.backend,
-                device=track.device, dtype=track.dtype, log_interval_s=0.5,
+                device=track.device, dtype=precision, log_interval_s=0.5,
                 collective_timeout_s=track.collective_timeout_s, cpu_threads_per_rank=threads,
                 vocab_size=track.data.vocab_size, train_shards=data.train, log_dir=str(out_dir / "logs" / f"n{n}"),
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
@@ -162,7 +165,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     targets = sorted({track.nnodes * nproc, *PREDICT_AT, *opts.world_sizes})
     record = {
         "kind": "scale", "scale_id": scale_id, "team": team.name, "track": track.name, "submission_sha256": sha,
-        "created_at": utc_now(), "device_name": points[0].get("device_name"), "steps": opts.steps,
+        "created_at": utc_now(), "device_name": points[0].get("device_name"), "precision": precision, "steps": opts.steps,
         "threads_per_rank": threads if track.device == "cpu" else None,
         "warmup_steps": opts.warmup_steps, "probe_steps": opts.probe_steps, "points": points, "fit": fit,
         "prediction": {

@@ -19,7 +19,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent / "tracks"
 
 BACKENDS = ("nccl", "gloo")
 DEVICES = ("cuda", "cpu")
-DTYPES = ("bfloat16",)
+DTYPES = ("bfloat16", "float32", "auto")  # auto: bf16 where the device computes it natively
 CLOCK_STARTS = ("first_forward", "model_build")
 RANKINGS = ("best", "mean")
 SHARD_FORMATS = ("auto", "raw_uint16", "llmc_uint16", "llmc_uint32")
@@ -124,6 +124,7 @@ class Track:
     peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
     ranking: str = "mean"  # how a team's runs combine on the leaderboard
+    max_steps: int = 0  # >0: stop after exactly this many steps, not on the budget (tests and benchmarks)
     data: DataSpec
     eval: EvalSpec
     source: str = ""  # where the track came from (a path); not part of its identity
@@ -153,6 +154,8 @@ class Track:
             _positive(name, getattr(self, name), where)
         if self.grace_s < 0:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
+        if not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise TrackError(f"{where}: `max_steps` must be an integer >= 0, got {self.max_steps!r}")
         if self.scaling_probe_steps < 0:
             raise TrackError(f"{where}: `scaling_probe_steps` must be >= 0")
         if self.peak_flops_per_device < 0:
@@ -269,6 +272,7 @@ OVERRIDABLE = {
     "log_interval_s": ("log_interval_s",),
     "collective_timeout_s": ("collective_timeout_s",),
     "eval_timeout_s": ("eval", "timeout_s"),
+    "max_steps": ("max_steps",),
 }
 
 

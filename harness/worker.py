@@ -97,7 +97,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         for group in opt.param_groups:
             group["initial_lr"] = float(group["lr"])
     schedule = sub.lr_schedule or default_lr_schedule
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16")
     rule = StopRule(job.budget_s)
 
     flag = torch.zeros(1, dtype=torch.int32, device=device)
@@ -143,7 +143,9 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             break
         last_step_start_s = synced
 
-        lr_scale = float(schedule(min(1.0, now / job.budget_s)))
+        # Progress through the budget: time, or steps when the run is step-bounded (tests, benchmarks).
+        progress = step / job.max_steps if job.max_steps else now / job.budget_s
+        lr_scale = float(schedule(min(1.0, progress)))
         for opt in optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * lr_scale
@@ -198,7 +200,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         from harness.metrics import summarize_probe
         from harness.probe import time_sync_vs_compute
 
-        probe = summarize_probe(*time_sync_vs_compute(ddp, probe_batches, device, job.scaling_probe_steps))
+        probe = summarize_probe(*time_sync_vs_compute(ddp, probe_batches, device, job.scaling_probe_steps, job.dtype))
     measured_steps = step - job.warmup_steps if job.max_steps else step
     measured_s = train_time_s - warm_s
     return {
