@@ -101,7 +101,7 @@ def bench_eval(run_dir: Path, env: dict) -> dict:
 
 
 def bench_leaderboard(n_records: int) -> dict:
-    from harness.views import rebuild
+    from harness.results.views import rebuild
     from records_factory import make_run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,9 +132,9 @@ def main() -> None:
     pairs, duration, n_records, loader_s = (1, 2.0, 200, 0.3) if args.smoke else (args.pairs, args.duration_s, 10_000, 3.0)
 
     from harness.data.prepare import prepare_data
-    from harness.track import load_track
+    from harness.tracks.spec import load_track
 
-    from harness.precision import resolve_precision
+    from harness.launcher.precision import resolve_precision
 
     track = load_track("local")
     data = prepare_data(track)

@@ -46,7 +46,7 @@ def test_raw_memmap_windows(benchmark, shard):
 
 
 def test_stop_rule_decision(benchmark):
-    from harness.clock import StopRule
+    from harness.ranks.clock import StopRule
 
     rule = StopRule(600.0)
     for t in range(10):
@@ -56,7 +56,7 @@ def test_stop_rule_decision(benchmark):
 
 @pytest.mark.parametrize("n_records", [1000, 10_000])
 def test_leaderboard_table_rebuild(benchmark, tmp_path, n_records):
-    from harness.views import rebuild
+    from harness.results.views import rebuild
     from records_factory import make_run
 
     if benchmark.disabled:  # a smoke run (CI): the code path, not the scale

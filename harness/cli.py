@@ -50,12 +50,12 @@ def main() -> None:
 def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, max_steps, node_rank,
         rdzv_endpoint, run_id, data_root, eval_nproc_per_node, repeat, no_leaderboard):
     """Train SUBMISSION on the track's fixed setup, evaluate it, and write its run record."""
-    from harness.console import ConsoleReporter
-    from harness.contract import SubmissionError
+    from harness.launcher.console import ConsoleReporter
+    from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.assemble import repeat_summary, summary_lines
-    from harness.runner import RunOptions, run_submission
-    from harness.track import TrackError
+    from harness.launcher.assemble import repeat_summary, summary_lines
+    from harness.launcher.runner import RunOptions, run_submission
+    from harness.tracks.spec import TrackError
 
     if repeat > 1 and run_id:
         raise SetupError("--run-id names one run; it cannot be combined with --repeat")
@@ -90,8 +90,8 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
 
 def _refresh_leaderboard(runs_dir, track: str, reporter) -> None:
     """Keep the track's leaderboard current; a failure here never changes the run's outcome."""
-    from harness.records import runs_root
-    from harness.views import leaderboard_root, plots_root, rebuild
+    from harness.results.records import runs_root
+    from harness.results.views import leaderboard_root, plots_root, rebuild
 
     try:
         out = rebuild(runs_root(runs_dir), track, leaderboard_root(), plots_root())
@@ -111,10 +111,10 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
     """Score RUN_DIR's checkpoint again, the same way, and print the figure (the record is not changed)."""
     import json
 
-    from harness.console import ConsoleReporter
+    from harness.launcher.console import ConsoleReporter
     from harness.data.shards import DataError
-    from harness.rescore import rescore
-    from harness.track import TrackError
+    from harness.launcher.rescore import rescore
+    from harness.tracks.spec import TrackError
 
     try:
         result = rescore(run_dir, nproc_per_node, data_root, ConsoleReporter())
@@ -145,8 +145,8 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 @click.option("--no-charts", is_flag=True, help="Only the table (faster).")
 def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts):
     """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
-    from harness.records import runs_root
-    from harness.views import leaderboard_root, plots_root, rebuild, tracks_in
+    from harness.results.records import runs_root
+    from harness.results.views import leaderboard_root, plots_root, rebuild, tracks_in
 
     root = runs_root(runs_dir)
     tracks = list(tracks) or tracks_in(root)
@@ -175,9 +175,9 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, fmt, chart_path):
 
     import pandas as pd
 
-    from harness.compare import compare, overlay_chart, resolve_side, verdict
-    from harness.records import runs_root
-    from harness.views import plots_root
+    from harness.results.compare import compare, overlay_chart, resolve_side, verdict
+    from harness.results.records import runs_root
+    from harness.results.views import plots_root
 
     if len(sides) < 2:
         raise SetupError("give at least two sides to compare: team names, run ids or run directories")
@@ -252,11 +252,11 @@ def _compare_table(sides, rows) -> str:
 @click.option("--data-root", default=None, help="Folder the track's shard globs are relative to.")
 def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed, runs_dir, data_root):
     """Weak-scaling probes of SUBMISSION at several world sizes, and a fitted prediction beyond them."""
-    from harness.console import ConsoleReporter
-    from harness.contract import SubmissionError
+    from harness.launcher.console import ConsoleReporter
+    from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.scale import ScaleOptions, run_scale
-    from harness.track import TrackError
+    from harness.launcher.scale import ScaleOptions, run_scale
+    from harness.tracks.spec import TrackError
 
     try:
         sizes = [int(x) for x in world_sizes.split(",") if x.strip()]
@@ -287,8 +287,8 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
 
 
 def _flag_command(run: str, runs_dir, flagged: bool, reason: str, wait: bool) -> None:
-    from harness.flags import set_flag
-    from harness.records import runs_root
+    from harness.results.flags import set_flag
+    from harness.results.records import runs_root
 
     try:
         record, run_dir = set_flag(runs_root(runs_dir), run, flagged=flagged, reason=reason,
@@ -300,7 +300,7 @@ def _flag_command(run: str, runs_dir, flagged: bool, reason: str, wait: bool) ->
 
 
 def _plain_reporter():
-    from harness.console import ConsoleReporter
+    from harness.launcher.console import ConsoleReporter
 
     return ConsoleReporter()
 
@@ -333,9 +333,9 @@ def check_cmd(submission, track, as_json):
     """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it would be accepted."""
     import json
 
-    from harness.check import check, render
-    from harness.contract import SubmissionError
-    from harness.track import TrackError
+    from harness.launcher.check import check, render
+    from harness.submission.contract import SubmissionError
+    from harness.tracks.spec import TrackError
 
     try:
         result = check(submission, track)
@@ -365,10 +365,10 @@ def slurm_cmd(submission, track, script_path, runs_dir, log_dir, partition, acco
     """Write an sbatch script that runs SUBMISSION on the track's nodes (and submit it with --submit)."""
     from pathlib import Path
 
-    from harness.contract import SubmissionError, team_slug
-    from harness.slurm import SlurmOptions, render
-    from harness.slurm import submit as sbatch_submit
-    from harness.track import TrackError
+    from harness.submission.contract import SubmissionError, team_slug
+    from harness.launcher.slurm import SlurmOptions, render
+    from harness.launcher.slurm import submit as sbatch_submit
+    from harness.tracks.spec import TrackError
 
     try:
         text, resolved, team = render(SlurmOptions(submission=submission, track=track, runs_dir=runs_dir,

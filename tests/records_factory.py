@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.records import RunRecord, save_metrics, save_record
+from harness.results.records import RunRecord, save_metrics, save_record
 
 
 def make_run(root: Path, team: str, val_loss: float | None, *, status: str = "ok", track: str = "local",

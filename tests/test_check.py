@@ -46,7 +46,7 @@ def test_a_peeking_model_and_the_screen_are_reported(cli):
 
 
 def test_the_static_screen_names_what_a_reviewer_should_read(tmp_path):
-    from harness.screen import screen_source
+    from harness.submission.screen import screen_source
 
     src = '''import os, time, socket, ctypes, threading
 import harness

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.clock import CONTINUE, STOP_BUDGET, StopRule
+from harness.ranks.clock import CONTINUE, STOP_BUDGET, StopRule
 
 
 def test_first_step_runs_when_time_is_left():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from harness.contract import (
+from harness.submission.contract import (
     SubmissionError,
     check_forward_output,
     find_submission,
@@ -15,7 +15,7 @@ from harness.contract import (
     submission_sha256,
     team_slug,
 )
-from harness.preflight import run_checks
+from harness.ranks.preflight import run_checks
 
 
 def test_missing_folder_and_missing_file_are_explained(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import ROOT
 from harness.cli import main
-from harness.preflight import run_checks
-from harness.track import DataSpec, EvalSpec, SyntheticSpec, Track
+from harness.ranks.preflight import run_checks
+from harness.tracks.spec import DataSpec, EvalSpec, SyntheticSpec, Track
 
 
 def test_the_minimal_submission_in_the_docs_passes_the_contract_checks(tmp_path):

@@ -2,7 +2,7 @@
 
 import json
 
-from harness.guard import TrackLock
+from harness.launcher.guard import TrackLock
 from records_factory import make_run
 
 

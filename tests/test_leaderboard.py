@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.leaderboard import build_table, load_rows
+from harness.results.leaderboard import build_table, load_rows
 from records_factory import make_run
 
 

@@ -1,5 +1,5 @@
-from harness.channel import Message
-from harness.outcome import classify
+from harness.launcher.channel import Message
+from harness.launcher.outcome import classify
 
 
 def msg(kind, t, **body):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness import precision
-from harness.track import load_track
+from harness.launcher import precision
+from harness.tracks.spec import load_track
 
 
 def test_flags_are_read_from_cpuinfo_lines():

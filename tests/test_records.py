@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from harness.records import RunRecord, find_run, load_record, save_metrics, save_record, write_atomic
+from harness.results.records import RunRecord, find_run, load_record, save_metrics, save_record, write_atomic
 
 
 def test_record_round_trips_and_keeps_unknown_fields(tmp_path):

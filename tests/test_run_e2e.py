@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, only_record, processes_of_run
-from harness.contract import submission_sha256
+from harness.submission.contract import submission_sha256
 
 REQUIRED = [
     "status", "reason", "val_loss", "loss_floor", "train_loss", "steps", "tokens", "budget_s", "train_time_s",
@@ -68,7 +68,7 @@ def test_the_clock_stops_before_the_budget(cli, tmp_path):
     """A time-bounded run (track `tiny`, 4 s): no step starts past the deadline, and the launcher's
     own measurement of the window agrees with the ranks' within the tolerance the harness applies."""
     from conftest import FIXTURES, TINY_TRACK
-    from harness.assemble import clock_tolerance_s
+    from harness.launcher.assemble import clock_tolerance_s
 
     result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK))
     assert result.code == 0, result.err

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, TINY_TRACK
-from harness.scale import fit_comm, predict
+from harness.launcher.scale import fit_comm, predict
 
 
 def test_fit_recovers_the_model_and_predicts():

@@ -5,7 +5,7 @@ import pytest
 
 from harness.data.shards import inspect_shard
 from harness.data.synthetic import MarkovSource, build_synthetic, loss_floor
-from harness.track import DataSpec, SyntheticSpec
+from harness.tracks.spec import DataSpec, SyntheticSpec
 
 SPEC = SyntheticSpec(seed=11, train_tokens=20000, branching=3)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.track import (
+from harness.tracks.spec import (
     TrackError,
     apply_overrides,
     builtin_track_names,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.data.shards import DataError, ShardInfo, fingerprint, inspect_shard, resolve_shards, sample_check
-from harness.track import Track, data_root
+from harness.tracks.spec import Track, data_root
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.data.shards import write_shard
-from harness.track import DataSpec, SyntheticSpec
+from harness.tracks.spec import DataSpec, SyntheticSpec
 
 FORMAT_VERSION = 1
 TRAIN_CHAINS = 256  # independent stationary chains generated side by side (vectorised)

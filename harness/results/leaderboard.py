@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.stats import summarize, welch
+from harness.results.stats import summarize, welch
 
 COLUMNS = [
     "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.channel import Message
+from harness.launcher.channel import Message
 
 
 @dataclass

@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.console import NullReporter
+from harness.launcher.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
-from harness.phases import run_evaluation
-from harness.precision import resolve_precision
-from harness.records import load_record
-from harness.runner import build_eval_job
-from harness.track import track_from_record
-from harness.watch import abort_on_signals
+from harness.launcher.phases import run_evaluation
+from harness.launcher.precision import resolve_precision
+from harness.results.records import load_record
+from harness.launcher.runner import build_eval_job
+from harness.tracks.spec import track_from_record
+from harness.launcher.watch import abort_on_signals
 
 
 @dataclass

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.contract import find_submission, read_team, team_slug
-from harness.track import Track, load_track
+from harness.submission.contract import find_submission, read_team, team_slug
+from harness.tracks.spec import Track, load_track
 
 STARTUP_ALLOWANCE_S = 120.0  # imports, preflight, NCCL rendezvous, model build: not on the clock
 EVAL_ALLOWANCE_S = 120.0  # at most; the track's eval timeout if shorter

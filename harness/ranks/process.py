@@ -116,7 +116,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def describe_failure(exc: BaseException) -> dict:
     """A rank's failure as a report: status, a one-line reason, the traceback and its kind."""
-    from harness.contract import SubmissionError
+    from harness.submission.contract import SubmissionError
 
     tb = "".join(traceback.format_exception(exc))
     last = f"{type(exc).__name__}: {exc}".strip().splitlines()

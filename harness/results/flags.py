@@ -10,8 +10,8 @@ from __future__ import annotations
 import getpass
 from pathlib import Path
 
-from harness.guard import TrackLock
-from harness.records import RunRecord, find_run, load_record, save_record, utc_now
+from harness.launcher.guard import TrackLock
+from harness.results.records import RunRecord, find_run, load_record, save_record, utc_now
 
 
 def set_flag(runs_root: Path, key: str, *, flagged: bool, reason: str = "",

@@ -124,7 +124,7 @@ def screen_source(text: str, rel: str) -> list[Finding]:
 
 
 def screen_folder(folder: Path) -> list[dict]:
-    from harness.contract import submission_files
+    from harness.submission.contract import submission_files
 
     findings: list[Finding] = []
     for path in submission_files(Path(folder)):

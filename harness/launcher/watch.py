@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from harness.channel import ChannelServer
-from harness.launch import ElasticJob
+from harness.launcher.channel import ChannelServer
+from harness.launcher.elastic import ElasticJob
 
 POLL_S = 0.1
 

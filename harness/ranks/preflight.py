@@ -1,6 +1,6 @@
 """Checks a submission in a throw-away process before any process group starts.
 
-    python -m harness.preflight <request.json> <report.json>
+    python -m harness.ranks.preflight <request.json> <report.json>
 
 Imports the submission, checks CONFIG and the hooks, builds the model from CONFIG, runs one
 forward and backward at a tiny batch, and checks the outputs. The submission's code never runs
@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def _problem(exc: BaseException) -> dict:
-    from harness.contract import SubmissionError
+    from harness.submission.contract import SubmissionError
 
     if isinstance(exc, SubmissionError):
         return {"file": exc.file, "problem": exc.problem, "fix": exc.fix}
@@ -31,7 +31,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     """Build the model and run one training step's worth of forward and backward at a tiny batch."""
     import torch
 
-    from harness.contract import SubmissionError, check_forward_output
+    from harness.submission.contract import SubmissionError, check_forward_output
 
     file = str(sub.folder / "submission.py")
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
@@ -79,12 +79,12 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
                 f"({type(exc).__name__}: {exc}).", f"accept sequences up to {eval_seq_len} tokens (size position "
                 "tables for the evaluation length, not only CONFIG's seq_len)") from exc
         check_forward_output(out, 1, eval_seq_len, V, False, file)
-    from harness.causality import describe, probe_causality
+    from harness.ranks.causality import describe, probe_causality
 
     causality = probe_causality(model, idx[0, :T].cpu(), vocab_size, device, seed=seed)
     if not causality["causal"]:
         raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
-    from harness.metrics import count_training_flops_per_token
+    from harness.results.metrics import count_training_flops_per_token
 
     flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
                                            sub.micro_batch_size, T)
@@ -100,8 +100,8 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
 
 def run_checks(request: dict) -> dict:
     """Every problem found, at once where they are independent; the static screen always."""
-    from harness.contract import import_submission_module, inspect_submission
-    from harness.screen import screen_folder
+    from harness.submission.contract import import_submission_module, inspect_submission
+    from harness.submission.screen import screen_folder
 
     folder = Path(request["submission_dir"])
     report: dict = {"ok": False, "problems": [], "screen": screen_folder(folder)}

@@ -15,8 +15,8 @@ import json
 import time
 from pathlib import Path
 
-from harness.outcome import Outcome
-from harness.records import RunRecord, utc_now, write_atomic
+from harness.launcher.outcome import Outcome
+from harness.results.records import RunRecord, utc_now, write_atomic
 
 WAIT_FOR_NODES_S = 8.0
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUILTIN_DIR = Path(__file__).resolve().parent / "tracks"
+BUILTIN_DIR = Path(__file__).resolve().parent
 
 BACKENDS = ("nccl", "gloo")
 DEVICES = ("cuda", "cpu")

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.records import write_atomic
+from harness.results.records import write_atomic
 
 
 def _lock_path(track_dir: Path) -> Path:

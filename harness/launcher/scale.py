@@ -20,17 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.console import NullReporter
-from harness.contract import find_submission, read_team, snapshot_submission, team_slug
+from harness.launcher.console import NullReporter
+from harness.submission.contract import find_submission, read_team, snapshot_submission, team_slug
 from harness.data.prepare import prepare_data
-from harness.jobs import TrainJob
-from harness.launch import LaunchSpec
-from harness.phases import run_preflight, run_training
-from harness.precision import resolve_precision
-from harness.records import new_run_id, runs_root, utc_now, write_atomic
-from harness.runner import resolve_nproc
-from harness.track import load_track
-from harness.watch import abort_on_signals
+from harness.ranks.jobs import TrainJob
+from harness.launcher.elastic import LaunchSpec
+from harness.launcher.phases import run_preflight, run_training
+from harness.launcher.precision import resolve_precision
+from harness.results.records import new_run_id, runs_root, utc_now, write_atomic
+from harness.launcher.runner import resolve_nproc
+from harness.tracks.spec import load_track
+from harness.launcher.watch import abort_on_signals
 
 PREDICT_AT = (32, 64, 256)
 
@@ -139,7 +139,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
                 scaling_probe_steps=opts.probe_steps,
             )
-            launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=n, rdzv_id=job.run_id,
+            launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
                                 shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)
             phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s, hard_limit_s=3600.0,
                                  log_path=out_dir / "logs" / f"launcher-n{n}.log", abort=abort, reporter=reporter)
@@ -182,7 +182,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
 
 
 def _chart(record: dict, path: Path) -> None:
-    from harness.plots import _save, log2_axis, plt
+    from harness.results.plots import _save, log2_axis, plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     pts = record["points"]

@@ -1,7 +1,7 @@
 """One training rank: the fixed DDP + bfloat16 loop. The harness owns all of it; the submission
 supplies the model, and optionally its optimizers and its lr schedule.
 
-Started by torch elastic, never by hand:  python -u -m harness.worker <train_job.json>
+Started by torch elastic, never by hand:  python -u -m harness.ranks.train <train_job.json>
 
 Per step: one tiny MAX all-reduce to agree whether the step would end past the budget (the only
 host sync), then grad_accum_steps micro-steps (no_sync on all but the last) under bf16 autocast,
@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 
-from harness.rank import (
+from harness.ranks.process import (
     RankEnv,
     describe_failure,
     die_with_launcher,
@@ -42,10 +42,10 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from harness.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
-    from harness.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
+    from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
+    from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
     from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-    from harness.defaults import default_lr_schedule, default_optimizers
+    from harness.submission.defaults import default_lr_schedule, default_optimizers
 
     # ---------------------------------------------------------------- setup (not on the clock)
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
@@ -197,8 +197,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         saved = True
     probe: dict = {}
     if job.scaling_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
-        from harness.metrics import summarize_probe
-        from harness.probe import time_sync_vs_compute
+        from harness.results.metrics import summarize_probe
+        from harness.ranks.probe import time_sync_vs_compute
 
         probe = summarize_probe(*time_sync_vs_compute(ddp, probe_batches, device, job.scaling_probe_steps, job.dtype))
     measured_steps = step - job.warmup_steps if job.max_steps else step
@@ -216,8 +216,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from harness.channel import ChannelClient
-    from harness.jobs import TrainJob
+    from harness.launcher.channel import ChannelClient
+    from harness.ranks.jobs import TrainJob
 
     job = TrainJob.load(argv[1])
     env = RankEnv.from_environ()

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.console import fmt_rate
-from harness.metrics import mfu, peak_flops_per_device
-from harness.phases import PhaseResult
-from harness.records import RunRecord
+from harness.launcher.console import fmt_rate
+from harness.results.metrics import mfu, peak_flops_per_device
+from harness.launcher.phases import PhaseResult
+from harness.results.records import RunRecord
 
 
 def apply_training(record: RunRecord, phase: PhaseResult) -> None:
@@ -104,7 +104,7 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
                                           "causality")}
     causality = r0.get("causality")
     if causality is not None and not causality.get("causal", True):
-        from harness.causality import describe
+        from harness.ranks.causality import describe
 
         # The figure is kept for the audit, but it is not a result: a peeking model is not scored.
         record.eval["unscored_val_loss"] = r0.get("val_loss")
@@ -136,7 +136,7 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
 
 
 def repeat_summary(records: list[RunRecord]) -> list[str]:
-    from harness.stats import summarize
+    from harness.results.stats import summarize
 
     ok = [r.val_loss for r in records if r.status == "ok" and r.val_loss is not None]
     line = f"{len(records)} runs (seeds {records[0].seed}..{records[-1].seed}): {len(ok)} ok"

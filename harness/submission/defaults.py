@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.contract import SubmissionContext
+from harness.submission.contract import SubmissionContext
 
 WARMUP_FRACTION = 0.02  # of the time budget
 DECAY_FRACTION = 0.30  # the last part of the budget, decayed linearly to zero

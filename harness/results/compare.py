@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.leaderboard import current_runs, scored
-from harness.records import iter_run_dirs, match_runs
-from harness.stats import summarize, welch
+from harness.results.leaderboard import current_runs, scored
+from harness.results.records import iter_run_dirs, match_runs
+from harness.results.stats import summarize, welch
 
 # (field, label, how differences are shown)
 METRICS = [
@@ -130,7 +130,7 @@ def verdict(sides: list[Side]) -> list[str]:
 def overlay_chart(sides: list[Side], path: Path) -> Path:
     import pandas as pd
 
-    from harness.plots import _colors, _save, plt
+    from harness.results.plots import _colors, _save, plt
 
     colors = _colors([s.label for s in sides])
     fig, ax = plt.subplots(figsize=(10, 6))

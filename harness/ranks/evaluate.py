@@ -1,7 +1,7 @@
 """Evaluation in fresh processes: the checkpoint scored on exactly `val_tokens` held-out tokens.
 
 Started by torch elastic after every training process is gone:
-    python -u -m harness.evaluate <eval_job.json>
+    python -u -m harness.ranks.evaluate <eval_job.json>
 
 Each process imports only `get_model` from the submission, loads the checkpoint with
 weights_only=True (after checking its sha256 against the record), and computes the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.rank import (
+from harness.ranks.process import (
     RankEnv,
     describe_failure,
     die_with_launcher,
@@ -80,7 +80,7 @@ def load_for_eval(checkpoint: str, expected_sha256: str, submission_dir: str, de
     """The trained model, rebuilt by the submission's get_model from the checkpoint alone."""
     import torch
 
-    from harness.contract import SubmissionError, import_submission_module
+    from harness.submission.contract import SubmissionError, import_submission_module
 
     actual = file_sha256(checkpoint)
     if expected_sha256 and actual != expected_sha256:
@@ -104,7 +104,7 @@ def score(model, tokens: np.ndarray, plan, env: RankEnv, seq_len: int, vocab_out
     import torch
     import torch.nn.functional as F
 
-    from harness.contract import check_forward_output
+    from harness.submission.contract import check_forward_output
 
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
@@ -142,7 +142,7 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
     if job.causality_check:  # on real validation tokens, with the trained weights
         import torch as _torch
 
-        from harness.causality import probe_causality
+        from harness.ranks.causality import probe_causality
 
         window = _torch.from_numpy(np.ascontiguousarray(tokens[: job.seq_len]))
         causality = probe_causality(model, window, job.vocab_size, device)
@@ -163,8 +163,8 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from harness.channel import ChannelClient
-    from harness.jobs import EvalJob
+    from harness.launcher.channel import ChannelClient
+    from harness.ranks.jobs import EvalJob
 
     job = EvalJob.load(argv[1])
     env = RankEnv.from_environ()

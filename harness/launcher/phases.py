@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import procs
-from harness.channel import ChannelServer, Message
-from harness.console import NullReporter, progress_text
-from harness.jobs import EvalJob, TrainJob
-from harness.launch import ElasticJob, LaunchSpec
-from harness.outcome import Outcome, classify
-from harness.watch import AbortFlag, Deadlines, WatchResult, watch
+from harness.launcher import procs
+from harness.launcher.channel import ChannelServer, Message
+from harness.launcher.console import NullReporter, progress_text
+from harness.ranks.jobs import EvalJob, TrainJob
+from harness.launcher.elastic import ElasticJob, LaunchSpec
+from harness.launcher.outcome import Outcome, classify
+from harness.launcher.watch import AbortFlag, Deadlines, WatchResult, watch
 
 
 # --------------------------------------------------------------------------- preflight
@@ -39,7 +39,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     req.write_text(json.dumps(request))
     with open(log_path, "w") as log, procs.ProcessScope(grace_s=2.0):  # nothing it starts may linger
         try:
-            proc = subprocess.run([sys.executable, "-u", "-m", "harness.preflight", str(req), str(rep)],
+            proc = subprocess.run([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
                                   stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)
             code = proc.returncode
         except subprocess.TimeoutExpired:
@@ -137,7 +137,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
     job.channel_path = channel.path
     job_file = channel.dir / "eval_job.json"
     job.save(job_file)
-    launch = LaunchSpec(module="harness.evaluate", args=[str(job_file)], nproc_per_node=nproc,
+    launch = LaunchSpec(module="harness.ranks.evaluate", args=[str(job_file)], nproc_per_node=nproc,
                         shutdown_timeout_s=shutdown_timeout_s,
                         threads_per_rank=job.cpu_threads_per_rank)
     started = time.monotonic()

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.leaderboard import build_table, current_runs, load_rows, scored
-from harness.records import utc_now, write_atomic
+from harness.results.leaderboard import build_table, current_runs, load_rows, scored
+from harness.results.records import utc_now, write_atomic
 
 
 @dataclass
@@ -54,7 +54,7 @@ def track_ranking(rows: list[dict]) -> str:
 
 def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool = False,
             ranking: str | None = None, charts: bool = True) -> Outputs:
-    from harness.page import to_html, to_markdown
+    from harness.results.page import to_html, to_markdown
 
     rows = load_rows(runs_root, track)
     ranking = ranking or track_ranking(rows)
@@ -64,7 +64,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     chart_paths: list[Path] = []
     with _locked(leaderboard_dir):
         if charts:
-            from harness.plots import draw_track, load_scale_records
+            from harness.results.plots import draw_track, load_scale_records
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.rank import perf_counter
+from harness.ranks.process import perf_counter
 
 
 def time_sync_vs_compute(ddp, batches: list, device, steps: int,

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import __version__, procs
-from harness.console import NullReporter
-from harness.contract import (
+from harness import __version__
+from harness.launcher import procs
+from harness.launcher.console import NullReporter
+from harness.submission.contract import (
     SubmissionError,
     TeamInfo,
     find_submission,
@@ -31,8 +32,8 @@ from harness.contract import (
     team_slug,
 )
 from harness.data.prepare import PreparedData, data_summary, prepare_data
-from harness.evaluate import file_sha256
-from harness.assemble import (
+from harness.ranks.evaluate import file_sha256
+from harness.launcher.assemble import (
     apply_evaluation,
     apply_training,
     flag_run,
@@ -40,17 +41,17 @@ from harness.assemble import (
     name_team_files,
     set_outcome,
 )
-from harness.guard import GuardReport, RecordGuard
-from harness.nodes import NodePaths, merge_node_reports
-from harness.precision import resolve_precision
-from harness.jobs import EvalJob, TrainJob
-from harness.launch import LaunchSpec
-from harness.phases import PhaseResult, run_evaluation, run_preflight, run_training
-from harness.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
-from harness.sandbox import WorkArea, patched_environ
-from harness.track import ResolvedTrack, Track, apply_overrides, load_track
-from harness.views import leaderboard_root
-from harness.watch import AbortFlag, abort_on_signals
+from harness.launcher.guard import GuardReport, RecordGuard
+from harness.launcher.nodes import NodePaths, merge_node_reports
+from harness.launcher.precision import resolve_precision
+from harness.ranks.jobs import EvalJob, TrainJob
+from harness.launcher.elastic import LaunchSpec
+from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
+from harness.results.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
+from harness.launcher.workarea import WorkArea, patched_environ
+from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
+from harness.results.views import leaderboard_root
+from harness.launcher.watch import AbortFlag, abort_on_signals
 
 
 @dataclass(kw_only=True)
@@ -265,7 +266,7 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
         scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
     )
-    launch = LaunchSpec(module="harness.worker", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
+    launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads)
@@ -290,7 +291,7 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         flag_run(record, f"records of other runs were changed while this run trained "
                          f"({', '.join(report.restored)}); restored")
     if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
-        from harness.views import plots_root, rebuild
+        from harness.results.views import plots_root, rebuild
 
         rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
     return phase

@@ -13,9 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.contract import find_submission, read_team
-from harness.phases import run_preflight
-from harness.track import Track, load_track
+from harness.submission.contract import find_submission, read_team
+from harness.launcher.phases import run_preflight
+from harness.tracks.spec import Track, load_track
 
 
 @dataclass

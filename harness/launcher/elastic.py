@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import procs
-from harness.sandbox import patched_environ
+from harness.launcher import procs
+from harness.launcher.workarea import patched_environ
 
 
 @dataclass(kw_only=True)
