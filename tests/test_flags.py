@@ -2,7 +2,7 @@
 
 import json
 
-from harness.launcher.guard import TrackLock
+from harness.results.locks import TrackLock
 from records_factory import make_run
 
 

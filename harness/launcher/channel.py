@@ -1,4 +1,4 @@
-"""The control channel from ranks to their launcher: small JSON datagrams over a Unix socket.
+"""The launcher's end of the control channel from its ranks: small JSON datagrams over a Unix socket.
 
 Ranks report here instead of writing results themselves: the launcher stamps every message
 with its own clock on arrival (its measurement of the training window does not trust the
@@ -6,7 +6,7 @@ ranks' clocks) and is the only process that writes records.
 
 Messages (`kind`): hello (rank, pid), train_start, progress (step, loss, tokens...),
 train_end, result (what a rank measured), error (a rank's failure, with traceback),
-eval_result. Sending never blocks training: a full or vanished socket drops the message.
+eval_result. The ranks' end is harness/ranks/channel.py.
 """
 
 from __future__ import annotations
@@ -93,36 +93,3 @@ class ChannelServer:
         finally:
             self.thread.join(timeout=1.0)
             shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the job files beside it
-
-
-class ChannelClient:
-    """Rank side. Never raises and never blocks: reporting must not be able to stall a step."""
-
-    def __init__(self, path: str | None, rank: int):
-        self.path, self.rank = path, rank
-        self.sock = None
-        self.dropped = 0
-        if path:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self.sock.setblocking(False)
-
-    def send(self, kind: str, **body: Any) -> None:
-        if self.sock is None:
-            return
-        body = {"kind": kind, "rank": self.rank, **body}
-        data = json.dumps(body, default=str).encode()
-        if len(data) > MAX_DATAGRAM:
-            for key in ("traceback", "message"):
-                if isinstance(body.get(key), str):
-                    body[key] = body[key][-20_000:]
-            data = json.dumps(body, default=str).encode()
-            if len(data) > MAX_DATAGRAM:
-                data = json.dumps({"kind": kind, "rank": self.rank, "message": "report too large to send"}).encode()
-        try:
-            self.sock.sendto(data, self.path)
-        except OSError:
-            self.dropped += 1
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()

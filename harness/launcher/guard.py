@@ -19,44 +19,12 @@ while ranks run, so an organiser's flag is never mistaken for tampering.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.results.locks import TrackLock
 from harness.results.records import write_atomic
-
-
-def _lock_path(track_dir: Path) -> Path:
-    return track_dir / ".records.lock"
-
-
-class TrackLock:
-    """flock on runs/<track>/.records.lock: shared while ranks run, exclusive to change a finished record."""
-
-    def __init__(self, track_dir: Path, exclusive: bool, timeout_s: float | None = None):
-        self.path, self.exclusive, self.timeout_s = _lock_path(track_dir), exclusive, timeout_s
-        self.fh = None
-
-    def __enter__(self) -> "TrackLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "a")
-        mode = fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(self.fh, mode | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if deadline is not None and time.monotonic() > deadline:
-                    self.fh.close()
-                    raise TimeoutError(f"{self.path} is held: a run is training on this track") from None
-                time.sleep(0.2)
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
 
 
 @dataclass

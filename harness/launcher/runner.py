@@ -32,7 +32,7 @@ from harness.submission.contract import (
     team_slug,
 )
 from harness.data.prepare import PreparedData, data_summary, prepare_data
-from harness.ranks.evaluate import file_sha256
+from harness.ranks.checkpoint import file_sha256
 from harness.launcher.assemble import (
     apply_evaluation,
     apply_training,

@@ -13,12 +13,12 @@ the world size; sums are float64. The figure is the same for 1 or N ranks.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from harness.ranks.checkpoint import load_for_eval
 from harness.ranks.process import (
     RankEnv,
     describe_failure,
@@ -29,14 +29,6 @@ from harness.ranks.process import (
     release_and_exit,
     setup_device,
 )
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_val_tokens(shards, val_tokens: int, vocab_size: int) -> np.ndarray:
@@ -74,28 +66,6 @@ def window_batch(tokens: np.ndarray, first: int, count: int, seq_len: int) -> tu
     idx = starts[:, None] + np.arange(seq_len + 1)
     buf = tokens[idx]
     return np.ascontiguousarray(buf[:, :-1]), np.ascontiguousarray(buf[:, 1:])
-
-
-def load_for_eval(checkpoint: str, expected_sha256: str, submission_dir: str, device):
-    """The trained model, rebuilt by the submission's get_model from the checkpoint alone."""
-    import torch
-
-    from harness.submission.contract import SubmissionError, import_submission_module
-
-    actual = file_sha256(checkpoint)
-    if expected_sha256 and actual != expected_sha256:
-        raise RuntimeError(f"{checkpoint}: sha256 {actual[:12]} differs from the record's "
-                           f"{expected_sha256[:12]}; the checkpoint was changed after training")
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    module = import_submission_module(Path(submission_dir))
-    get_model = getattr(module, "get_model", None)
-    if not callable(get_model):
-        raise SubmissionError(Path(submission_dir) / "submission.py", "defines no get_model.", "see docs/submission.md")
-    model = get_model(dict(ckpt["config"]))
-    model.load_state_dict(ckpt["model"], strict=True)
-    model.to(device=device, dtype=torch.float32)
-    model.eval()
-    return model, ckpt
 
 
 def score(model, tokens: np.ndarray, plan, env: RankEnv, seq_len: int, vocab_out: int, device, file: str,
@@ -163,7 +133,7 @@ def evaluate(job, env: RankEnv, channel, holders: list) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from harness.launcher.channel import ChannelClient
+    from harness.ranks.channel import ChannelClient
     from harness.ranks.jobs import EvalJob
 
     job = EvalJob.load(argv[1])

@@ -84,7 +84,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     causality = probe_causality(model, idx[0, :T].cpu(), vocab_size, device, seed=seed)
     if not causality["causal"]:
         raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
-    from harness.results.metrics import count_training_flops_per_token
+    from harness.ranks.flops import count_training_flops_per_token
 
     flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
                                            sub.micro_batch_size, T)

@@ -9,6 +9,7 @@ figure is the cost of communication, not of waiting for a slow rank.
 from __future__ import annotations
 
 import contextlib
+import statistics
 
 from harness.ranks.process import perf_counter
 
@@ -42,3 +43,21 @@ def time_sync_vs_compute(ddp, batches: list, device, steps: int,
             (synced if mode == "sync" else compute).append(perf_counter() - t0)
             ddp.zero_grad(set_to_none=True)
     return synced, compute
+
+
+def summarize_probe(synced_s: list[float], compute_s: list[float]) -> dict:
+    """Scaling efficiency from paired step times: medians, their ratio, and the spread of pair ratios."""
+    if not synced_s or not compute_s:
+        return {}
+    ratios = [c / s for c, s in zip(compute_s, synced_s) if s > 0]
+    synced, compute = statistics.median(synced_s), statistics.median(compute_s)
+    return {
+        # Not clamped to 1: a value above 1 is measurement noise, and the record should show it.
+        "scaling_efficiency": compute / synced if synced > 0 else None,
+        "scaling_probe_steps": len(synced_s),
+        "scaling_synced_step_s": synced,
+        "scaling_compute_step_s": compute,
+        "scaling_efficiency_min": min(ratios) if ratios else None,
+        "scaling_efficiency_max": max(ratios) if ratios else None,
+        "comm_s": max(0.0, synced - compute),
+    }

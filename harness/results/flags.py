@@ -10,7 +10,7 @@ from __future__ import annotations
 import getpass
 from pathlib import Path
 
-from harness.launcher.guard import TrackLock
+from harness.results.locks import TrackLock
 from harness.results.records import RunRecord, find_run, load_record, save_record, utc_now
 
 

@@ -7,13 +7,12 @@ gives the same files.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.results.leaderboard import build_table, current_runs, load_rows, scored
+from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 
 
@@ -35,17 +34,6 @@ def plots_root(cli_value: str | None = None) -> Path:
     return Path(cli_value or os.environ.get("HARNESS_PLOTS_DIR") or "plots")
 
 
-@contextmanager
-def _locked(directory: Path):
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def track_ranking(rows: list[dict]) -> str:
     """The ranking rule saved in the track's newest record (records are self-contained)."""
     newest = max(rows, key=lambda r: r.get("started_at") or "", default=None)
@@ -62,7 +50,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
-    with _locked(leaderboard_dir):
+    with leaderboard_lock(leaderboard_dir):
         if charts:
             from harness.results.plots import draw_track, load_scale_records
 

@@ -1,0 +1,58 @@
+"""Who may change records and derived files, and when: two file locks.
+
+- `TrackLock`: flock on runs/<track>/.records.lock, held shared by a run's guard while its
+  ranks train, and exclusively by `harness flag` / `harness unflag` to change a finished record
+  (so an organiser's flag is never taken for tampering).
+- `leaderboard_lock`: rebuilds of a leaderboard folder are serialised, so two runs finishing at
+  once leave a consistent leaderboard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _lock_path(track_dir: Path) -> Path:
+    return track_dir / ".records.lock"
+
+
+class TrackLock:
+    """flock on runs/<track>/.records.lock: shared while ranks run, exclusive to change a finished record."""
+
+    def __init__(self, track_dir: Path, exclusive: bool, timeout_s: float | None = None):
+        self.path, self.exclusive, self.timeout_s = _lock_path(track_dir), exclusive, timeout_s
+        self.fh = None
+
+    def __enter__(self) -> "TrackLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "a")
+        mode = fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fh, mode | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() > deadline:
+                    self.fh.close()
+                    raise TimeoutError(f"{self.path} is held: a run is training on this track") from None
+                time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+@contextmanager
+def leaderboard_lock(directory: Path):
+    """Rebuilds of one leaderboard folder, one at a time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
