@@ -85,3 +85,16 @@ def test_benchmark_script_runs(tmp_path):
     results = json.loads(out.read_text())
     assert results["overhead"][0]["ratio"] > 0 and results["leaderboard"]["records"] == 200
     assert "step time, 2-rank gloo" in proc.stdout
+
+
+def test_gpu_check_says_plainly_when_there_is_no_gpu(tmp_path):
+    """scripts/gpu-check is for a GPU box; on a CPU machine it refuses with a clear message (exit 2)."""
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: scripts/gpu-check runs the real check here")
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "gpu_check.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "needs a GPU" in proc.stderr

@@ -184,3 +184,31 @@ def test_two_runs_at_once_on_the_same_tree(cache_dir, tmp_path, cli):
     assert sorted(r["team"] for r in rows) == ["ok_bigram", "other_team"] and all(r["rank"] for r in rows)
     for r in records:
         assert_clean(r)
+
+
+@pytest.mark.parametrize("fixture, extra, reason", [
+    ("nan_micro_batch", (), "loss became NaN or inf at step"),  # the first of two micro-batches
+    ("nan_weights", ("--max-steps", "5"), "the weights hold NaN or inf values after the last step (5;"),
+    ("nan_eval", (), "evaluation: the validation loss is nan"),
+])
+def test_non_finite_numbers_end_the_run_diverged_and_never_rank(cli, tmp_path, fixture, extra, reason):
+    result = run_fixture(cli, fixture, *extra)
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "diverged" and reason in record["reason"], record["reason"]
+    assert record["val_loss"] is None
+    if fixture != "nan_eval":
+        assert not (run_dir / "checkpoint.pt").exists() and not (run_dir / "logs" / "eval-rank0.log").exists()
+    assert_clean(record, tmp_path, cli)
+
+
+def test_work_before_the_clock_is_held_to_the_start_up_allowance(cli, tmp_path):
+    """get_model "pretrains" for 45 s in the ranks: the track (tiny: 20 s allowance) ends it."""
+    result = run_fixture(cli, "slow_get_model")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    allowance = record["track"]["startup_allowance_s"]
+    assert record["status"] == "timeout" and "start-up took longer than the track's allowance" in record["reason"]
+    assert record["steps"] is None and record["timings"]["kill_latency_s"] < record["track"]["shutdown_timeout_s"] + 2
+    assert record["timings"]["launch_to_setup_s"] + allowance <= result.seconds
+    assert_clean(record, tmp_path, cli)

@@ -66,3 +66,27 @@ def test_writes_into_results_are_undone_and_flag_the_run(cli, tmp_path):
     assert set(seen) <= {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"}, seen
     cwd = line.split(" CWD ")[1]
     assert str(tmp_path) not in cwd and "harness-train-" in cwd
+
+
+def test_a_claimed_end_of_training_does_not_stop_the_launchers_clock(cli, tmp_path):
+    """The submission reports "training ended" at its 3rd step through its own channel and trains on
+    (budget 30 s): the launcher kills it a save allowance after the claim, and flags the run for the
+    progress reports that came after it."""
+    result = cli("run", str(FIXTURES / "fake_train_end"), "--track", str(TINY_TRACK), "--budget-s", "30")
+    assert result.code == 1
+    record = _record(tmp_path / "runs", "fake_train_end")
+    save = record["track"]["save_allowance_s"]
+    assert record["status"] == "timeout" and "the save allowance" in record["reason"]
+    assert record["launcher_train_time_s"] < save + 5, "the claimed end must start the save allowance"
+    assert record["flagged"] is True and "reported 'progress' after training had ended" in record["flag_reason"]
+    assert processes_of_run(record["run_id"]) == []
+
+
+def test_a_process_that_pretends_to_be_a_rank_is_refused_and_flags_the_run(cli, tmp_path):
+    result = cli("run", str(FIXTURES / "impostor"), "--track", str(TINY_TRACK))
+    record = _record(tmp_path / "runs", "impostor")
+    assert record["status"] == "ok", record["reason"]  # its fake "training ended" changed nothing
+    assert record["flagged"] is True and "pretended to be a rank" in record["flag_reason"]
+    assert any("claimed rank 0, already reporting" in r for r in record["refused_reports"])
+    assert record["launcher_train_time_s"] > record["budget_s"] - 1.0
+    assert "FLAGGED" in result.err

@@ -25,11 +25,37 @@ def test_mean_ranking_with_intervals_and_ties(tmp_path):
     assert t.loc[1, "p_vs_next"] < 0.05 and t.loc[2, "tied_with"] == ""
 
 
-def test_single_runs_are_never_marked_tied(tmp_path):
+def test_single_runs_are_never_silently_ordered(tmp_path):
     make_run(tmp_path, "alpha", 2.0)
     make_run(tmp_path, "bravo", 2.0000001)
     t = table(tmp_path)
     assert list(t["tied_with"]) == ["", ""] and t["p_vs_next"].isna().all()
+    assert t.loc[0, "vs_next"] == "undetermined"  # no test can be made: the order is not evidence
+
+
+@pytest.mark.parametrize("runs_per_team, expected", [(3, "tied"), (4, "ahead")])
+def test_best_ranking_is_tested_on_the_best_runs(tmp_path, runs_per_team, expected):
+    """With ranking = "best" the test is about the best runs, not the means: 3 runs a side can never be
+    significant (p >= 0.1; Welch on these tight groups would say p < 1e-5), 4 can (p = 2/70 when every
+    run of one side beats every run of the other)."""
+    for seed in range(runs_per_team):
+        make_run(tmp_path, "alpha", 1.90 + 0.01 * seed, seed=seed + 1, ranking="best")
+        make_run(tmp_path, "bravo", 2.50 + 0.01 * seed, seed=seed + 1, ranking="best")
+    t = table(tmp_path, ranking="best")
+    assert list(t["team"]) == ["alpha", "bravo"] and t.loc[0, "vs_next"] == expected
+    assert t.loc[0, "p_vs_next"] == pytest.approx(0.1 if runs_per_team == 3 else 2 / 70)
+
+
+def test_non_finite_figures_never_rank_and_never_disorder_the_others(tmp_path):
+    """A NaN compares false with everything: sorted by it, a 2.0 could land above a 1.0."""
+    make_run(tmp_path, "alpha", 2.0)
+    make_run(tmp_path, "nan-team", float("nan"))
+    make_run(tmp_path, "bravo", 1.0)
+    make_run(tmp_path, "inf-team", float("inf"))
+    t = table(tmp_path)
+    ranked = t[t["rank"].notna()]
+    assert list(ranked["team"]) == ["bravo", "alpha"] and list(ranked["rank"]) == [1, 2]
+    assert set(t[t["rank"].isna()]["team"]) == {"nan-team", "inf-team"}
 
 
 def test_best_ranking_uses_each_teams_best_run(tmp_path):

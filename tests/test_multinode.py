@@ -18,11 +18,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(node_rank: int, port: int, run_id: str, tmp_path, cache_dir, *extra: str) -> subprocess.Popen:
+def launch(node_rank: int, port: int, run_id: str, tmp_path, cache_dir, *extra: str,
+           submission=FIXTURES / "ok_bigram") -> subprocess.Popen:
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs"),
            "OMP_NUM_THREADS": "1"}  # one rank per "node", two nodes on two cores
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK),
+        [sys.executable, "-m", "harness", "run", str(submission), "--track", str(TINY_TRACK),
          "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
          "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-id", run_id, *extra],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -79,3 +80,21 @@ def test_several_nodes_need_a_shared_run_id(cli):
     result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), "--nnodes", "2",
                  "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:29999")
     assert result.code == 2 and "--run-id" in result.err
+
+
+def test_nodes_with_different_submissions_never_train(tmp_path, cache_dir):
+    """Node 1's launcher was given another version of the submission (same team, one line changed):
+    the ranks compare fingerprints before any submission code runs, and the run is invalid."""
+    import shutil
+
+    other = tmp_path / "elsewhere" / "ok_bigram"
+    shutil.copytree(FIXTURES / "ok_bigram", other)
+    (other / "submission.py").write_text((other / "submission.py").read_text() + "\n# edited on node 1\n")
+    port = free_port()
+    nodes = [launch(1, port, "disagree", tmp_path, cache_dir, submission=other), launch(0, port, "disagree", tmp_path, cache_dir)]
+    outs = [p.communicate(timeout=180) for p in nodes]
+    record = json.loads((tmp_path / "runs" / "tiny" / "ok_bigram" / "disagree" / "run.json").read_text())
+    assert nodes[1].returncode == 1 and record["status"] == "invalid", outs
+    assert "the nodes disagree before training: submission" in record["reason"]
+    assert record["steps"] is None and record["val_loss"] is None
+    assert processes_of_run("disagree") == []

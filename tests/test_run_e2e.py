@@ -64,21 +64,54 @@ def test_a_step_bounded_run_trains_exactly_its_steps(baseline_run):
     assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["train_time_s"])
 
 
-def test_the_clock_stops_before_the_budget(cli, tmp_path):
-    """A time-bounded run (track `tiny`, 4 s): no step starts past the deadline, and the launcher's
-    own measurement of the window agrees with the ranks' within the tolerance the harness applies."""
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, cache_dir):
+    """A time-bounded run of the bigram fixture on 2 ranks (track `tiny`: 4 s), shared below."""
+    import os
+    import subprocess
+    import sys
+
     from conftest import FIXTURES, TINY_TRACK
+
+    work = tmp_path_factory.mktemp("tiny")
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK)],
+                          capture_output=True, text=True, env=env, cwd=work, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    run_dir, record = only_record(work / "runs")
+    return run_dir, record, work
+
+
+def test_the_clock_stops_before_the_budget(tiny_run):
+    """No step starts past the deadline, and the launcher's own measurement of the window agrees with
+    the ranks' within the tolerance the harness applies."""
     from harness.launcher.assemble import clock_tolerance_s
 
-    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK))
-    assert result.code == 0, result.err
-    _, r = only_record(tmp_path / "runs")
+    _, r, _ = tiny_run
     assert r["steps"] > 3 and r["tokens"] == r["steps"] * r["tokens_per_step"]
     assert r["last_step_start_s"] < r["budget_s"], "a step started after the deadline"
     assert r["train_time_s"] <= r["budget_s"] + r["max_step_s"]
     assert abs(r["launcher_train_time_s"] - r["train_time_s"]) <= clock_tolerance_s(r["budget_s"])
     assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["train_time_s"])
     assert not r["flagged"]
+
+
+def test_two_ranks_agree_on_time_loss_and_weights(tiny_run):
+    """The default schedule's warm-up and decay are driven by time: every rank sets the same lr at every
+    step, so the replicas end identical; the recorded train loss is the mean over all ranks of the
+    last log interval, the figure of metrics.csv's last row; each rank draws its own random numbers
+    after the model is built; the team's start-up is recorded and on the leaderboard."""
+    run_dir, r, work = tiny_run
+    assert r["replicas_identical"] is True, r["notes"]
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert float(rows[-1]["train_loss"]) == pytest.approx(r["train_loss"], rel=1e-12)
+    assert int(rows[-1]["step"]) == r["steps"]
+    draws = [next(line for line in (run_dir / "logs" / f"rank{k}.log").read_text().splitlines()
+                  if line.startswith("FIRST-DRAW")) for k in (0, 1)]
+    assert draws[0] != draws[1], "the ranks drew the same random numbers (dropout masks would be equal)"
+    assert 0 < r["startup_s"] < r["track"]["startup_allowance_s"]
+    board = list(csv.DictReader((work / "leaderboard" / "tiny.csv").open()))
+    assert float(board[0]["startup_s"]) == pytest.approx(r["startup_s"])
 
 
 def test_record_directory_is_self_contained(baseline_run):

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from harness.tracks.spec import load_track
 
 
 @pytest.fixture
@@ -23,8 +24,13 @@ def test_script_asks_for_the_tracks_allocation(script):
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
                  "#SBATCH --partition=gpu", "#SBATCH --account=gpumode", "#SBATCH --job-name=harness-baseline"):
         assert line in text.splitlines(), line
-    # budget 600 + grace 60 + start-up 120 + evaluation 120 + margin 60 = 960 s
-    assert "#SBATCH --time=00:16:00" in text and "budget 600 s + grace 60 s" in text
+    # Every limit the track itself allows must fit: SLURM must never end a run the harness would let finish.
+    t = load_track("paris2026")
+    longest = 300 + t.startup_timeout_s + t.budget_s + t.grace_s + t.save_allowance_s + t.eval.timeout_s
+    line = next(l for l in text.splitlines() if l.startswith("#SBATCH --time="))
+    h, m, s = (int(x) for x in line.split("=", 1)[1].split(":"))
+    assert longest < h * 3600 + m * 60 + s <= longest + 120, line
+    assert "check 300 s + startup 600 s + budget 600 s + grace 60 s + save 120 s + eval 600 s + margin 60 s" in text
     assert (tmp_path / "slurm-logs").is_dir()
 
 

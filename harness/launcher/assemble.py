@@ -1,11 +1,12 @@
 """Turning what the phases saw into the run record: figures, outcome, checks, summaries.
 
 Pure functions of the phase results and the record, kept apart from the orchestration in
-harness/runner.py so each can be read (and tested) on its own.
+harness/launcher/runner.py so each can be read (and tested) on its own.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
         record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
         record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
+    record.startup_s = phase.watch.startup_s
+    check_replicas(record, results)
+    check_reports(record, phase)
     if record.tokens and record.train_time_s:
         record.tokens_per_s = record.tokens / record.train_time_s
         record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
@@ -47,6 +51,39 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
         if progress:
             record.steps, record.tokens = progress[-1].get("step"), progress[-1].get("tokens")
             record.train_loss = progress[-1].get("train_loss")
+
+
+def check_replicas(record: RunRecord, results: dict[int, dict]) -> None:
+    """DDP keeps the ranks' weights identical only if every rank takes the same steps with the same lr;
+    only rank 0's are scored, so a difference is recorded (rank-dependent code in a submission)."""
+    digests = {r: res.get("weights_sha256") for r, res in results.items() if res.get("weights_sha256")}
+    if len(digests) < 2:
+        return
+    record.extra["replicas_identical"] = len(set(digests.values())) == 1
+    if not record.extra["replicas_identical"]:
+        differ = sorted(r for r, d in digests.items() if d != digests.get(0))
+        record.notes.append(f"the weights of rank(s) {', '.join(map(str, differ))} differ from rank 0's at the end "
+                            "(only rank 0's are scored)")
+
+
+def check_reports(record: RunRecord, phase: PhaseResult) -> None:
+    """Reports the channel refused (a process claiming to be a rank it is not), and reports that
+    came after training ended (work after the clock), flag the run for a person to review."""
+    seen: list[str] = []
+    if phase.refused:
+        record.extra["refused_reports"] = phase.refused
+        impostors = [r for r in phase.refused if "already reporting" in r]
+        if impostors:
+            seen.append(f"a process pretended to be a rank ({impostors[0]})")
+    end = next((m for m in phase.messages if m.kind == "train_end"), None)
+    if end is not None:
+        late = [m for m in phase.messages if m.received_s > end.received_s and m.kind in ("progress", "train_start",
+                                                                                           "setup_start")]
+        late += [m for m in phase.messages if m.kind == "train_end" and m is not end and m.body.get("rank") == end.body.get("rank")]
+        if late:
+            seen.append(f"rank {late[0].body.get('rank')} reported {late[0].kind!r} after training had ended")
+    if seen:
+        flag_run(record, "; ".join(seen))
 
 
 def flag_run(record: RunRecord, reason: str) -> None:
@@ -110,8 +147,15 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
         record.eval["unscored_val_loss"] = r0.get("val_loss")
         set_outcome(record, "invalid", describe(causality))
         return
-    record.val_loss = r0.get("val_loss")
-    if record.val_loss is not None and record.loss_floor is not None:
+    value = r0.get("val_loss")
+    if value is None or not math.isfinite(value):
+        record.eval["unscored_val_loss"] = str(value)
+        set_outcome(record, "diverged", f"evaluation: the validation loss is {value} (the trained weights produce "
+                                        "non-finite logits)")
+        return
+    record.val_loss = value
+    set_outcome(record, "ok")  # the record is final only now
+    if record.loss_floor is not None:
         record.loss_gap = record.val_loss - record.loss_floor
 
 

@@ -6,7 +6,9 @@ nothing they write is read as a result: the record is composed by the launcher f
 stamped itself, and the checkpoint is taken over only once every training process is gone.
 
 A submission can still find the runs/ tree on its own. So, while the ranks run, the launcher
-holds a snapshot of every finished record of the track and of the track's leaderboard files;
+holds a snapshot of every finished record of the track (one whose status is final: a record
+that says `running` or `evaluating` is still being written by its own launcher) and of the
+track's leaderboard files;
 when the ranks are gone it compares: a finished record that changed or vanished is restored
 byte for byte and the run is flagged, naming the paths. A changed leaderboard is rebuilt from
 the records (it is derived, and a concurrent `harness run` legitimately rewrites it, so that
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.locks import TrackLock
-from harness.results.records import write_atomic
+from harness.results.records import FINAL_STATUSES, write_atomic
 
 
 @dataclass
@@ -45,7 +47,7 @@ def _finished_records(track_dir: Path, own: Path) -> dict[Path, bytes]:
             continue
         try:
             data = path.read_bytes()
-            if json.loads(data).get("status") != "running":
+            if json.loads(data).get("status") in FINAL_STATUSES:  # in progress (running, evaluating): not yet a result
                 out[path] = data
         except (OSError, ValueError):
             continue

@@ -29,8 +29,12 @@ from harness.launcher.watch import AbortFlag, Deadlines, WatchResult, watch
 # --------------------------------------------------------------------------- preflight
 
 
+PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one tiny step
+
+
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
-                  eval_seq_len: int | None = None, precision: str = "bfloat16", timeout_s: float = 300.0) -> dict:
+                  eval_seq_len: int | None = None, precision: str = "bfloat16",
+                  timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict:
     """Contract checks in a throw-away process; returns the report (ok, problems, params, config)."""
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
                "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1))}
@@ -64,6 +68,7 @@ class PhaseResult:
     watch: WatchResult
     messages: list[Message] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # reports the channel turned away, and why
 
     def reports(self, kind: str) -> dict[int, dict[str, Any]]:
         """The last message of a kind from each rank."""
@@ -83,20 +88,24 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
     finally:
         leftover = job.close(wait_s=1.0 if job.running() else 10.0)
     messages = channel.snapshot()
-    local = list(range(launch.node_rank * launch.nproc_per_node, (launch.node_rank + 1) * launch.nproc_per_node))
+    local = local_ranks(launch)
     outcome = classify(
         messages, world_size=launch.nnodes * launch.nproc_per_node, done_kind=done_kind,
         agent_succeeded=job.succeeded, agent_failures=job.failures,
         agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
         kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
     )
-    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)))
+    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused))
 
 
-def run_training(job: TrainJob, launch: LaunchSpec, *, startup_timeout_s: float, hard_limit_s: float,
-                 log_path: Path, abort: AbortFlag, reporter=None) -> PhaseResult:
+def local_ranks(launch: LaunchSpec) -> list[int]:
+    return list(range(launch.node_rank * launch.nproc_per_node, (launch.node_rank + 1) * launch.nproc_per_node))
+
+
+def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
+                 reporter=None) -> PhaseResult:
     reporter = reporter or NullReporter()
-    channel = ChannelServer()
+    channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
     job_file = channel.dir / "train_job.json"
     job.save(job_file)
@@ -121,8 +130,6 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, startup_timeout_s: float,
             return
         reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s")))
 
-    deadlines = Deadlines(startup_timeout_s=startup_timeout_s, hard_limit_s=hard_limit_s,
-                          after_train_s=max(120.0, startup_timeout_s))
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick)
     finally:
@@ -133,7 +140,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, startup_timeout_s: float,
 def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeout_s: float, log_path: Path,
                    abort: AbortFlag, reporter=None) -> PhaseResult:
     reporter = reporter or NullReporter()
-    channel = ChannelServer()
+    channel = ChannelServer(expected_ranks=list(range(nproc)))
     job.channel_path = channel.path
     job_file = channel.dir / "eval_job.json"
     job.save(job_file)

@@ -47,11 +47,11 @@ from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
-from harness.results.records import RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
+from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
 from harness.results.views import leaderboard_root
-from harness.launcher.watch import AbortFlag, abort_on_signals
+from harness.launcher.watch import AbortFlag, Deadlines, abort_on_signals
 
 
 @dataclass(kw_only=True)
@@ -158,14 +158,14 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
         try:
             _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
-            if record.status in ("running", "ok"):
+            if record.status in ("running", "evaluating", "ok"):
                 status = "aborted" if isinstance(exc, KeyboardInterrupt) or abort.is_set else "crashed"
                 set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
             name_team_files(record, node.snapshot, folder)
             record.ended_at = utc_now()
-            if record.status == "running":
+            if record.status not in FINAL_STATUSES:
                 set_outcome(record, "aborted", "the launcher stopped before the run finished")
             if node.lead:
                 save_metrics(run_dir, metrics)
@@ -241,6 +241,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                      "evaluation will not import them")
         flag_run(record, record.reason)
         return
+    record.status = "evaluating"  # not final: other runs' guards leave a record alone until it says it is done
     save_record(run_dir, record)
 
     eval_nproc = opts.eval_nproc or nproc
@@ -265,6 +266,7 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
         scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
+        data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
     )
     launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
@@ -277,9 +279,8 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     with guard or contextlib.nullcontext(), area.hidden_environment():
-        phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s,
-                             hard_limit_s=track.hard_limit_s, log_path=area.logs / node.log("launcher.log").name,
-                             abort=abort, reporter=reporter)
+        phase = run_training(job, launch, deadlines=training_deadlines(track),
+                             log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter)
         report = guard.check_and_restore() if guard else GuardReport()
     area.collect_logs(node.run_dir / "logs")
     record.timings.update(phase.watch.timings(t_launch))
@@ -295,6 +296,11 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
 
         rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
     return phase
+
+
+def training_deadlines(track: Track) -> Deadlines:
+    return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
+                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s)
 
 
 def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,

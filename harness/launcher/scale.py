@@ -30,7 +30,7 @@ from harness.launcher.precision import resolve_precision
 from harness.results.records import new_run_id, runs_root, utc_now, write_atomic
 from harness.launcher.runner import resolve_nproc
 from harness.tracks.spec import load_track
-from harness.launcher.watch import abort_on_signals
+from harness.launcher.watch import Deadlines, abort_on_signals
 
 PREDICT_AT = (32, 64, 256)
 
@@ -141,8 +141,10 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             )
             launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
                                 shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)
-            phase = run_training(job, launch, startup_timeout_s=track.startup_timeout_s, hard_limit_s=3600.0,
-                                 log_path=out_dir / "logs" / f"launcher-n{n}.log", abort=abort, reporter=reporter)
+            deadlines = Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
+                                  hard_limit_s=3600.0, save_allowance_s=track.save_allowance_s)
+            phase = run_training(job, launch, deadlines=deadlines, log_path=out_dir / "logs" / f"launcher-n{n}.log",
+                                 abort=abort, reporter=reporter)
             if phase.outcome.status != "ok":
                 raise RuntimeError(f"world size {n} ended {phase.outcome.status}: {phase.outcome.reason} "
                                    f"(logs in {out_dir / 'logs'})")

@@ -1,9 +1,11 @@
 """`harness slurm SUBMISSION --track T [--submit]`: an sbatch script that runs the track's job.
 
 One `harness run` launcher per node through srun, node 0 (the first host of the allocation)
-as the rendezvous endpoint, the run id from the job id, exclusive nodes, a wall time of
-budget + grace + start-up + evaluation + margin (each part written in the script), and one
-log per node. Every path is absolute, for a shared file system.
+as the rendezvous endpoint, the run id from the job id, exclusive nodes, a wall time that covers
+every limit the track itself allows (the check before the run, start-up, budget, grace, the save
+allowance, evaluation, and a margin: each part written in the script, so SLURM never ends a run
+the harness would still have let finish), and one log per node. Every path is absolute, for a
+shared file system.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ from pathlib import Path
 from harness.submission.contract import find_submission, read_team, team_slug
 from harness.tracks.spec import Track, load_track
 
-STARTUP_ALLOWANCE_S = 120.0  # imports, preflight, NCCL rendezvous, model build: not on the clock
-EVAL_ALLOWANCE_S = 120.0  # at most; the track's eval timeout if shorter
-MARGIN_S = 60.0
+MARGIN_S = 60.0  # data preparation, writing the record, the leaderboard
 RDZV_PORT = 29500
 
 
@@ -38,8 +38,12 @@ class SlurmOptions:
 
 
 def wall_time_s(track: Track) -> tuple[float, dict[str, float]]:
-    parts = {"budget_s": track.budget_s, "grace_s": track.grace_s, "startup_s": STARTUP_ALLOWANCE_S,
-             "eval_s": min(track.eval.timeout_s, EVAL_ALLOWANCE_S), "margin_s": MARGIN_S}
+    """The longest a run of the track can take with every phase at its own limit."""
+    from harness.launcher.phases import PREFLIGHT_TIMEOUT_S
+
+    parts = {"check_s": PREFLIGHT_TIMEOUT_S, "startup_s": track.startup_timeout_s, "budget_s": track.budget_s,
+             "grace_s": track.grace_s, "save_s": track.save_allowance_s, "eval_s": track.eval.timeout_s,
+             "margin_s": MARGIN_S}
     return sum(parts.values()), parts
 
 

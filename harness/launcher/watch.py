@@ -1,9 +1,14 @@
 """The launcher's watchdog: it owns the clock and the kill switch while a job runs.
 
 The training window is measured here from rank 0's reports, stamped on arrival with the
-launcher's own monotonic clock. The job is killed (SIGTERM, then SIGKILL) at budget + grace
-after training started, if training has not started within the start-up timeout, if saving
-the checkpoint after training takes too long, or when the launcher is told to stop.
+launcher's own monotonic clock. The job is killed (SIGTERM, then SIGKILL):
+- if training has not started within the start-up timeout of launch;
+- if the team's start-up (from the process group being up to the first step: importing the
+  submission, get_model, DDP, optimizers) takes longer than the track's start-up allowance;
+- if training has not ended at budget + grace after it started (the hard limit);
+- at budget + grace + save allowance after training started, or a save allowance after it
+  ended, whatever the ranks say: a report that training ended does not switch the clock off;
+- when the launcher is told to stop.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class WatchResult:
     kill_reason: str = ""
     kill_at_s: float | None = None  # launcher monotonic time of the kill
     killed_pids: list[int] = field(default_factory=list)
+    setup_start_s: float | None = None  # the process group is up: the team's start-up begins
     train_start_s: float | None = None
     train_end_s: float | None = None
     exited_s: float | None = None  # when the agent returned
@@ -73,8 +79,12 @@ class WatchResult:
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
         out: dict[str, float] = {}
+        if self.setup_start_s is not None:
+            out["launch_to_setup_s"] = self.setup_start_s - launched_s
         if self.train_start_s is not None:
-            out["startup_s"] = self.train_start_s - launched_s
+            out["launch_to_train_s"] = self.train_start_s - launched_s
+        if self.startup_s is not None:
+            out["startup_s"] = self.startup_s
         if self.launcher_train_time_s is not None:
             out["train_s"] = self.launcher_train_time_s
         end = self.train_end_s or self.kill_at_s
@@ -83,6 +93,13 @@ class WatchResult:
         if self.all_gone_s is not None and self.limit_s is not None:
             out["kill_latency_s"] = self.all_gone_s - self.limit_s  # limit passed -> every process gone
         return out
+
+    @property
+    def startup_s(self) -> float | None:
+        """The team's start-up: process group up -> first step (what the start-up allowance bounds)."""
+        if self.setup_start_s is None or self.train_start_s is None:
+            return None
+        return self.train_start_s - self.setup_start_s
 
     @property
     def launcher_train_time_s(self) -> float | None:
@@ -94,11 +111,18 @@ class WatchResult:
 
 @dataclass(kw_only=True)
 class Deadlines:
-    startup_timeout_s: float  # launch -> training started
-    hard_limit_s: float | None = None  # training started -> kill (budget + grace)
-    after_train_s: float = 300.0  # training ended -> ranks gone (checkpoint save, teardown)
+    startup_timeout_s: float  # launch -> training started (rendezvous, imports, the team's start-up)
+    startup_allowance_s: float | None = None  # process group up -> training started (the team's part)
+    hard_limit_s: float | None = None  # training started -> training must have ended (budget + grace)
+    save_allowance_s: float = 300.0  # after training: checkpoint save, scaling probe, teardown
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
     abandon_agent_s: float = 15.0  # after a kill, how long to wait for the agent thread to return
+
+    def __post_init__(self) -> None:
+        for name in ("startup_timeout_s", "startup_allowance_s", "hard_limit_s", "save_allowance_s", "total_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
 
 
 def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_s: float | None = None) -> None:
@@ -109,6 +133,40 @@ def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_
     result.limit_s = limit_s if limit_s is not None else result.kill_at_s
 
 
+def _stamp(result: WatchResult, channel: ChannelServer) -> None:
+    """The first report of each kind, from this node's first rank, as the launcher's clock saw it."""
+    for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s")):
+        m = channel.first(kind)
+        setattr(result, attr, m.received_s if m else None)
+
+
+def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple[str, float] | None:
+    """The first deadline that has passed: (reason, when it passed), or None."""
+    if d.total_s is not None and now - launched > d.total_s:
+        return f"did not finish within {d.total_s:.0f} s", launched + d.total_s
+    if d.hard_limit_s is None:  # a job without a training window
+        return None
+    if r.train_start_s is None:
+        if now - launched > d.startup_timeout_s:
+            return f"training did not start within {d.startup_timeout_s:.0f} s of launch", launched + d.startup_timeout_s
+        if d.startup_allowance_s is not None and r.setup_start_s is not None \
+                and now - r.setup_start_s > d.startup_allowance_s:
+            return (f"start-up took longer than the track's allowance of {d.startup_allowance_s:.0f} s (importing the "
+                    "submission, get_model, DDP, optimizers) before the first step", r.setup_start_s + d.startup_allowance_s)
+        return None
+    hard = r.train_start_s + d.hard_limit_s
+    if r.train_end_s is None and now > hard:
+        return f"killed at the hard limit: {d.hard_limit_s:.1f} s (budget + grace) after training started", hard
+    # Whatever the ranks report, nothing runs past the hard limit plus the save allowance.
+    final = hard + d.save_allowance_s
+    if r.train_end_s is not None:
+        final = min(final, r.train_end_s + d.save_allowance_s)
+    if now > final:
+        return (f"ranks still running {d.save_allowance_s:.0f} s (the save allowance) after training ended "
+                "(checkpoint save hung, or work after the clock?)"), final
+    return None
+
+
 def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: AbortFlag,
           on_tick: Callable[[WatchResult], None] | None = None) -> WatchResult:
     """Run the loop until the agent returns; kill the job when a deadline passes or on abort."""
@@ -117,9 +175,7 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
     while job.running():
         channel.wait(POLL_S)
         now = time.monotonic()
-        start, end = channel.first("train_start"), channel.first("train_end")  # from this node's first rank
-        result.train_start_s = start.received_s if start else None
-        result.train_end_s = end.received_s if end else None
+        _stamp(result, channel)
         if on_tick:
             on_tick(result)
         if result.kill_status:
@@ -129,24 +185,13 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
                 result.agent_abandoned = True
                 break
             continue  # already killed: wait for the agent to notice
+        expired = _expired(result, deadlines, launched, now)
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
-        elif deadlines.total_s is not None and now - launched > deadlines.total_s:
-            _kill(job, result, "timeout", f"did not finish within {deadlines.total_s:.0f} s")
-        elif start is None and deadlines.hard_limit_s is not None and now - launched > deadlines.startup_timeout_s:
-            _kill(job, result, "timeout", f"training did not start within {deadlines.startup_timeout_s:.0f} s of launch")
-        elif start is not None and end is None and deadlines.hard_limit_s is not None \
-                and now - start.received_s > deadlines.hard_limit_s:
-            _kill(job, result, "timeout",
-                  f"killed at the hard limit: {deadlines.hard_limit_s:.1f} s (budget + grace) after training started",
-                  limit_s=start.received_s + deadlines.hard_limit_s)
-        elif end is not None and now - end.received_s > deadlines.after_train_s:
-            _kill(job, result, "timeout",
-                  f"ranks still running {deadlines.after_train_s:.0f} s after training ended (checkpoint save hung?)")
+        elif expired:
+            _kill(job, result, "timeout", expired[0], limit_s=expired[1])
     result.exited_s = time.monotonic()
-    start, end = channel.first("train_start"), channel.first("train_end")
-    result.train_start_s = start.received_s if start else None
-    result.train_end_s = end.received_s if end else None
+    _stamp(result, channel)
     if abort.is_set and not result.kill_status:
         result.kill_status, result.kill_reason = "aborted", f"stopped by {abort.signal_name}"
     return result

@@ -20,6 +20,22 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def unwrap(module):
+    """The plain module under torch.compile's and DDP's wrappers: its state dict has no `_orig_mod.`
+    or `module.` prefixes and loads into what get_model(config) returns. Only those two wrapper
+    types are opened (a team's own attribute called `module` is left alone)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(module, OptimizedModule):
+            module = module._orig_mod
+        elif isinstance(module, DistributedDataParallel):
+            module = module.module
+        else:
+            return module
+
+
 def save_checkpoint(path: str | Path, module, config: dict, step: int, tokens: int) -> None:
     """Written beside, then renamed: the launcher never takes a half-written file."""
     import torch

@@ -13,6 +13,7 @@ the world size; sums are float64. The figure is the same for 1 or N ranks.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -141,6 +142,7 @@ def main(argv: list[str]) -> None:
     die_with_launcher()
     redirect_output(f"{job.log_dir}/eval-rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
+    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, world_size=env.world_size)
     holders: list = []
     code = 0
     try:

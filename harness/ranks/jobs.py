@@ -46,8 +46,10 @@ class TrainJob:
     staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
     work_dir: str = ""  # the ranks' private working directory
     scaling_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
-    max_steps: int = 0  # >0: a fixed-step throughput probe (`harness scale`) instead of the clock
+    max_steps: int = 0  # >0: stop after this many steps instead of on the clock (tests, `harness scale`)
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure
+    data_fingerprint: str = ""  # what this node's launcher found: all nodes must agree before training
+    submission_sha256: str = ""
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

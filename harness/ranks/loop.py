@@ -3,19 +3,24 @@ the model, and optionally its optimizers and its lr schedule. The process around
 reports, failures, exit) is harness/ranks/train.py.
 
 Three parts, read top to bottom:
-- `build_training`: everything before the clock (device, process group, submission, model,
-  DDP, optimizers, data stream), and the device-side scalars the loop reuses;
-- per step, `vote`: one tiny MAX all-reduce to agree whether to run the next step (the budget,
-  or a non-finite loss) and its read-back, the only host sync; then `train_step`:
-  grad_accum_steps micro-steps (no_sync on all but the last) under the run's precision, the lr
-  from the time-based schedule, optimizer steps, grads zeroed with set_to_none. The train loss
-  is accumulated on the device and read only at the log interval;
-- `finish`: after the clock, the final train loss, the checkpoint, the scaling probe.
+- `build_training`: everything before the clock (device, process group, a check that every node
+  runs the same submission on the same data, submission, model, DDP, optimizers, data stream),
+  and the device-side buffers the loop reuses;
+- per step, `vote`: one tiny all-reduce and its read-back, the only host sync: whether to run
+  the next step (the budget, or a non-finite loss in any micro-batch of any rank), the agreed
+  time that drives every rank's lr schedule alike, and the train loss of all ranks; then
+  `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
+  precision, optimizer steps, grads zeroed with set_to_none;
+- `finish`: after the clock, the weights checked for NaN, the checkpoint, a digest of the
+  weights (replicas must agree), the scaling probe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +31,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks.checkpoint import save_checkpoint
+from harness.ranks.checkpoint import save_checkpoint, unwrap
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
 from harness.ranks.probe import summarize_probe, time_sync_vs_compute
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
+
+
+# torch >= 2.13 names it forward_sync_buffers (and deprecates broadcast_buffers); older versions only know the latter.
+NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
+                       if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
 
 
 class Diverged(RuntimeError):
@@ -61,11 +71,10 @@ class Training:
     params: int
     tokens_per_step: int
     t0: float | None = None  # set here when the clock starts at model build
-    # Device-side scalars, allocated once and reused by every step.
-    flag: Any = None  # the stop vote, all-reduced (MAX)
-    last_loss: Any = None  # the last micro-batch's loss
-    loss_sum: Any = None  # since the last log
-    loss_count: int = 0
+    # Device-side buffers, allocated once and reused by every step.
+    agreed: Any = None  # float64 [3]: stop votes, elapsed seconds, train-loss sum; all-reduced (SUM)
+    loss_sum: Any = None  # this rank's micro-batch losses since the last log
+    loss_count: int = 0  # micro-batches since the last log (the same on every rank)
     lr_scale: float = 0.0
 
     @property
@@ -78,6 +87,9 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     (unless the track starts it at model build)."""
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
     init_process_group(job.backend, device, job.collective_timeout_s)
+    if env.local_rank == 0:  # the team's start-up begins: the launcher holds it to the track's allowance
+        channel.send("setup_start")
+    check_nodes_agree(job, env)
     sub = load_submission(job.submission_dir, job.vocab_size)
     sub_file = str(sub.folder / "submission.py")
     ctx = SubmissionContext(
@@ -104,12 +116,17 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         raise SubmissionError(sub_file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
                               "return the model instance from get_model(config)")
     model.to(device=device, dtype=torch.float32)  # fp32 master weights; autocast does the bf16
-    params = sum(p.numel() for p in model.parameters())
-    raw_model = model
-    if sub.compile:
+    raw_model = unwrap(model)  # a get_model that returns torch.compile(model) saves the plain module's keys
+    params = sum(p.numel() for p in raw_model.parameters())
+    if sub.compile and model is raw_model:  # never compile twice
         model = torch.compile(model)
+    # The harness owns the loop: buffers are synced from rank 0 once, at construction, not before
+    # every forward (a causal mask buffer would cost every team a broadcast per micro-step).
     ddp = DDP(model, device_ids=[env.local_rank] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True)
+              gradient_as_bucket_view=True, **NO_BUFFER_BROADCAST)
+    # Ranks draw different random numbers from here on (dropout masks): one seed per rank.
+    torch.manual_seed((job.seed << 20) + 1 + env.rank)
+    np.random.seed(((job.seed << 20) + 1 + env.rank) % 2**32)
     optimizers = sub.build_optimizers(raw_model, ctx) if sub.build_optimizers else default_optimizers(raw_model, ctx, sub.config)
     if isinstance(optimizers, torch.optim.Optimizer):
         optimizers = [optimizers]
@@ -126,10 +143,30 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         optimizers=list(optimizers), schedule=sub.lr_schedule or default_lr_schedule,
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
         prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, t0=t0,
-        flag=torch.zeros(1, dtype=torch.int32, device=device),
-        last_loss=torch.zeros((), dtype=torch.float32, device=device),
+        agreed=torch.zeros(3, dtype=torch.float64, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device),
     )
+
+
+class NodesDisagree(RuntimeError):
+    harness_status = "invalid"
+
+
+def check_nodes_agree(job, env: RankEnv) -> None:
+    """On several nodes, every node must train the same submission on the same data in the same
+    precision (each node's launcher read its own copies): checked before any submission code runs."""
+    if env.world_size == env.local_world_size:
+        return
+    mine = {"data": job.data_fingerprint, "submission": job.submission_sha256, "precision": job.dtype}
+    seen: list = [None] * env.world_size
+    dist.all_gather_object(seen, {"node": env.group_rank, **mine})
+    differ = [s for s in seen if {k: s[k] for k in mine} != {k: seen[0][k] for k in mine}]
+    if differ:
+        first = differ[0]
+        what = ", ".join(f"{k} {first[k]!s:.16} on node {first['node']} but {seen[0][k]!s:.16} on node {seen[0]['node']}"
+                         for k in mine if first[k] != seen[0][k])
+        raise NodesDisagree(f"the nodes disagree before training: {what}; every node must run the same "
+                            "submission on the same data")
 
 
 def start_clock(job, env: RankEnv, channel) -> float:
@@ -139,13 +176,26 @@ def start_clock(job, env: RankEnv, channel) -> float:
     return t0
 
 
-def vote(tr: Training, my_vote: int) -> int:
-    """The ranks agree on the next step: this rank's vote, raised to "diverged" if its last loss was
-    not finite (found at once, no extra sync), MAX over ranks. One tiny all-reduce, one read-back."""
-    tr.flag.fill_(my_vote)
-    torch.maximum(tr.flag, (~torch.isfinite(tr.last_loss)).to(torch.int32) * STOP_DIVERGED, out=tr.flag)
-    dist.all_reduce(tr.flag, op=dist.ReduceOp.MAX)
-    return int(tr.flag.item())  # the one host sync per step
+def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float]:
+    """The ranks agree, with one tiny all-reduce (SUM) and its read-back, the only host sync per step:
+
+    - whether to run the next step: stop if any rank votes so, "diverged" if the loss of any
+      micro-batch of any rank since the last log is not finite (NaN and inf survive the sum);
+    - the time: the mean of the ranks' clocks, which drives every rank's lr schedule alike;
+    - the train loss since the last log, over all ranks (for reports and the record).
+
+    Returns (stop code, agreed elapsed seconds, mean train loss since the last log or NaN).
+    """
+    tr.agreed[0].fill_(float(my_vote != CONTINUE))
+    tr.agreed[1].fill_(now_s)
+    tr.agreed[2].copy_(tr.loss_sum)
+    dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
+    stops, clock_sum, loss_sum = tr.agreed.tolist()  # the one host sync per step
+    world = tr.env.world_size
+    mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
+    if not math.isfinite(loss_sum):
+        return STOP_DIVERGED, clock_sum / world, mean_loss
+    return (STOP_BUDGET if stops else CONTINUE), clock_sum / world, mean_loss
 
 
 def train_step(tr: Training, step: int, progress: float) -> None:
@@ -166,8 +216,7 @@ def train_step(tr: Training, step: int, progress: float) -> None:
                 check_forward_output(out, B, T, int(sub.config["vocab_size"]), True, tr.file)
             loss = out[1]
             (loss / accum).backward()
-        tr.last_loss = loss.detach().float()
-        tr.loss_sum += tr.last_loss
+        tr.loss_sum += loss.detach().float()
         tr.loss_count += 1
     for opt in tr.optimizers:
         opt.step()
@@ -175,14 +224,10 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def report_progress(tr: Training, step: int, tokens: int, synced_s: float, final: bool) -> None:
-    """Rank 0, at the log interval: the mean train loss since the last report (a host read)."""
-    loss_value = (tr.loss_sum / max(tr.loss_count, 1)).item() if tr.loss_count else float("nan")
-    tr.channel.send("progress", step=step, train_time_s=synced_s, train_loss=loss_value, lr_scale=tr.lr_scale,
-                    tokens=tokens, tokens_per_s=tokens / synced_s if synced_s > 0 else 0.0)
-    if not final:
-        tr.loss_sum.zero_()
-        tr.loss_count = 0
+def new_log_interval(tr: Training) -> None:
+    """Every rank, at the same agreed step: the loss sums start again (reports cover one interval)."""
+    tr.loss_sum.zero_()
+    tr.loss_count = 0
 
 
 def train(job, env: RankEnv, channel, holders: list) -> dict:
@@ -190,7 +235,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     rule = StopRule(job.budget_s)
     step = tokens = 0
     last_log_s = last_step_start_s = max_step_s = prev_synced = warm_s = synced = 0.0
-    stop_code = CONTINUE
+    stop_code, train_loss = CONTINUE, float("nan")
 
     # ---------------------------------------------------------------- the clock runs from here
     print(f"[harness] rank {env.rank}: training starts", flush=True)
@@ -198,7 +243,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     while True:
         now = perf_counter() - t0
         my_vote = rule.decide(now) if not job.max_steps else (STOP_BUDGET if step >= job.max_steps else CONTINUE)
-        stop_code = vote(tr, my_vote)
+        stop_code, agreed_s, train_loss = vote(tr, my_vote, now)
         synced = perf_counter() - t0
         rule.synced(synced)
         if step > 0:
@@ -206,14 +251,19 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         prev_synced = synced
         if job.max_steps and step == job.warmup_steps:
             warm_s = synced
-        if env.rank == 0 and (stop_code != CONTINUE or synced - last_log_s >= job.log_interval_s):
-            report_progress(tr, step, tokens, synced, final=stop_code != CONTINUE)
-            last_log_s = synced
-        if stop_code != CONTINUE:
+        stopping = stop_code != CONTINUE
+        if stopping or agreed_s - last_log_s >= job.log_interval_s:  # the same decision on every rank
+            if env.rank == 0:
+                channel.send("progress", step=step, train_time_s=synced, train_loss=train_loss, lr_scale=tr.lr_scale,
+                             tokens=tokens, tokens_per_s=tokens / synced if synced > 0 else 0.0)
+            if not stopping:
+                new_log_interval(tr)
+            last_log_s = agreed_s
+        if stopping:
             break
         last_step_start_s = synced
-        # Progress through the budget: time, or steps when the run is step-bounded (tests, benchmarks).
-        train_step(tr, step, step / job.max_steps if job.max_steps else now / job.budget_s)
+        # Progress through the budget: the agreed time, or steps when the run is step-bounded (tests, benchmarks).
+        train_step(tr, step, step / job.max_steps if job.max_steps else agreed_s / job.budget_s)
         step += 1
         tokens += tr.tokens_per_step
 
@@ -223,17 +273,23 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         tr.prefetch.close()
         raise Diverged(f"loss became NaN or inf at step {step}; training stopped")
     result = finish(tr, step, tokens, synced, warm_s)
-    return {**result, "max_step_s": max_step_s, "last_step_start_s": last_step_start_s}
+    return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
+            "max_step_s": max_step_s, "last_step_start_s": last_step_start_s}
 
 
 def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
-    """After the clock: the final train loss over all ranks, the checkpoint, the scaling probe."""
+    """After the clock: the weights checked, the checkpoint, the scaling probe, this rank's figures."""
     job, env, device = tr.job, tr.env, tr.device
     probe_batches = [tr.prefetch.next() for _ in range(min(job.scaling_probe_steps, 4))]
     tr.prefetch.close()
-    final = torch.stack([tr.loss_sum.double(), torch.tensor(float(tr.loss_count), dtype=torch.float64, device=device)])
-    dist.all_reduce(final)  # mean train loss over the last log interval, all ranks
-    train_loss = float(final[0] / final[1]) if float(final[1]) > 0 else None
+    params = list(tr.raw_model.parameters())
+    bad = torch.zeros((), dtype=torch.float64, device=device)
+    for p in params:  # the last optimizer step can break weights after the last finite loss
+        bad += (~torch.isfinite(p.detach())).sum()
+    dist.all_reduce(bad)  # every rank takes the same decision, so no rank waits in a collective alone
+    if bad.item():
+        raise Diverged(f"the weights hold NaN or inf values after the last step ({step}; {int(bad.item())} values "
+                       "over all ranks); training stopped")
     if device.type == "cuda":
         peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
     else:
@@ -244,6 +300,9 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
     if env.rank == 0 and job.staging_dir:
         save_checkpoint(os.path.join(job.staging_dir, "checkpoint.pt"), tr.raw_model, tr.sub.config, step, tokens)
         saved = True
+    digest = hashlib.sha256()  # replicas must end identical: DDP keeps them so only if every rank's lr agrees
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     probe: dict = {}
     if job.scaling_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
         probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.scaling_probe_steps,
@@ -253,9 +312,10 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
     return {
         **probe,
         "measured_tokens_per_s": measured_steps * tr.tokens_per_step / measured_s if measured_s > 0 else None,
-        "steps": step, "tokens": tokens, "train_time_s": train_time_s, "train_loss": train_loss,
+        "steps": step, "tokens": tokens, "train_time_s": train_time_s,
         "params": tr.params, "peak_mem_gib": peak_mem_gib, "data_wait_s": tr.prefetch.wait_s,
         "checkpoint_saved": saved, "config": tr.sub.config, "tokens_per_step": tr.tokens_per_step,
+        "weights_sha256": digest.hexdigest(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "reports_dropped": tr.channel.dropped,  # progress reports the launcher could not take in time
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
 from harness.results.records import iter_run_dirs, match_runs
-from harness.results.stats import summarize, welch
+from harness.results.stats import is_finite, summarize, welch
 
 # (field, label, how differences are shown)
 METRICS = [
@@ -40,7 +40,8 @@ class Side:
     runs: list[dict] = field(default_factory=list)  # raw run.json contents, with "run_dir"
 
     def values(self, key: str) -> list[float]:
-        return [float(r[key]) for r in self.runs if r.get(key) is not None]
+        """The side's figures for a metric; missing and non-finite ones are left out (never averaged in)."""
+        return [float(r[key]) for r in self.runs if is_finite(r.get(key))]
 
 
 def _load(run_dir: Path) -> dict:

@@ -6,8 +6,10 @@ Rules (docs/leaderboard.md):
 - Ranked: teams with at least one official, unflagged `ok` run of that submission, by
   validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
   t interval) or the best run (`ranking = "best"`).
-- Adjacent teams whose difference is not significant (Welch t-test, p >= 0.05, both with 2 or
-  more runs) are marked as tied, not silently ordered.
+- Each ranked team is tested against the next with a test that matches the rule (Welch's t-test
+  for `mean`, a permutation test on the best runs for `best`): `vs_next` is ahead, tied (p >= 0.05)
+  or undetermined (fewer than 2 runs on a side); tied and undetermined pairs are marked, never
+  silently ordered.
 - Teams without an `ok` run are listed below, with their best status and its reason.
 - Unofficial runs (command-line overrides) are left out unless `include_unofficial`.
 """
@@ -20,16 +22,16 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.results.stats import summarize, welch
+from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
 COLUMNS = [
     "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",
-    "steps", "train_time_s", "precision", "status", "run_id", "submission_sha256", "val_loss_std", "p_vs_next", "tied_with",
-    "reason",
+    "steps", "train_time_s", "startup_s", "precision", "status", "run_id", "submission_sha256", "val_loss_std",
+    "vs_next", "p_vs_next", "tied_with", "reason",
 ]
 # Which failure says the team got furthest: shown for teams without an ok run.
-STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "running"]
-METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s"]
+STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running"]
+METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision"]
 
@@ -55,8 +57,9 @@ def _effective_status(row: dict) -> str:
 
 
 def scored(row: dict) -> bool:
-    """A run whose val_loss counts: ok, evaluated, not flagged (official-ness is the caller's filter)."""
-    return _effective_status(row) == "ok" and row.get("val_loss") is not None
+    """A run whose val_loss counts: ok, evaluated to a finite figure, not flagged (official-ness is the
+    caller's filter)."""
+    return _effective_status(row) == "ok" and is_finite(row.get("val_loss"))
 
 
 def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
@@ -84,10 +87,10 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
             ranked.append(_ranked_entry(team, ok, ranking))
         else:
             unranked.append(_unranked_entry(team, runs))
-    ranked.sort(key=lambda e: (e["val_loss"], e["team"]))
+    ranked.sort(key=lambda e: (finite_first(e["val_loss"]), e["team"]))
     for i, entry in enumerate(ranked):
         entry["rank"] = i + 1
-    _mark_ties(ranked)
+    _mark_ties(ranked, ranking)
     unranked.sort(key=lambda e: (STATUS_ORDER.index(e["status"]) if e["status"] in STATUS_ORDER else 99, e["team"]))
     frame = pd.DataFrame(ranked + unranked, columns=COLUMNS)
     return frame.astype({"rank": "Int64", "n_runs": "Int64"})  # metric columns may be means: floats
@@ -95,7 +98,7 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
 
 def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
     losses = [float(r["val_loss"]) for r in ok]
-    best = min(ok, key=lambda r: r["val_loss"])
+    best = min(ok, key=lambda r: finite_first(r["val_loss"]))
     s = summarize(losses)
     entry = {"team": team, "n_runs": len(ok), "status": "ok", "run_id": best["run_id"], "reason": "",
              "precision": "/".join(sorted({r.get("precision") or "?" for r in ok})),
@@ -120,13 +123,26 @@ def _unranked_entry(team: str, runs: list[dict]) -> dict:
             **{col: best.get(col) for col in ("params", "steps", "tokens", "train_time_s", "precision")}}
 
 
-def _mark_ties(ranked: list[dict]) -> None:
+def _mark_ties(ranked: list[dict], ranking: str) -> None:
+    """Each ranked team against the next, with a test that matches the ranking rule.
+
+    mean: Welch's t-test on the runs; best: an exact permutation test on the best runs (how often
+    relabelling the pooled runs gives a gap between the two bests at least as large). `vs_next`
+    says `ahead` (p < 0.05), `tied` (not significant: the order is not evidence), or
+    `undetermined` (fewer than 2 runs on a side: no test can be made, and the order is not evidence
+    either). Tied and undetermined pairs are both marked, never silently ordered.
+    """
     for a, b in zip(ranked, ranked[1:]):
-        cmp = welch(a["_losses"], b["_losses"])
+        cmp = welch(a["_losses"], b["_losses"]) if ranking == "mean" else best_permutation(a["_losses"], b["_losses"])
         a["p_vs_next"] = cmp.p_value
-        if cmp.p_value is not None and cmp.p_value >= 0.05:
+        if cmp.p_value is None:
+            a["vs_next"] = "undetermined"
+        elif cmp.p_value >= ALPHA:
+            a["vs_next"] = "tied"
             a.setdefault("_tied", []).append(b["rank"])
             b.setdefault("_tied", []).append(a["rank"])
+        else:
+            a["vs_next"] = "ahead"
     for entry in ranked:
         tied = sorted(entry.pop("_tied", []))
         entry["tied_with"] = ", ".join(f"#{r}" for r in tied)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 # Ranking first (what a room reads from the back), then throughput, then identity and reasons.
-SHOWN = ["rank", "team", "val_loss", "ci95", "n_runs", "status", "tied_with", "p_vs_next", "tokens_per_s", "mfu",
-         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "precision", "run_id", "submission_sha256", "reason"]
+SHOWN = ["rank", "team", "val_loss", "ci95", "n_runs", "status", "vs_next", "tied_with", "p_vs_next", "tokens_per_s", "mfu",
+         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s", "precision", "run_id", "submission_sha256", "reason"]
 
 
 def fmt(col: str, value) -> str:
@@ -29,7 +29,7 @@ def fmt(col: str, value) -> str:
         return f"{100 * value:.1f}%"
     if col == "tokens_per_s":
         return f"{value:,.0f}"
-    if col == "train_time_s":
+    if col in ("train_time_s", "startup_s"):
         return f"{value:.1f}"
     if col == "p_vs_next":
         return "<0.001" if value < 0.001 else f"{value:.3f}"
@@ -60,6 +60,7 @@ td.team, td.status, td.reason, td.run_id { text-align: left; }
 td.reason { white-space: normal; min-width: 20em; max-width: 40em; font-size: 0.75em; }
 td.run_id, td.submission_sha256 { font-family: monospace; font-size: 0.75em; }
 tr.tied td.tied_with { font-weight: bold; color: #a40; }
+tr.undetermined td.vs_next, tr.tied td.vs_next { font-weight: bold; color: #a40; }
 tr.unranked td { color: #777; }
 tr.rank-1 td { background: #fff6cc; }
 .charts img { max-width: 48%; margin: 0.5em 1%; border: 1px solid #ddd; }
@@ -75,6 +76,8 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
             classes.append("rank-1")
         if row["tied_with"]:
             classes.append("tied")
+        if row["vs_next"] == "undetermined":
+            classes.append("undetermined")
         cells = "".join(f'<td class="{c}">{html.escape(fmt(c, row[c]))}</td>' for c in SHOWN)
         rows.append(f'<tr class="{" ".join(classes)}" data-team="{html.escape(str(row["team"]))}">{cells}</tr>')
     head = "".join(f"<th>{html.escape(c)}</th>" for c in SHOWN)
@@ -87,8 +90,9 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
 <body>
 <h1>Leaderboard: {html.escape(track)}</h1>
 <p class="meta">Ranked by validation loss ({html.escape(ranking)} over each team's official ok runs of its latest
-submission). Teams marked in <b>tied_with</b> are not significantly different from their neighbour
-(Welch t-test, p &ge; 0.05). Generated {html.escape(generated_at)} from the run records.</p>
+submission). <b>vs_next</b> compares each team with the next one down: <i>ahead</i> (significant,
+p &lt; 0.05), <i>tied</i> (not significantly different) or <i>undetermined</i> (one run on a side:
+nothing can be tested); only <i>ahead</i> is evidence of the order. Generated {html.escape(generated_at)} from the run records.</p>
 <table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
 {chr(10).join(rows)}
 </tbody></table>

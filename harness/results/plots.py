@@ -23,6 +23,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.results.stats import finite_first  # noqa: E402
+
 MAX_CURVES = 5
 plt.rcParams.update({"font.size": 12, "axes.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3,
                      "figure.dpi": 110, "savefig.bbox": "tight"})
@@ -57,7 +59,7 @@ def _floor(ax, floors: list[float]) -> None:
 
 def _curves(run_rows: list[dict]) -> list[tuple[dict, pd.DataFrame]]:
     out = []
-    for row in sorted(run_rows, key=lambda r: r["val_loss"])[:MAX_CURVES]:
+    for row in sorted(run_rows, key=lambda r: finite_first(r["val_loss"]))[:MAX_CURVES]:
         path = Path(row["run_dir"]) / "metrics.csv"
         try:
             frame = pd.read_csv(path)

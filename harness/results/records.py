@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SCHEMA_VERSION = 1
-STATUSES = ("running", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
+STATUSES = ("running", "evaluating", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
+FINAL_STATUSES = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")  # a record says when it is done
 METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s")
 
 
@@ -63,6 +64,7 @@ class RunRecord:
     steps: int | None = None
     tokens: int | None = None
     budget_s: float | None = None
+    startup_s: float | None = None  # the team's start-up: process group up -> first step (launcher's clock)
     train_time_s: float | None = None  # measured by the ranks
     launcher_train_time_s: float | None = None  # measured by the launcher from rank 0's reports
     tokens_per_s: float | None = None

@@ -1,0 +1,74 @@
+"""Runs that overlap on one records tree: one evaluates while another trains, and both keep their figures."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from conftest import FIXTURES, TINY_TRACK, processes_of_run, run_dirs
+
+
+def _records(runs):
+    return {json.loads((d / "run.json").read_text())["team"]: (d, json.loads((d / "run.json").read_text()))
+            for d in run_dirs(runs)}
+
+
+def _wait(predicate, what: str, timeout_s: float = 180.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, tmp_path):
+    """A holds in evaluation (its record says `evaluating`) until B's ranks train under B's guard; then A
+    finishes and writes its final record while B is still training (B's budget: 15 s). B's guard must
+    neither restore A's earlier record nor flag B."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
+
+    def start(sub, *extra):
+        return subprocess.Popen([sys.executable, "-m", "harness", "run", str(sub), "--track", str(TINY_TRACK), *extra],
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    a = start(FIXTURES / "gated_eval")
+    _wait(lambda: _records(runs).get("gated_eval", (None, {}))[1].get("status") == "evaluating", "A to evaluate")
+    run_a = _records(runs)["gated_eval"][1]["run_id"]
+    b = start(FIXTURES / "ok_bigram", "--budget-s", "15")
+    _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank1.log"),
+          "B to train")
+    evaluators = [p for p in processes_of_run(run_a) if "harness.ranks.evaluate" in " ".join(_cmdline(p))]
+    assert evaluators, "A's evaluation processes"
+    for p in evaluators:
+        p.send_signal(signal.SIGUSR1)
+    _wait(lambda: _records(runs)["gated_eval"][1]["status"] == "ok", "A's final record", timeout_s=60)
+    b_record_while_training = _records(runs)["ok_bigram"][1]
+    assert b_record_while_training["status"] == "running", "A must have finished while B was still training"
+    outs = [p.communicate(timeout=180) for p in (a, b)]
+    assert [a.returncode, b.returncode] == [0, 0], outs
+    records = _records(runs)
+    rec_a, rec_b = records["gated_eval"][1], records["ok_bigram"][1]
+    assert rec_a["status"] == "ok" and rec_a["val_loss"] is not None and rec_a["ended_at"]
+    assert rec_b["status"] == "ok" and rec_b["val_loss"] is not None
+    assert not rec_a["flagged"] and not rec_b["flagged"], (rec_a["flag_reason"], rec_b["flag_reason"])
+
+
+def _read(path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _cmdline(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []

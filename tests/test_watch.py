@@ -1,0 +1,53 @@
+"""The launcher's deadlines, as pure logic: which limit passes when, and what the reason says."""
+
+import pytest
+
+from harness.launcher.watch import Deadlines, WatchResult, _expired
+
+D = Deadlines(startup_timeout_s=60, startup_allowance_s=20, hard_limit_s=7, save_allowance_s=20)
+
+
+def state(setup=None, start=None, end=None) -> WatchResult:
+    return WatchResult(setup_start_s=setup, train_start_s=start, train_end_s=end)
+
+
+@pytest.mark.parametrize("r, now, expected", [
+    (state(), 59.0, None),
+    (state(), 61.0, "training did not start within 60 s of launch"),
+    (state(setup=5.0), 24.0, None),
+    (state(setup=5.0), 25.5, "start-up took longer than the track's allowance of 20 s"),
+    (state(setup=5.0, start=10.0), 16.9, None),
+    (state(setup=5.0, start=10.0), 17.5, "killed at the hard limit: 7.0 s"),
+    # A report that training ended does not switch the clock off: the save allowance runs from it...
+    (state(setup=5.0, start=10.0, end=11.0), 30.5, None),
+    (state(setup=5.0, start=10.0, end=11.0), 31.5, "ranks still running 20 s (the save allowance)"),
+    # ...and nothing runs past budget + grace + save allowance, even when the end arrives with the limit.
+    (state(setup=5.0, start=10.0, end=17.05), 36.9, None),
+    (state(setup=5.0, start=10.0, end=17.05), 37.01, "ranks still running 20 s (the save allowance)"),
+])
+def test_the_first_deadline_that_passed_is_named(r, now, expected):
+    found = _expired(r, D, launched=0.0, now=now)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found[0].startswith(expected), found
+
+
+def test_the_kill_latency_is_measured_from_when_the_limit_passed():
+    reason, limit = _expired(state(setup=5.0, start=10.0), D, launched=0.0, now=30.0)
+    assert limit == 17.0  # start + hard limit, not the moment the watchdog looked
+    reason, limit = _expired(state(setup=5.0, start=10.0, end=12.0), D, launched=0.0, now=40.0)
+    assert limit == pytest.approx(32.0)  # the end reported + the save allowance
+    reason, limit = _expired(state(setup=5.0, start=10.0, end=17.05), D, launched=0.0, now=40.0)
+    assert limit == pytest.approx(37.0)  # start + hard limit + save allowance: never later
+
+
+def test_jobs_without_a_training_window_have_one_total_limit():
+    d = Deadlines(startup_timeout_s=30, total_s=30)
+    assert _expired(state(), d, launched=0.0, now=29.0) is None
+    assert _expired(state(), d, launched=0.0, now=31.0)[0] == "did not finish within 30 s"
+
+
+def test_nonsense_deadlines_are_refused():
+    with pytest.raises(ValueError):
+        Deadlines(startup_timeout_s=10, save_allowance_s=0)
