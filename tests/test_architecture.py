@@ -38,29 +38,37 @@ def _imports(path: Path, root: Path = ROOT) -> set[str]:
     return found
 
 
+ROOMS = {"launcher", "ranks", "results", "submission", "data", "tracks"}
 GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 
-def reach(start: str) -> dict[str, str]:
-    """Every module imported, directly or through harness modules, by the modules under `start`,
-    mapped to the harness module that imports it."""
+def _parents(module: str) -> list[str]:
+    """Python runs every parent package's __init__ before a module: harness, harness.ranks, ..."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def reach(start: str, graph: dict[str, set[str]] = GRAPH) -> dict[str, str]:
+    """Every module imported, directly or through harness modules (their parent packages included),
+    by the modules under `start`, mapped to the harness module that imports it."""
     seen: dict[str, str] = {}
-    todo = [m for m in GRAPH if m == start or m.startswith(start + ".")]
+    todo = [m for m in graph if m == start or m.startswith(start + ".")]
     visited = set()
     while todo:
         mod = todo.pop()
         if mod in visited:
             continue
         visited.add(mod)
-        for target in GRAPH.get(mod, ()):
+        for target in [*graph.get(mod, ()), *_parents(mod)]:
             seen.setdefault(target, mod)
-            if target in GRAPH and target not in visited:
-                todo.append(target)
+            for candidate in (target, *_parents(target)):
+                if candidate in graph and candidate not in visited:
+                    todo.append(candidate)
     return seen
 
 
-def _violations(start: str, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(f"{importer} imports {target}" for target, importer in reach(start).items()
+def _violations(start: str, forbidden: tuple[str, ...], graph: dict[str, set[str]] = GRAPH) -> list[str]:
+    return sorted(f"{importer} imports {target}" for target, importer in reach(start, graph).items()
                   if any(target == f or target.startswith(f + ".") for f in forbidden))
 
 
@@ -71,7 +79,8 @@ def test_the_rank_side_imports_nothing_from_the_launcher_or_the_results():
 
 
 def test_the_results_side_touches_no_process():
-    forbidden = ("torch.distributed", "harness.launcher", "harness.ranks", "harness.cli", "subprocess")
+    """Derived from records alone: no torch at all (importing torch loads torch.distributed), no launcher."""
+    forbidden = ("torch", "harness.launcher", "harness.ranks", "harness.cli", "subprocess")
     assert _violations("harness.results", forbidden) == []
 
 
@@ -88,6 +97,28 @@ def test_shared_rooms_do_not_reach_back_up(room, forbidden):
 def test_every_module_lives_in_a_room():
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py", "cli.py"))
     assert loose == [], f"modules outside the rooms: {loose} (see README, Architecture)"
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == ROOMS, f"a room without a rule: {rooms ^ ROOMS} (add it here and to the README)"
+
+
+def test_the_graph_is_the_real_one():
+    """The rules above must not pass on an empty or partial graph."""
+    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.evaluate", "harness.results.views",
+            "harness.launcher.runner", "harness.cli"} <= set(GRAPH)
+    assert "torch" in reach("harness.ranks") and "pandas" in reach("harness.results")
+
+
+def test_a_rank_process_really_imports_no_launcher_or_results_modules():
+    """What no static reading sees (importlib.import_module with a string): import the rank entry
+    points as a rank process does, and look at what is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.evaluate, harness.ranks.preflight; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pandas', 'matplotlib') "
+            "or m.startswith(('harness.launcher', 'harness.results', 'harness.cli'))); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_checker_sees_lazy_imports_and_relative_ones(tmp_path):
@@ -97,3 +128,11 @@ def test_the_checker_sees_lazy_imports_and_relative_ones(tmp_path):
     src.write_text("def f():\n    from harness.results import plots\n    from ..launcher import watch\n")
     found = _imports(src, root=tmp_path)
     assert {"harness.results.plots", "harness.launcher", "harness.launcher.watch"} <= found
+
+
+def test_the_checker_follows_parent_packages_and_other_modules():
+    """A forbidden import two hops away, or in a parent package's __init__, is still a violation."""
+    graph = {"harness": {"harness.results.views"}, "harness.ranks": set(), "harness.ranks.a": {"harness.data.b"},
+             "harness.data": set(), "harness.data.b": {"matplotlib.pyplot"}, "harness.results.views": set()}
+    found = _violations("harness.ranks", ("harness.results", "matplotlib"), graph)
+    assert {"harness imports harness.results.views", "harness.data.b imports matplotlib.pyplot"} <= set(found)

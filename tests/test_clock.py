@@ -10,7 +10,7 @@ def test_first_step_runs_when_time_is_left():
 def test_no_step_starts_that_would_end_past_the_budget():
     rule = StopRule(10.0)
     t, steps = 0.0, 0
-    while True:  # the worker's order: vote, agree (a sync point), then run the step
+    while True:  # the training loop's order: vote, agree (a sync point), then run the step
         if rule.decide(t) != CONTINUE:
             break
         rule.synced(t)

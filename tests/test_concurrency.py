@@ -39,7 +39,12 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
                                 env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     a = start(FIXTURES / "gated_eval")
-    _wait(lambda: _records(runs).get("gated_eval", (None, {}))[1].get("status") == "evaluating", "A to evaluate")
+
+    def a_evaluates() -> bool:  # `evaluating`; before it existed, a record said `ok` with no val_loss here
+        rec = _records(runs).get("gated_eval", (None, {}))[1]
+        return rec.get("status") == "evaluating" or (rec.get("status") == "ok" and rec.get("val_loss") is None)
+
+    _wait(a_evaluates, "A to evaluate")
     run_a = _records(runs)["gated_eval"][1]["run_id"]
     b = start(FIXTURES / "ok_bigram", "--budget-s", "15")
     _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank1.log"),

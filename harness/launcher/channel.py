@@ -35,7 +35,8 @@ from typing import Any
 
 import psutil
 
-MAX_MESSAGE = 64 * 1024
+from harness.ranks.channel import MAX_MESSAGE  # one limit for both ends of the protocol
+
 
 
 @dataclass

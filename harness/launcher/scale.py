@@ -1,7 +1,7 @@
 """`harness scale SUBMISSION --world-sizes 1,2,4`: weak-scaling throughput, measured and extrapolated.
 
 At each world size N the submission trains for a fixed number of steps (same per-rank batch,
-outside any budget) through the same worker as `harness run`; the throughput after warm-up
+outside any budget) through the same training loop as `harness run`; the throughput after warm-up
 gives the step time t(N) and efficiency(N) = tokens/s at N / (N x tokens/s at 1) = t(1) / t(N).
 The time a step loses to communication at N is t(N) - t(1). A model of it, the ring
 all-reduce's a + b * 2(N-1)/N, is fitted to those points (scipy) and predicts the efficiency

@@ -1,7 +1,7 @@
 """The stop rule: before each step, would that step end past the budget?
 
 Each rank predicts the end of the next step from recent step times; the ranks then agree with one
-MAX all-reduce (in the worker), so no rank runs a step the others skip. A step's time is measured
+all-reduce (in harness/ranks/loop.py), so no rank runs a step the others skip. A step's time is measured
 between consecutive agreements, which are host-device sync points: on a GPU the host may be up to
 a step ahead of the device, so the previous step is assumed to finish no sooner than one
 estimated step after the last sync.

@@ -70,6 +70,10 @@ class Training:
     prefetch: Any
     params: int
     tokens_per_step: int
+    micro_batch_size: int  # read once from CONFIG: the step never looks at the submission's dict again
+    seq_len: int
+    accum: int
+    vocab_out: int
     t0: float | None = None  # set here when the clock starts at model build
     # Device-side buffers, allocated once and reused by every step.
     agreed: Any = None  # float64 [3]: stop votes, elapsed seconds, train-loss sum; all-reduced (SUM)
@@ -142,7 +146,8 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         job=job, env=env, channel=channel, device=device, sub=sub, ddp=ddp, raw_model=raw_model,
         optimizers=list(optimizers), schedule=sub.lr_schedule or default_lr_schedule,
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
-        prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, t0=t0,
+        prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, micro_batch_size=B, seq_len=T,
+        accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
         agreed=torch.zeros(3, dtype=torch.float64, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device),
     )
@@ -200,8 +205,7 @@ def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float]:
 
 def train_step(tr: Training, step: int, progress: float) -> None:
     """One optimizer step: grad_accum_steps micro-steps, gradients synchronised on the last."""
-    sub = tr.sub
-    B, T, accum = sub.micro_batch_size, sub.seq_len, sub.grad_accum_steps
+    accum = tr.accum
     tr.lr_scale = float(tr.schedule(min(1.0, progress)))
     for opt in tr.optimizers:
         for group in opt.param_groups:
@@ -213,7 +217,7 @@ def train_step(tr: Training, step: int, progress: float) -> None:
             with tr.autocast:
                 out = tr.ddp(x, y)
             if step == 0 and micro == 0:
-                check_forward_output(out, B, T, int(sub.config["vocab_size"]), True, tr.file)
+                check_forward_output(out, tr.micro_batch_size, tr.seq_len, tr.vocab_out, True, tr.file)
             loss = out[1]
             (loss / accum).backward()
         tr.loss_sum += loss.detach().float()
