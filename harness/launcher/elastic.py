@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launcher import procs
+from harness.launcher import process_tree
 from harness.launcher.workarea import patched_environ
 
 
@@ -77,7 +77,7 @@ class ElasticJob:
         self.error: BaseException | None = None
         self.succeeded = False
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-job-"))  # torchelastic_* folders land here
-        self._scope = procs.ProcessScope(spec.shutdown_timeout_s)
+        self._scope = process_tree.ProcessScope(spec.shutdown_timeout_s)
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
         self._env = None
@@ -122,7 +122,7 @@ class ElasticJob:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
         self.wait(wait_s)
         leftover = self._scope.close()
-        procs.reap_zombies()
+        process_tree.reap_zombies()
         tempfile.tempdir = None
         if self._env is not None:
             self._env.__exit__(None, None, None)

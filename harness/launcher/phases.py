@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.launcher import procs
+from harness.launcher import process_tree
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -41,7 +41,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
-    with open(log_path, "w") as log, procs.ProcessScope(grace_s=2.0):  # nothing it starts may linger
+    with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
         try:
             proc = subprocess.run([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
                                   stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)

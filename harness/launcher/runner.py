@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.launcher import procs
+from harness.launcher import process_tree
 from harness.launcher.console import NullReporter
 from harness.submission.contract import (
     SubmissionError,
@@ -129,7 +129,7 @@ def _marked_processes(run_id: str):
 def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     """Run one submission end to end; returns its final record and run directory."""
     reporter = reporter or NullReporter()
-    procs.become_subreaper()
+    process_tree.become_subreaper()
     resolved, data, folder, nproc = prepare_run(opts, reporter)
     track = resolved.track
     try:
