@@ -129,6 +129,11 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
         if result.recorded_val_loss is not None:
             line += f"; recorded {result.recorded_val_loss:.6f} (difference {result.val_loss - result.recorded_val_loss:+.2e})"
         click.echo(line)
+        c = result.causality
+        if c:
+            click.echo(f"causality: {c['checked_batches']} of {c['batches']} scoring batches re-run with their ends "
+                       f"replaced; largest change before a cut {c['worst_deviation']:.3g} nats (tolerance "
+                       f"{c['tolerance']:.3g})")
     sys.exit(0 if result.status == "ok" else 1)
 
 

@@ -38,7 +38,7 @@ def _imports(path: Path, root: Path = ROOT) -> set[str]:
     return found
 
 
-ROOMS = {"launcher", "ranks", "results", "submission", "data", "tracks"}
+ROOMS = {"launcher", "ranks", "scoring", "results", "submission", "data", "tracks"}
 GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 
@@ -73,8 +73,9 @@ def _violations(start: str, forbidden: tuple[str, ...], graph: dict[str, set[str
 
 
 def test_the_rank_side_imports_nothing_from_the_launcher_or_the_results():
-    """What shares a process with a team's code stays small: no launcher, no results, no CLI stack."""
-    forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib")
+    """What shares a process with a team's code stays small: no launcher, no results, no scorer, no CLI stack."""
+    forbidden = ("harness.launcher", "harness.results", "harness.scoring", "harness.cli", "click", "pandas",
+                 "matplotlib")
     assert _violations("harness.ranks", forbidden) == []
 
 
@@ -82,6 +83,15 @@ def test_the_results_side_touches_no_process():
     """Derived from records alone: no torch at all (importing torch loads torch.distributed), no launcher."""
     forbidden = ("torch", "harness.launcher", "harness.ranks", "harness.cli", "subprocess")
     assert _violations("harness.results", forbidden) == []
+
+
+def test_the_scorer_never_reaches_the_code_that_imports_a_submission():
+    """Evaluation's scorer holds the targets: nothing it imports may load a team's code (that happens
+    only in harness/ranks/model_worker.py, a process of its own)."""
+    forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib",
+                 "harness.ranks.model_worker", "harness.ranks.loop", "harness.ranks.preflight",
+                 "harness.ranks.checkpoint.load_model", "harness.submission.contract.import_submission_module")
+    assert _violations("harness.scoring", forbidden) == []
 
 
 @pytest.mark.parametrize("room, forbidden", [
@@ -103,8 +113,8 @@ def test_every_module_lives_in_a_room():
 
 def test_the_graph_is_the_real_one():
     """The rules above must not pass on an empty or partial graph."""
-    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.evaluate", "harness.results.views",
-            "harness.launcher.runner", "harness.cli"} <= set(GRAPH)
+    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.model_worker", "harness.scoring.scorer",
+            "harness.results.views", "harness.launcher.runner", "harness.cli"} <= set(GRAPH)
     assert "torch" in reach("harness.ranks") and "pandas" in reach("harness.results")
 
 
@@ -114,7 +124,8 @@ def test_a_rank_process_really_imports_no_launcher_or_results_modules():
     import subprocess
     import sys
 
-    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.evaluate, harness.ranks.preflight; "
+    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.model_worker, harness.ranks.preflight, "
+            "harness.scoring.scorer, harness.scoring.workers; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pandas', 'matplotlib') "
             "or m.startswith(('harness.launcher', 'harness.results', 'harness.cli'))); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

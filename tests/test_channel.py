@@ -73,3 +73,43 @@ def test_a_rank_without_a_launcher_never_blocks_or_raises():
     c = ChannelClient("/nonexistent/harness.sock", 0)
     c.send("progress", step=1)
     assert c.dropped == 2  # the failed connection and the report
+
+
+def _raw(channel: ChannelServer, *frames: bytes):
+    import socket
+    import struct
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(channel.path)
+    for f in frames:
+        s.sendall(struct.pack("<I", len(f)) + f)
+    return s
+
+
+def test_nothing_a_connection_sends_stops_the_channel():
+    """Deep JSON, an oversized frame, a silent connection and a flood of connections are cut off and
+    noted; the channel keeps listening and a real rank is still heard afterwards."""
+    ch = ChannelServer(expected_ranks=[0], hello_within_s=1.0)
+    try:
+        # From this process (not a descendant) everything is refused at once: make children do it.
+        code = (
+            "import socket, struct, sys, time\n"
+            "def c(*frames):\n"
+            "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1])\n"
+            "    for f in frames: s.sendall(struct.pack('<I', len(f)) + f)\n"
+            "    return s\n"
+            "keep = [c(b'[' * 25000 + b']' * 25000), c(), c(b'x' * 10)]\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1])\n"
+            "s.sendall(struct.pack('<I', 10 ** 9))\n"
+            "keep += [c() for _ in range(100)]\n"
+            "time.sleep(2.5)\n"
+        )
+        subprocess.run([sys.executable, "-c", code, ch.path], check=True, timeout=60)
+        report(ch, 0, "hello", "progress")
+        settle(ch, 2)
+        assert ch.alive and [(m.kind, m.body["rank"]) for m in ch.snapshot()] == [("hello", 0), ("progress", 0)]
+        text = " | ".join(ch.refused)
+        assert "sent a message of 1000000000 bytes" in text and "never said which rank" in text
+        assert "too many connections" in text
+    finally:
+        ch.close()

@@ -49,9 +49,9 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
     b = start(FIXTURES / "ok_bigram", "--budget-s", "15")
     _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank1.log"),
           "B to train")
-    evaluators = [p for p in processes_of_run(run_a) if "harness.ranks.evaluate" in " ".join(_cmdline(p))]
-    assert evaluators, "A's evaluation processes"
-    for p in evaluators:
+    model_processes = [p for p in processes_of_run(run_a) if "harness.ranks.model_worker" in " ".join(_cmdline(p))]
+    assert model_processes, "A's model processes"
+    for p in model_processes:
         p.send_signal(signal.SIGUSR1)
     _wait(lambda: _records(runs)["gated_eval"][1]["status"] == "ok", "A's final record", timeout_s=60)
     b_record_while_training = _records(runs)["ok_bigram"][1]

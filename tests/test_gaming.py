@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import pytest
+
 from conftest import FIXTURES, TINY_TRACK, processes_of_run
 from records_factory import make_run
 
@@ -41,7 +43,11 @@ def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_pat
     assert board[1].startswith(",clock_cheat,") and ",flagged," in board[1]  # listed, not ranked
 
 
-def test_writes_into_results_are_undone_and_flag_the_run(cli, tmp_path):
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_path, sandbox):
+    """Two layers: with the sandbox the ranks cannot even open another run's record; without it (a
+    machine without Landlock, here the track's `sandbox = "off"`) the guard restores what was changed
+    and flags the run."""
     runs = tmp_path / "runs"
     victim = make_run(runs, "victim", 2.5, track="tiny") / "run.json"
     before = victim.read_bytes()
@@ -50,17 +56,26 @@ def test_writes_into_results_are_undone_and_flag_the_run(cli, tmp_path):
     sub = tmp_path / "tamper"
     shutil.copytree(FIXTURES / "tamper", sub)
     (sub / "targets.json").write_text(json.dumps({"records": [str(victim)], "leaderboard": [str(board)]}))
+    track = tmp_path / "tiny.toml"
+    track.write_text(TINY_TRACK.read_text().replace('name = "tiny"', f'name = "tiny"\nsandbox = "{sandbox}"'))
 
-    result = cli("run", str(sub), "--track", str(TINY_TRACK), env={"HARNESS_DATA_ROOT": "/secret/data"})
+    result = cli("run", str(sub), "--track", str(track), env={"HARNESS_DATA_ROOT": "/secret/data"})
     assert victim.read_bytes() == before, "another team's record was changed"
     record = _record(runs, "tamper")
-    assert record["flagged"] is True and str(victim) in record["flag_reason"]
+    (log,) = (runs / "tiny" / "tamper").glob("*/logs/rank0.log")
+    if sandbox == "auto":
+        assert record["sandbox"]["training"]["active"] is True
+        assert "TAMPER: denied (PermissionError)" in log.read_text() and record["status"] == "ok"
+        assert not record["flagged"]
+    else:
+        assert "TAMPER: wrote" in log.read_text()
+        assert record["flagged"] is True and str(victim) in record["flag_reason"]
+        assert "FLAGGED" in result.err
+        assert any("training ranks ran without the sandbox" in w for w in record["warnings"])
     text = board.read_text()
     assert "HACKED" not in text and ",victim," in text
-    assert "FLAGGED" in result.err
     assert processes_of_run(record["run_id"]) == []
     # The ranks were told nothing about where results or data live, and worked in a private folder.
-    (log,) = (runs / "tiny" / "tamper").glob("*/logs/rank0.log")
     line = next(l for l in log.read_text().splitlines() if l.startswith("SEEN-ENV"))
     seen = json.loads(line.split("SEEN-ENV ", 1)[1].split(" CWD ")[0])
     assert set(seen) <= {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"}, seen

@@ -30,6 +30,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     if results:
         record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
         record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
+    record.sandbox["training"] = r0.get("sandbox") or {}
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
     record.startup_s = phase.watch.startup_s
     check_replicas(record, results)
@@ -54,8 +55,13 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
 
 
 def check_replicas(record: RunRecord, results: dict[int, dict]) -> None:
-    """DDP keeps the ranks' weights identical only if every rank takes the same steps with the same lr;
-    only rank 0's are scored, so a difference is recorded (rank-dependent code in a submission)."""
+    """Rank 0's checkpoint must hold the weights it had when the clock stopped (a state_dict or a hook
+    that trains on, or swaps weights, after the clock is flagged). DDP keeps the ranks' weights
+    identical only if every rank takes the same steps with the same lr; only rank 0's are scored, so
+    a difference is noted (rank-dependent code in a submission)."""
+    if results.get(0, {}).get("checkpoint_matches_weights") is False:
+        flag_run(record, "the checkpoint rank 0 saved is not the weights it had when training ended (was the model "
+                         "changed after the clock, in its state_dict or a hook?)")
     digests = {r: res.get("weights_sha256") for r, res in results.items() if res.get("weights_sha256")}
     if len(digests) < 2:
         return
@@ -66,29 +72,31 @@ def check_replicas(record: RunRecord, results: dict[int, dict]) -> None:
                             "(only rank 0's are scored)")
 
 
-def check_reports(record: RunRecord, phase: PhaseResult) -> None:
-    """Reports the channel refused (a process claiming to be a rank it is not), and reports that
-    came after training ended (work after the clock), flag the run for a person to review."""
+def check_reports(record: RunRecord, phase: PhaseResult, phase_name: str = "training") -> None:
+    """Reports the channel refused (a process claiming to be a rank it is not), and reports of the
+    node's lead rank that came after it said training ended (work after the clock), flag the run."""
     seen: list[str] = []
     if phase.refused:
-        record.extra["refused_reports"] = phase.refused
+        record.extra.setdefault("refused_reports", []).extend(f"{phase_name}: {r}" for r in phase.refused)
         impostors = [r for r in phase.refused if "already reporting" in r]
         if impostors:
-            seen.append(f"a process pretended to be a rank ({impostors[0]})")
-    end = next((m for m in phase.messages if m.kind == "train_end"), None)
-    if end is not None:
-        late = [m for m in phase.messages if m.received_s > end.received_s and m.kind in ("progress", "train_start",
-                                                                                           "setup_start")]
-        late += [m for m in phase.messages if m.kind == "train_end" and m is not end and m.body.get("rank") == end.body.get("rank")]
+            seen.append(f"a process pretended to be a rank during {phase_name} ({impostors[0]})")
+    hellos = [m.body.get("rank") for m in phase.messages if m.kind == "hello"]
+    lead = min(hellos) if hellos else None
+    ends = [i for i, m in enumerate(phase.messages) if m.kind == "train_end" and m.body.get("rank") == lead]
+    if ends:  # in arrival order (several frames can share one arrival time): what came after the end
+        late = [m for m in phase.messages[ends[0] + 1:] if m.body.get("rank") == lead
+                and m.kind in ("progress", "train_start", "setup_start", "train_end")]
         if late:
-            seen.append(f"rank {late[0].body.get('rank')} reported {late[0].kind!r} after training had ended")
+            seen.append(f"rank {lead} reported {late[0].kind!r} after training had ended")
     if seen:
         flag_run(record, "; ".join(seen))
 
 
 def flag_run(record: RunRecord, reason: str) -> None:
-    """Hide the run from the ranking for a person to review; the reason is kept in the notes too."""
-    record.flagged, record.flag_reason = True, reason
+    """Hide the run from the ranking for a person to review; every reason is kept."""
+    record.flag_reason = f"{record.flag_reason}; {reason}" if record.flagged and record.flag_reason else reason
+    record.flagged = True
     record.notes.append(reason)
 
 
@@ -118,6 +126,23 @@ def metrics_rows(phase: PhaseResult) -> list[dict[str, Any]]:
     return [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
 
 
+def sandbox_warnings(record: RunRecord) -> None:
+    """Every process that ran the team's code without the sandbox, named in the record's warnings."""
+    def walk(where: str, report) -> None:
+        if isinstance(report, dict) and "active" in report:
+            if not report["active"]:
+                line = f"the {where} ran without the sandbox: {report.get('why') or 'unknown reason'}"
+                if line not in record.warnings:
+                    record.warnings.append(line)
+        elif isinstance(report, dict):
+            for name, sub in report.items():
+                walk(f"{where} ({name} process)", sub)
+
+    names = {"check": "check before the run", "training": "training ranks", "evaluation": "evaluation"}
+    for phase, report in record.sandbox.items():
+        walk(names.get(phase, phase), report)
+
+
 def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:
     record.status, record.reason, record.failing_rank = status, reason, rank
     if tb:
@@ -138,25 +163,38 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
         return
     r0 = ev.reports("eval_result").get(0, {})
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
-                                          "causality")}
-    causality = r0.get("causality")
-    if causality is not None and not causality.get("causal", True):
-        from harness.ranks.causality import describe
-
-        # The figure is kept for the audit, but it is not a result: a peeking model is not scored.
-        record.eval["unscored_val_loss"] = r0.get("val_loss")
-        set_outcome(record, "invalid", describe(causality))
-        return
+                                          "causality", "scorer_clean")}
+    record.sandbox["evaluation"] = r0.get("sandbox") or {}
+    exposed = r0.get("sandbox_exposed") or []
+    if exposed:
+        record.notes.append("the evaluation sandbox would expose protected paths under folders it allows: "
+                            + ", ".join(exposed))
     value = r0.get("val_loss")
     if value is None or not math.isfinite(value):
         record.eval["unscored_val_loss"] = str(value)
         set_outcome(record, "diverged", f"evaluation: the validation loss is {value} (the trained weights produce "
                                         "non-finite logits)")
         return
+    causality = r0.get("causality")
+    if causality is not None and not causality.get("causal", True):
+        # The figure is kept for the audit, but it is not a result: a model that looks ahead is not scored.
+        record.eval["unscored_val_loss"] = value
+        set_outcome(record, "invalid", describe_noncausal(causality))
+        return
     record.val_loss = value
     set_outcome(record, "ok")  # the record is final only now
     if record.loss_floor is not None:
         record.loss_gap = record.val_loss - record.loss_floor
+
+
+def describe_noncausal(c: dict) -> str:
+    at = c.get("worst_at") or {}
+    where = (f" (batch {at['batch']}, row {at['row']}, position {at['position']}, cut after {at['cut']})"
+             if at else "")
+    return (f"non-causal: {c['checked_batches']} of {c['batches']} scoring batches were run again with every row's "
+            f"tokens after a secret cut replaced, and the log-probabilities before the cut changed by up to "
+            f"{c['worst_deviation']:.3g} nats{where}, more than the {c['tolerance']:.3g} an honest model shows: "
+            "the model used tokens after the position it predicts")
 
 
 def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:

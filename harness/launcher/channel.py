@@ -1,15 +1,20 @@
 """The launcher's end of the control channel from its ranks (the ranks' end: harness/ranks/channel.py).
 
-Each rank connects one SOCK_SEQPACKET Unix socket (message boundaries kept, never blocks the
-rank: a full buffer drops the report, counted). The kernel tells the launcher who connected
-(SO_PEERCRED: pid and uid, taken at connect time, which the sender cannot forge), so:
+Each rank connects one Unix stream socket and sends length-prefixed JSON frames. The kernel tells
+the launcher who connected (Linux SO_PEERCRED, macOS LOCAL_PEERPID: the pid at connect time,
+which the sender cannot forge), so:
 
-- a connection from a process that is not one of the launcher's own descendants (another team's
-  job that found the socket, say) is refused and noted;
+- a connection from a living process that is not one of the launcher's own descendants (another
+  team's job that found the socket, say) is refused and noted;
 - a connection's first message must be `hello` for one of this node's ranks; that binds the
   connection to the rank, and every later message on it is that rank's, whatever it claims;
 - a second connection claiming a rank already bound (a process the submission started,
   pretending to be rank 0) is refused and noted, and the run is flagged.
+
+Nothing a connection sends can stop the channel: malformed or oversized frames, connections that
+never say hello, floods of messages and too many connections are cut off and noted, and any
+other error is caught per event. `alive` says whether the channel still listens; the watchdog
+ends the job if it does not.
 
 Every message is stamped on arrival with the launcher's own monotonic clock: its measurement of
 the training window does not trust the ranks' clocks.
@@ -26,6 +31,7 @@ import selectors
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -35,8 +41,11 @@ from typing import Any
 
 import psutil
 
-from harness.ranks.channel import MAX_MESSAGE  # one limit for both ends of the protocol
+from harness.ranks.channel import FRAME, MAX_MESSAGE  # one protocol for both ends
 
+MAX_UNBOUND = 64  # connections that have not said hello yet
+HELLO_WITHIN_S = 10.0  # a connection that says nothing for this long is cut off
+MAX_MESSAGES_PER_CONNECTION = 200_000
 
 
 @dataclass
@@ -48,33 +57,47 @@ class Message:
 
 @dataclass
 class _Peer:
-    pid: int
+    pid: int | None
+    since_s: float
     rank: int | None = None
+    buffer: bytes = b""
+    count: int = 0
 
 
-def _peer_pid(conn: socket.socket) -> tuple[int, int]:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return pid, uid
+def peer_pid(conn: socket.socket) -> int | None:
+    """The pid of the process at the other end, as the kernel recorded it when it connected."""
+    if sys.platform.startswith("linux"):
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+        return pid
+    if sys.platform == "darwin":
+        return struct.unpack("i", conn.getsockopt(0, 0x002, struct.calcsize("i")))[0]  # SOL_LOCAL, LOCAL_PEERPID
+    return None
 
 
-def _is_descendant(pid: int, ancestor: int) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return any(p.pid == ancestor for p in proc.parents())
-    except psutil.Error:
+def _outside_the_job(pid: int | None, ancestor: int) -> bool:
+    """True when the peer is alive and not a descendant of the launcher. A peer that has already
+    exited cannot be checked; it still has to bind to a rank no other process holds."""
+    if pid is None:
         return False
+    try:
+        return not any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True  # cannot be checked while alive: refuse
 
 
 class ChannelServer:
     """Launcher side: listens in a private temporary folder and collects messages in a thread."""
 
-    def __init__(self, expected_ranks: list[int] | None = None) -> None:
+    def __init__(self, expected_ranks: list[int] | None = None, hello_within_s: float = HELLO_WITHIN_S) -> None:
         # A short private path: Unix socket paths are limited to ~107 bytes, run dirs can be long.
         self.dir = Path(tempfile.mkdtemp(prefix="harness-ch-"))
         self.path = str(self.dir / "ch.sock")
         self.expected = set(expected_ranks) if expected_ranks is not None else None
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.hello_within_s = hello_within_s
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(self.path)
         self.sock.listen(256)
         self.sock.setblocking(False)
@@ -82,13 +105,18 @@ class ChannelServer:
         self.refused: list[str] = []  # who tried to report and was turned away, and why
         self.lock = threading.Lock()
         self.new = threading.Condition(self.lock)
-        self._bound: dict[int, int] = {}  # rank -> pid
+        self._bound: dict[int, int | None] = {}  # rank -> pid
+        self._open = 0  # connections registered (read by drain from another thread)
         self._stop = threading.Event()
-        self._me, self._uid = os.getpid(), os.getuid()
+        self._me = os.getpid()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.sock, selectors.EVENT_READ, None)
         self.thread = threading.Thread(target=self._serve, name="harness-channel", daemon=True)
         self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() or self._stop.is_set()
 
     # ------------------------------------------------------------------ the thread
 
@@ -99,43 +127,71 @@ class ChannelServer:
             except (OSError, ValueError):
                 return
             for key, _ in events:
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._read(key.fileobj, key.data)
+                try:
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj, key.data)
+                except Exception as exc:  # nothing a connection sends may stop the channel
+                    if key.data is not None:
+                        self._drop(key.fileobj)
+                    self._refuse(f"a connection was cut off after an error ({type(exc).__name__}: {exc})"[:300])
+            self._expire_silent()
 
     def _refuse(self, why: str) -> None:
         with self.new:
-            self.refused.append(why)
+            if len(self.refused) < 1000:
+                self.refused.append(why)
             self.new.notify_all()
+
+    def _unbound(self) -> list:
+        return [k for k in self._sel.get_map().values() if k.data is not None and k.data.rank is None]
 
     def _accept(self) -> None:
         try:
             conn, _ = self.sock.accept()
-        except OSError:
+        except BlockingIOError:
+            return
+        except OSError as exc:  # out of file descriptors: shed the silent connections first
+            self._refuse(f"could not accept a connection ({exc})")
+            for key in self._unbound():
+                self._drop(key.fileobj)
+            time.sleep(0.05)
+            return
+        if len(self._unbound()) >= MAX_UNBOUND:
+            conn.close()
+            self._refuse("too many connections that have not said which rank they are")
             return
         try:
-            pid, uid = _peer_pid(conn)
+            pid = peer_pid(conn)
         except OSError:
+            pid = None
+        if _outside_the_job(pid, self._me):
             conn.close()
-            return
-        if uid != self._uid or not _is_descendant(pid, self._me):
-            conn.close()
-            self._refuse(f"a connection from pid {pid} (uid {uid}), not a process of this job")
+            self._refuse(f"a connection from pid {pid}, not a process of this job")
             return
         conn.setblocking(False)
-        self._sel.register(conn, selectors.EVENT_READ, _Peer(pid))
+        self._sel.register(conn, selectors.EVENT_READ, _Peer(pid, time.monotonic()))
+        self._open += 1
+
+    def _expire_silent(self) -> None:
+        now = time.monotonic()
+        for key in self._unbound():
+            if now - key.data.since_s > self.hello_within_s:
+                self._drop(key.fileobj)
+                self._refuse(f"pid {key.data.pid} connected and never said which rank it is")
 
     def _drop(self, conn: socket.socket) -> None:
         try:
             self._sel.unregister(conn)
+            self._open -= 1
         except (KeyError, ValueError):
             pass
         conn.close()
 
     def _read(self, conn: socket.socket, peer: _Peer) -> None:
         try:
-            data = conn.recv(MAX_MESSAGE + 1024)
+            data = conn.recv(1 << 16)
         except BlockingIOError:
             return
         except OSError:
@@ -145,36 +201,63 @@ class ChannelServer:
             self._drop(conn)
             return
         now = time.monotonic()
+        peer.buffer += data
+        while len(peer.buffer) >= FRAME.size:
+            (size,) = FRAME.unpack_from(peer.buffer)
+            if size > MAX_MESSAGE + 1024:
+                self._drop(conn)
+                self._refuse(f"pid {peer.pid} sent a message of {size} bytes")
+                return
+            if len(peer.buffer) < FRAME.size + size:
+                return
+            frame, peer.buffer = peer.buffer[FRAME.size:FRAME.size + size], peer.buffer[FRAME.size + size:]
+            peer.count += 1
+            if peer.count > MAX_MESSAGES_PER_CONNECTION:
+                self._drop(conn)
+                self._refuse(f"rank {peer.rank} (pid {peer.pid}) sent more than {MAX_MESSAGES_PER_CONNECTION} messages")
+                return
+            if not self._accept_message(conn, peer, frame, now):
+                return
+
+    def _accept_message(self, conn: socket.socket, peer: _Peer, frame: bytes, now: float) -> bool:
         try:
-            body = json.loads(data.decode("utf-8", errors="replace"))
+            body = json.loads(frame.decode("utf-8", errors="replace"))
             kind = str(body.pop("kind"))
-        except (ValueError, KeyError, AttributeError, TypeError):
-            return  # garbled: ignore rather than crash the launcher
+        except (ValueError, KeyError, AttributeError, TypeError, RecursionError):
+            return True  # garbled: ignore it, keep the connection
         if peer.rank is None:
             claimed = body.get("rank")
             if kind != "hello" or not isinstance(claimed, int):
                 self._refuse(f"pid {peer.pid} sent {kind!r} before saying which rank it is")
                 self._drop(conn)
-                return
+                return False
             if self.expected is not None and claimed not in self.expected:
                 self._refuse(f"pid {peer.pid} claimed rank {claimed}, which does not run on this node")
                 self._drop(conn)
-                return
+                return False
             with self.lock:
+                taken = claimed in self._bound
                 holder = self._bound.get(claimed)
-                if holder is None:
+                if not taken:
                     self._bound[claimed] = peer.pid
-            if holder is not None:
+            if taken:
                 self._refuse(f"pid {peer.pid} claimed rank {claimed}, already reporting from pid {holder}")
                 self._drop(conn)
-                return
+                return False
             peer.rank = claimed
         body["rank"] = peer.rank  # what the kernel vouches for, not what the message says
         with self.new:
             self.messages.append(Message(kind, body, now))
             self.new.notify_all()
+        return True
 
     # ------------------------------------------------------------------ readers
+
+    def drain(self, timeout_s: float = 3.0) -> None:
+        """After the job: wait until every rank's connection has been read to its end (or the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.thread.is_alive() and self._open > 0:
+            time.sleep(0.02)
 
     def snapshot(self) -> list[Message]:
         with self.lock:

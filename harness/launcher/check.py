@@ -73,10 +73,18 @@ def render(result: CheckResult) -> list[str]:
                          f"(t in {r['causality']['positions']})")
     if r.get("flops_per_token") is not None:
         row("FLOPs per token", f"{r['flops_per_token']:,.0f} per training token (forward + backward, {r['flops_method']})")
+    box = r.get("sandbox") or {}
+    if box.get("active"):
+        row("sandbox", f"ok: the check ran in the sandbox ({box.get('why')}); training and evaluation use it too")
+    else:
+        row("sandbox", f"WARNING: not available on this machine ({box.get('why', 'unknown')}). Runs here are not "
+                       "isolated from the validation data and other records; the organisers' machines must have "
+                       "it, or use a separate user (docs/organizer.md)")
     screen = r.get("screen", [])
-    row("static screen", "nothing to review" if not screen else f"{len(screen)} line(s) for a reviewer to look at:")
+    row("static screen", "nothing to review" if not screen else f"{len(screen)} line(s) for a reviewer to look at "
+        "(warnings, not verdicts: they are in the record too):")
     for f in screen:
-        lines.append(f"      {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
+        lines.append(f"      WARNING {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
     row("organisers run", " ".join(result.command))
     if t.nnodes > 1:
         row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")

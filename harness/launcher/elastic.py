@@ -101,8 +101,8 @@ class ElasticJob:
 
     def start(self) -> None:
         self._handler = _route_torch_logs(self.log_path)
-        self._env = patched_environ({**self.spec.env, "OMP_NUM_THREADS": str(self.spec.threads_per_rank),
-                                     "TMPDIR": str(self._tmp)})
+        self._env = patched_environ({"OMP_NUM_THREADS": str(self.spec.threads_per_rank), "TMPDIR": str(self._tmp),
+                                     **self.spec.env})  # the job's own settings win (a private TMPDIR)
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         self._thread.start()

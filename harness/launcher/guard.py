@@ -5,15 +5,18 @@ checkpoint they stage), are not told where records, leaderboards or validation d
 nothing they write is read as a result: the record is composed by the launcher from reports it
 stamped itself, and the checkpoint is taken over only once every training process is gone.
 
-A submission can still find the runs/ tree on its own. So, while the ranks run, the launcher
-holds a snapshot of every finished record of the track (one whose status is final: a record
-that says `running` or `evaluating` is still being written by its own launcher) and of the
-track's leaderboard files;
-when the ranks are gone it compares: a finished record that changed or vanished is restored
-byte for byte and the run is flagged, naming the paths. A changed leaderboard is rebuilt from
-the records (it is derived, and a concurrent `harness run` legitimately rewrites it, so that
-alone flags nothing). Records that appeared meanwhile are listed in the run's notes (a
-concurrent `harness run` creates them too).
+With the sandbox (harness/ranks/sandbox.py) a training rank cannot read or write the runs tree at
+all; this guard is the second line, for machines without it, where a submission could find the
+runs/ tree on its own. While the ranks run, the launcher holds a snapshot of every finished
+record of the track (one whose status is final: a record that says `running` or `evaluating` is
+still being written by its own launcher), taken at the start and refreshed twice a second as
+other runs finish, and of the track's leaderboard files. When the ranks are gone it compares: a
+finished record that changed or vanished is restored byte for byte and the run is flagged,
+naming the paths. A changed leaderboard is rebuilt from the records (it is derived, and a
+concurrent `harness run` legitimately rewrites it, so that alone flags nothing). Records that
+appeared meanwhile are listed in the run's notes (a concurrent `harness run` creates them too).
+Not covered without the sandbox: other runs' checkpoints and submission copies while they are in
+progress (a changed checkpoint fails that run's hash check rather than being scored).
 
 `harness flag` / `harness unflag` take the track's lock exclusively; a guard holds it shared
 while ranks run, so an organiser's flag is never mistaken for tampering.
@@ -22,6 +25,7 @@ while ranks run, so an organiser's flag is never mistaken for tampering.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +84,17 @@ class RecordGuard:
         self.records = _finished_records(self.track_dir, self.own)
         self.board = _leaderboard_files(self.leaderboard_dir, self.track)
         self.known = set(self.track_dir.glob("*/*/run.json"))
+        self._last_refresh = time.monotonic()
         return self
+
+    def refresh(self, every_s: float = 0.5) -> None:
+        """While the ranks run: a record that became final since (another run finished) is protected
+        from now on, as it is (its own launcher wrote it; the window for a change is one refresh)."""
+        if time.monotonic() - self._last_refresh < every_s:
+            return
+        self._last_refresh = time.monotonic()
+        for path, data in _finished_records(self.track_dir, self.own).items():
+            self.records.setdefault(path, data)
 
     def check_and_restore(self) -> GuardReport:
         report = GuardReport()

@@ -15,10 +15,12 @@ import json
 import time
 from pathlib import Path
 
+from harness.launcher.assemble import flag_run
 from harness.launcher.outcome import Outcome
 from harness.results.records import RunRecord, utc_now, write_atomic
 
-WAIT_FOR_NODES_S = 8.0
+WAIT_FOR_NODES_S = 8.0  # for an account of a failure
+WAIT_FOR_NODES_OK_S = 8.0  # for the accounts of a run that went well (their flags count too)
 
 
 class NodePaths:
@@ -49,6 +51,9 @@ class NodePaths:
             "reason": record.reason, "failing_rank": record.failing_rank, "traceback": record.traceback,
             "cause": record.extra.get("cause", ""), "submission_sha256": record.submission_sha256,
             "killed_pids": record.killed_pids, "timings": record.timings, "ended_at": utc_now(),
+            # What this node saw that node 0 must carry into the record: flags, refusals, the sandbox.
+            "flagged": record.flagged, "flag_reason": record.flag_reason, "warnings": record.warnings,
+            "refused_reports": record.extra.get("refused_reports", []), "sandbox": record.sandbox,
         }
         write_atomic(self.report_path, json.dumps(report, indent=2) + "\n")
 
@@ -67,7 +72,7 @@ def read_node_reports(run_dir: Path) -> dict[int, dict]:
 def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nnodes: int) -> None:
     """Put the other nodes' accounts in the record; take the cause from them when node 0 saw only its echo."""
     waiting = outcome.status != "ok"
-    deadline = time.monotonic() + (WAIT_FOR_NODES_S if waiting else 2.0)
+    deadline = time.monotonic() + (WAIT_FOR_NODES_S if waiting else WAIT_FOR_NODES_OK_S)
     reports = read_node_reports(node.run_dir)
     while len(reports) < nnodes - 1 and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -75,10 +80,20 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     record.extra["nodes"] = {str(r): {k: rep.get(k) for k in ("status", "reason", "failing_rank", "hostname",
                                                                 "submission_sha256")}
                              for r, rep in reports.items()}
-    for r, rep in reports.items():
+    for r, rep in sorted(reports.items()):
         if rep.get("submission_sha256") and rep["submission_sha256"] != record.submission_sha256:
             record.notes.append(f"node {r} ran a submission with another sha256 ({rep['submission_sha256'][:12]})")
+        if rep.get("flagged"):
+            flag_run(record, f"node {r}: {rep.get('flag_reason', '')}")
+        record.warnings += [f"node {r}: {w}" for w in rep.get("warnings", []) if f"node {r}: {w}" not in record.warnings]
+        if rep.get("refused_reports"):
+            record.extra.setdefault("refused_reports", []).extend(f"node {r}: {x}" for x in rep["refused_reports"])
+        if rep.get("sandbox"):
+            record.sandbox[f"node{r}"] = rep["sandbox"]
     missing = [r for r in range(1, nnodes) if r not in reports]
+    if missing and outcome.status == "ok":
+        record.notes.append(f"node(s) {', '.join(map(str, missing))} gave no account within "
+                            f"{WAIT_FOR_NODES_OK_S:.0f} s: their flags, if any, are not in this record")
     if outcome.cause in ("own", "kill") or outcome.status == "ok":
         return
     remote = [rep for rep in reports.values() if rep.get("cause") == "own"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.launcher import process_tree
+from harness.ranks import sandbox
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -33,18 +34,24 @@ PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one 
 
 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
-                  eval_seq_len: int | None = None, precision: str = "bfloat16",
-                  timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict:
-    """Contract checks in a throw-away process; returns the report (ok, problems, params, config)."""
-    request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
-               "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1))}
+                  eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
+                  protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict:
+    """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config)."""
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
+    policy = None
+    if sandbox_mode != "off":
+        policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda")
+    request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
+               "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1)),
+               "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
+    env = sandbox.private_environment(tmp)
     with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
         try:
             proc = subprocess.run([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
-                                  stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)
+                                  stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True,
+                                  cwd=tmp, env=env)
             code = proc.returncode
         except subprocess.TimeoutExpired:
             return {"ok": False, "problems": [{"file": str(submission_dir), "problem":
@@ -56,6 +63,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
     shutil.rmtree(tmp, ignore_errors=True)
+    if policy is not None:
+        report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report
 
 
@@ -84,9 +93,10 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
     job = ElasticJob(launch, log_path)
     job.start()
     try:
-        result = watch(job, channel, deadlines, abort, on_tick)
+        result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0])
     finally:
         leftover = job.close(wait_s=1.0 if job.running() else 10.0)
+    channel.drain()  # the ranks are gone: read what their connections still hold to the end
     messages = channel.snapshot()
     local = local_ranks(launch)
     outcome = classify(
@@ -103,7 +113,8 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
-                 reporter=None) -> PhaseResult:
+                 reporter=None, poll: Callable[[], None] | None = None) -> PhaseResult:
+    """Train; `poll` is called on every tick of the watchdog (the record guard's refresh)."""
     reporter = reporter or NullReporter()
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
@@ -113,6 +124,8 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
     last_shown = [0.0]
 
     def on_tick(w: WatchResult) -> None:
+        if poll:
+            poll()
         if time.monotonic() - last_shown[0] < 0.25:
             return
         last_shown[0] = time.monotonic()
@@ -144,7 +157,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
     job.channel_path = channel.path
     job_file = channel.dir / "eval_job.json"
     job.save(job_file)
-    launch = LaunchSpec(module="harness.ranks.evaluate", args=[str(job_file)], nproc_per_node=nproc,
+    launch = LaunchSpec(module="harness.scoring.scorer", args=[str(job_file)], nproc_per_node=nproc,
                         shutdown_timeout_s=shutdown_timeout_s,
                         threads_per_rank=job.cpu_threads_per_rank)
     started = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.launcher.assemble import describe_noncausal
 from harness.launcher.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
@@ -30,6 +31,8 @@ class Rescore:
     val_tokens: int | None
     world_size: int
     eval_time_s: float | None
+    causality: dict | None = None  # the check on the scoring batches of this evaluation (a fresh secret seed)
+    sandbox: dict | None = None
 
 
 def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None = None, reporter=None) -> Rescore:
@@ -43,16 +46,21 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
     if record.data_fingerprint and data.fingerprint != record.data_fingerprint:
         raise DataError(f"the data found ({data.location}, fingerprint {data.fingerprint}) is not the data this run "
                         f"used (fingerprint {record.data_fingerprint}); point --data-root at the run's data")
-    nproc = nproc or record.nproc_per_node or 1
+    nproc = nproc or track.eval.nproc_per_node or record.nproc_per_node or 1
     # The run's own precision, even on another machine: the figure must be computed the same way.
     precision = record.precision or resolve_precision(track.dtype, track.device)[0]
-    job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc, precision)
+    protected = [str(run_dir.resolve().parent.parent.parent), *(s.path for s in data.val)]  # the runs tree, the val data
+    job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc, precision,
+                         int(record.config.get("vocab_size", track.data.vocab_size)), protected)
     log = run_dir / "logs" / "rescore-launcher.log"
     job.log_dir = str(run_dir / "logs" / "rescore")
     with abort_on_signals() as abort:
         ev = run_evaluation(job, nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
                             log_path=log, abort=abort, reporter=reporter)
     r0 = ev.reports("eval_result").get(0, {})
-    return Rescore(status=ev.outcome.status, reason=ev.outcome.reason, val_loss=r0.get("val_loss"),
-                   recorded_val_loss=record.val_loss, val_tokens=r0.get("val_tokens"), world_size=nproc,
-                   eval_time_s=r0.get("eval_time_s"))
+    status, reason, causality = ev.outcome.status, ev.outcome.reason, r0.get("causality")
+    if status == "ok" and causality is not None and not causality.get("causal", True):
+        status, reason = "invalid", describe_noncausal(causality)
+    return Rescore(status=status, reason=reason, val_loss=r0.get("val_loss"), recorded_val_loss=record.val_loss,
+                   val_tokens=r0.get("val_tokens"), world_size=nproc, eval_time_s=r0.get("eval_time_s"),
+                   causality=causality, sandbox=r0.get("sandbox"))

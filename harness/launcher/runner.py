@@ -36,9 +36,11 @@ from harness.ranks.checkpoint import file_sha256
 from harness.launcher.assemble import (
     apply_evaluation,
     apply_training,
+    check_reports,
     flag_run,
     metrics_rows,
     name_team_files,
+    sandbox_warnings,
     set_outcome,
 )
 from harness.launcher.guard import GuardReport, RecordGuard
@@ -49,6 +51,8 @@ from harness.launcher.elastic import LaunchSpec
 from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.launcher.workarea import WorkArea, patched_environ
+from harness.ranks import sandbox
+from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
 from harness.results.views import leaderboard_root
 from harness.launcher.watch import AbortFlag, Deadlines, abort_on_signals
@@ -164,6 +168,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
             raise
         finally:
             name_team_files(record, node.snapshot, folder)
+            sandbox_warnings(record)
             record.ended_at = utc_now()
             if record.status not in FINAL_STATUSES:
                 set_outcome(record, "aborted", "the launcher stopped before the run finished")
@@ -196,10 +201,13 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     reporter.progress("checking the submission...")
     report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
                            seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
-                           precision=record.precision)
+                           precision=record.precision, sandbox_mode=track.sandbox,
+                           protected=protected_paths(opts.runs_dir, data))
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
+    record.sandbox["check"] = report.get("sandbox") or {}
+    record.warnings += screen_warnings(record.extra["screen"])
     if abort.is_set:
         set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
@@ -244,8 +252,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.status = "evaluating"  # not final: other runs' guards leave a record alone until it says it is done
     save_record(run_dir, record)
 
-    eval_nproc = opts.eval_nproc or nproc
-    eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc, record.precision)
+    eval_nproc = opts.eval_nproc or track.eval.nproc_per_node or nproc
+    eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc, record.precision,
+                              int(record.config.get("vocab_size", track.data.vocab_size)),
+                              protected_paths(opts.runs_dir, data))
     t_eval = time.monotonic()
     ev = run_evaluation(eval_job, eval_nproc, timeout_s=track.eval.timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, log_path=run_dir / "logs" / "eval-launcher.log",
@@ -253,12 +263,17 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.timings["eval_s"] = time.monotonic() - t_eval
     record.timings["total_s"] = time.monotonic() - t_begin
     apply_evaluation(record, ev)
+    check_reports(record, ev, "evaluation")
 
 
 def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
            area: WorkArea, abort: AbortFlag, reporter) -> PhaseResult:
     """The ranks, in their private folder, with the track's finished records guarded meanwhile."""
     threads = _threads_per_rank(track, nproc)
+    policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda")
+    exposed = sandbox.check_protected(policy, protected_paths(opts.runs_dir, data))
+    if exposed:
+        record.warnings.append(f"the training sandbox allows folders that hold protected paths: {', '.join(exposed)}")
     job = TrainJob(
         run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
         budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
@@ -267,11 +282,13 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
         scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
+        sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
     )
     launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,
-                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads)
+                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
+                        env=area.rank_environment())
     t_launch = time.monotonic()
     leaderboard_dir = leaderboard_root()
     # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
@@ -280,7 +297,8 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     with guard or contextlib.nullcontext(), area.hidden_environment():
         phase = run_training(job, launch, deadlines=training_deadlines(track),
-                             log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter)
+                             log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
+                             poll=guard.refresh if guard else None)
         report = guard.check_and_restore() if guard else GuardReport()
     area.collect_logs(node.run_dir / "logs")
     record.timings.update(phase.watch.timings(t_launch))
@@ -303,16 +321,24 @@ def training_deadlines(track: Track) -> Deadlines:
                      hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s)
 
 
+def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
+    """What no process running team code may be able to read: the validation shards, every record,
+    the derived views."""
+    return [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *(s.path for s in data.val)]
+
+
 def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,
-                   precision: str) -> EvalJob:
+                   precision: str, vocab_out: int, protected: list[str]) -> EvalJob:
     return EvalJob(
         checkpoint=str(run_dir / "checkpoint.pt"), checkpoint_sha256=checkpoint_sha256,
         submission_dir=str(run_dir / "submission"), val_shards=data.val, val_tokens=track.data.val_tokens,
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
-        backend=track.backend, device=track.device, dtype=precision,
+        vocab_out=vocab_out, backend=track.backend, device=track.device, dtype=precision,
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
         cpu_threads_per_rank=_threads_per_rank(track, nproc),
-        causality_check=track.eval.causality_check, log_dir=str(run_dir / "logs"),
+        causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
+        causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,
+        log_dir=str(run_dir / "logs"),
     )
 
 

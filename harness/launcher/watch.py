@@ -133,10 +133,10 @@ def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_
     result.limit_s = limit_s if limit_s is not None else result.kill_at_s
 
 
-def _stamp(result: WatchResult, channel: ChannelServer) -> None:
-    """The first report of each kind, from this node's first rank, as the launcher's clock saw it."""
+def _stamp(result: WatchResult, channel: ChannelServer, lead_rank: int) -> None:
+    """The first report of each kind from this node's first rank, as the launcher's clock saw it."""
     for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s")):
-        m = channel.first(kind)
+        m = channel.first(kind, rank=lead_rank)
         setattr(result, attr, m.received_s if m else None)
 
 
@@ -155,7 +155,7 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple
                     "submission, get_model, DDP, optimizers) before the first step", r.setup_start_s + d.startup_allowance_s)
         return None
     hard = r.train_start_s + d.hard_limit_s
-    if r.train_end_s is None and now > hard:
+    if now > hard and (r.train_end_s is None or r.train_end_s > hard):  # an end reported late is still late
         return f"killed at the hard limit: {d.hard_limit_s:.1f} s (budget + grace) after training started", hard
     # Whatever the ranks report, nothing runs past the hard limit plus the save allowance.
     final = hard + d.save_allowance_s
@@ -168,14 +168,14 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple
 
 
 def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: AbortFlag,
-          on_tick: Callable[[WatchResult], None] | None = None) -> WatchResult:
+          on_tick: Callable[[WatchResult], None] | None = None, lead_rank: int = 0) -> WatchResult:
     """Run the loop until the agent returns; kill the job when a deadline passes or on abort."""
     result = WatchResult()
     launched = time.monotonic()
     while job.running():
         channel.wait(POLL_S)
         now = time.monotonic()
-        _stamp(result, channel)
+        _stamp(result, channel, lead_rank)
         if on_tick:
             on_tick(result)
         if result.kill_status:
@@ -188,10 +188,12 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
         expired = _expired(result, deadlines, launched, now)
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
+        elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
+            _kill(job, result, "crashed", "harness error: the control channel stopped listening")
         elif expired:
             _kill(job, result, "timeout", expired[0], limit_s=expired[1])
     result.exited_s = time.monotonic()
-    _stamp(result, channel)
+    _stamp(result, channel, lead_rank)
     if abort.is_set and not result.kill_status:
         result.kill_status, result.kill_reason = "aborted", f"stopped by {abort.signal_name}"
     return result

@@ -15,6 +15,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.ranks import sandbox
+
 @contextmanager
 def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ...] = ()):
     """Set and remove environment variables for a while (children inherit it), then put them back."""
@@ -50,6 +52,18 @@ class WorkArea:
 
     def hidden_environment(self):
         return patched_environ(unset=HIDDEN_ENV)
+
+    def rank_environment(self) -> dict[str, str]:
+        """Home, temporary folder and compiler caches of the ranks: all inside the private folder."""
+        tmp = self.dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        return {"HOME": str(self.dir), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "inductor"),
+                "TRITON_CACHE_DIR": str(self.dir / "triton"), "CUDA_CACHE_PATH": str(self.dir / "cuda")}
+
+    def sandbox_policy(self, train_files: list[str], gpu: bool) -> sandbox.Policy:
+        """The training ranks may read the train shards one by one, never the folder they sit in."""
+        return sandbox.build_policy(submission_dir=str(self.submission), private_dir=str(self.dir),
+                                    read_files=train_files, gpu=gpu, training=True)
 
     def link_logs(self, dest: Path, names: list[str]) -> None:
         """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""

@@ -1,11 +1,13 @@
-"""The causality probe: a model that looks at future tokens would score an impossibly low loss.
+"""The quick causality probe of the check before a run: a model that looks at future tokens would
+score an impossibly low loss, and is refused before it trains.
 
 For a few positions t, the tokens after t are replaced with random ones; the logits at
 positions 0..t must not change. Each variant runs alone at batch 1 (so every row goes through
 the same kernels as in the reference) and in float32 (no autocast rounding): for a causal
-model the prefix logits are then equal to within float noise, and a leak of any size that
-matters shows. Run on random tokens by the preflight and `harness check`, and on real
-validation tokens, with the trained weights, by evaluation.
+model the prefix logits are then equal to within float noise. Run on random tokens with the
+freshly built model by the check process. A model that looks ahead only once trained, only in
+larger batches or only under autocast passes it: evaluation checks causality again on the
+scoring batches themselves (harness/scoring/plan.py).
 """
 
 from __future__ import annotations

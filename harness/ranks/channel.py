@@ -1,18 +1,27 @@
 """A rank's end of the control channel to its launcher (the launcher's end: harness/launcher/channel.py).
 
 Ranks report here instead of writing results themselves; the launcher stamps each message on
-arrival with its own clock and knows, from the kernel, which process sent it. One connected
-SOCK_SEQPACKET socket per rank, opened before any submission code is imported. Sending never
-raises and never blocks training: a full or vanished socket drops the message, counted.
+arrival with its own clock and knows, from the kernel, which process sent it. One Unix stream
+connection per rank, opened before any submission code is imported; each message is a frame:
+4 bytes of length (little-endian), then JSON.
+
+Sending never raises and never blocks training: what the socket cannot take now waits in a small
+queue that later sends flush; when the queue is full, new reports are dropped and counted. At
+exit, `flush` waits briefly for the queue to drain, so a rank's last report (its result or its
+error) is not lost.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import struct
+import time
 from typing import Any
 
-MAX_MESSAGE = 60_000  # under the launcher's receive size and the socket buffer; long tracebacks are cut
+MAX_MESSAGE = 60_000  # bytes of JSON; long tracebacks are cut to fit
+MAX_QUEUED = 1 << 20  # bytes waiting for the launcher before new reports are dropped
+FRAME = struct.Struct("<I")
 
 
 class ChannelClient:
@@ -20,8 +29,9 @@ class ChannelClient:
         self.path, self.rank = path, rank
         self.sock = None
         self.dropped = 0
+        self.queued = b""
         if path:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 self.sock.connect(path)
             except OSError:  # no launcher to report to: every report will count as dropped
@@ -45,11 +55,37 @@ class ChannelClient:
             data = json.dumps(body, default=str).encode()
             if len(data) > MAX_MESSAGE:
                 data = json.dumps({"kind": kind, "rank": self.rank, "message": "report too large to send"}).encode()
-        try:
-            self.sock.send(data)
-        except OSError:
+        if len(self.queued) + len(data) + FRAME.size > MAX_QUEUED:
             self.dropped += 1
+            self._push()
+            return
+        self.queued += FRAME.pack(len(data)) + data
+        self._push()
+
+    def _push(self) -> None:
+        """Send what the socket takes now; keep the rest (never half a frame lost: a stream keeps order)."""
+        while self.queued:
+            try:
+                sent = self.sock.send(self.queued)
+            except BlockingIOError:
+                return
+            except OSError:  # the launcher is gone: nothing more can be reported
+                self.dropped += 1
+                self.queued = b""
+                return
+            self.queued = self.queued[sent:]
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait (briefly) until every queued report has left; True when none is left behind."""
+        deadline = time.monotonic() + timeout_s
+        while self.sock is not None and self.queued and time.monotonic() < deadline:
+            self._push()
+            if self.queued:
+                time.sleep(0.01)
+        return not self.queued
 
     def close(self) -> None:
         if self.sock is not None:
+            self.flush()
             self.sock.close()
+            self.sock = None

@@ -36,35 +36,12 @@ def unwrap(module):
             return module
 
 
-def save_checkpoint(path: str | Path, module, config: dict, step: int, tokens: int) -> None:
-    """Written beside, then renamed: the launcher never takes a half-written file."""
+def save_checkpoint(path: str | Path, module, config: dict, step: int, tokens: int) -> dict:
+    """Written beside, then renamed: the launcher never takes a half-written file. Returns the state saved."""
     import torch
 
     state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     tmp = f"{path}.tmp"
     torch.save({"config": config, "model": state, "step": step, "tokens": tokens}, tmp)
     os.replace(tmp, path)
-
-
-def load_for_eval(checkpoint: str, expected_sha256: str, submission_dir: str, device):
-    """The trained model, rebuilt by the submission's get_model from the checkpoint alone."""
-    import torch
-
-    from harness.submission.contract import SubmissionError, import_submission_module
-
-    actual = file_sha256(checkpoint)
-    if expected_sha256 and actual != expected_sha256:
-        raise RuntimeError(f"{checkpoint}: sha256 {actual[:12]} differs from the record's "
-                           f"{expected_sha256[:12]}; the checkpoint was changed after training")
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    module = import_submission_module(Path(submission_dir))
-    get_model = getattr(module, "get_model", None)
-    if not callable(get_model):
-        raise SubmissionError(Path(submission_dir) / "submission.py", "defines no get_model.", "see docs/submission.md")
-    model = get_model(dict(ckpt["config"]))
-    model.load_state_dict(ckpt["model"], strict=True)
-    model.to(device=device, dtype=torch.float32)
-    model.eval()
-    return model, ckpt
-
-
+    return state

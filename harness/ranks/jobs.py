@@ -50,6 +50,8 @@ class TrainJob:
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure
     data_fingerprint: str = ""  # what this node's launcher found: all nodes must agree before training
     submission_sha256: str = ""
+    sandbox: str = "auto"  # auto | required | off
+    sandbox_policy: dict = field(default_factory=dict)  # harness/ranks/sandbox.py Policy, decided by the launcher
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)
@@ -58,9 +60,12 @@ class TrainJob:
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainJob":
-        d = json.loads(Path(path).read_text())
-        d["train_shards"] = _shards_from_json(d["train_shards"])
-        return cls(**d)
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainJob":
+        """From the job file's JSON, read before the sandbox closed the folder it lives in."""
+        return cls(**{**d, "train_shards": _shards_from_json(d["train_shards"])})
 
 
 @dataclass(kw_only=True)
@@ -78,9 +83,18 @@ class EvalJob:
     dtype: str
     collective_timeout_s: float
     cpu_threads_per_rank: int
+    vocab_out: int = 0  # the checkpoint's vocabulary (padded vocabularies are larger than the track's)
     causality_check: bool = True
+    causality_fraction: float = 0.1  # of the scoring batches, re-run with the tokens after a secret cut replaced
+    causality_tolerance: float = 1e-3  # largest honest change of a log-probability before the cut (nats)
+    sandbox: str = "auto"  # auto | required | off: Landlock for the model processes
+    protected: list[str] = field(default_factory=list)  # paths no model process may be able to read
     channel_path: str = ""
     log_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.vocab_out:
+            self.vocab_out = self.vocab_size
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

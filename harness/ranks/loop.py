@@ -44,6 +44,9 @@ NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
                        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
 
 
+_torch_equal = torch.equal  # bound before any submission is imported (one that patches torch.equal changes nothing here)
+
+
 class Diverged(RuntimeError):
     harness_status = "diverged"
 
@@ -128,9 +131,6 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     # every forward (a causal mask buffer would cost every team a broadcast per micro-step).
     ddp = DDP(model, device_ids=[env.local_rank] if device.type == "cuda" else None,
               gradient_as_bucket_view=True, **NO_BUFFER_BROADCAST)
-    # Ranks draw different random numbers from here on (dropout masks): one seed per rank.
-    torch.manual_seed((job.seed << 20) + 1 + env.rank)
-    np.random.seed(((job.seed << 20) + 1 + env.rank) % 2**32)
     optimizers = sub.build_optimizers(raw_model, ctx) if sub.build_optimizers else default_optimizers(raw_model, ctx, sub.config)
     if isinstance(optimizers, torch.optim.Optimizer):
         optimizers = [optimizers]
@@ -142,6 +142,10 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     for opt in optimizers:
         for group in opt.param_groups:
             group["initial_lr"] = float(group["lr"])
+    # Ranks draw different random numbers from here on (dropout masks), once everything that is built
+    # alike on every rank (model, optimizers) is built.
+    torch.manual_seed((job.seed << 20) + 1 + env.rank)
+    np.random.seed(((job.seed << 20) + 1 + env.rank) % 2**32)
     return Training(
         job=job, env=env, channel=channel, device=device, sub=sub, ddp=ddp, raw_model=raw_model,
         optimizers=list(optimizers), schedule=sub.lr_schedule or default_lr_schedule,
@@ -281,15 +285,26 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             "max_step_s": max_step_s, "last_step_start_s": last_step_start_s}
 
 
+def weights_digest(named_tensors) -> str:
+    """sha256 over (name, dtype, shape, bytes) of each tensor, in the given order."""
+    digest = hashlib.sha256()
+    for name, t in named_tensors:
+        t = t.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-dim tensors cannot be viewed
+    return digest.hexdigest()
+
+
 def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
     """After the clock: the weights checked, the checkpoint, the scaling probe, this rank's figures."""
     job, env, device = tr.job, tr.env, tr.device
     probe_batches = [tr.prefetch.next() for _ in range(min(job.scaling_probe_steps, 4))]
     tr.prefetch.close()
-    params = list(tr.raw_model.parameters())
+    named = list(tr.raw_model.named_parameters(remove_duplicate=False))
     bad = torch.zeros((), dtype=torch.float64, device=device)
-    for p in params:  # the last optimizer step can break weights after the last finite loss
-        bad += (~torch.isfinite(p.detach())).sum()
+    for _, p in named:  # the last optimizer step can break weights after the last finite loss
+        if p.requires_grad:  # a frozen tensor is the submission's own business
+            bad += (~torch.isfinite(p.detach())).sum()
     dist.all_reduce(bad)  # every rank takes the same decision, so no rank waits in a collective alone
     if bad.item():
         raise Diverged(f"the weights hold NaN or inf values after the last step ({step}; {int(bad.item())} values "
@@ -300,13 +315,18 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
         import resource
 
         peak_mem_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    saved = False
+    # The weights as training left them, before anything of the submission runs again (its
+    # state_dict, hooks): replicas must agree, and the checkpoint must hold exactly these.
+    at_end = weights_digest((name, p) for name, p in named)
+    saved, checkpoint_matches = False, None
     if env.rank == 0 and job.staging_dir:
-        save_checkpoint(os.path.join(job.staging_dir, "checkpoint.pt"), tr.raw_model, tr.sub.config, step, tokens)
+        live = {name: p.detach().cpu().clone() for name, p in named}  # before the submission's state_dict runs
+        state = save_checkpoint(os.path.join(job.staging_dir, "checkpoint.pt"), tr.raw_model, tr.sub.config, step,
+                                tokens)
+        common = [name for name in live if name in state]  # a state_dict may rename keys: compare what it keeps
+        checkpoint_matches = bool(common) and all(
+            state[n].shape == live[n].shape and _torch_equal(state[n].to(live[n].dtype), live[n]) for n in common)
         saved = True
-    digest = hashlib.sha256()  # replicas must end identical: DDP keeps them so only if every rank's lr agrees
-    for p in params:
-        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     probe: dict = {}
     if job.scaling_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
         probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.scaling_probe_steps,
@@ -319,7 +339,7 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
         "steps": step, "tokens": tokens, "train_time_s": train_time_s,
         "params": tr.params, "peak_mem_gib": peak_mem_gib, "data_wait_s": tr.prefetch.wait_s,
         "checkpoint_saved": saved, "config": tr.sub.config, "tokens_per_step": tr.tokens_per_step,
-        "weights_sha256": digest.hexdigest(),
+        "weights_sha256": at_end, "checkpoint_matches_weights": checkpoint_matches,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "reports_dropped": tr.channel.dropped,  # progress reports the launcher could not take in time
     }

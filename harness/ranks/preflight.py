@@ -122,13 +122,20 @@ def run_checks(request: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     request = json.loads(Path(argv[1]).read_text())
+    from harness.ranks import sandbox
+
+    box = sandbox.apply(sandbox.Policy.from_dict(request["policy"])) if request.get("policy") else \
+        sandbox.SandboxReport(False, "no sandbox was asked for")
     try:
+        if not box.active and request.get("sandbox") == "required":
+            raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
         import torch
 
         torch.set_num_threads(max(1, int(request.get("threads", 1))))
         report = run_checks(request)
     except BaseException as exc:
         report = {"ok": False, "problems": [_problem(exc)]}
+    report["sandbox"] = box.to_dict()
     Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
     sys.stdout.flush()
 

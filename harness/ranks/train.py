@@ -4,43 +4,57 @@
 
 The process around the fixed loop (harness/ranks/loop.py): it ties itself to the launcher, moves
 into its private folder, sends its output to its own log, says hello on the control channel,
-then trains; whatever happens becomes a report (a result, or an error with its traceback), and
-the process leaves through the one clean exit path. Imports stay light until the loop starts.
+enters the sandbox (harness/ranks/sandbox.py) while it still has one thread, then trains;
+whatever happens becomes a report (a result, or an error with its traceback), and the process
+leaves through the one clean exit path. Nothing that starts threads (numpy, torch) is imported
+before the sandbox.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, redirect_output, release_and_exit
 
 
-def main(argv: list[str]) -> None:
-    from harness.ranks.channel import ChannelClient
-    from harness.ranks.jobs import TrainJob
+class SandboxMissing(RuntimeError):
+    harness_status = "aborted"  # the machine, not the team: the run cannot be held to the rules here
 
-    job = TrainJob.load(argv[1])
+
+def main(argv: list[str]) -> None:
+    from harness.ranks import sandbox
+    from harness.ranks.channel import ChannelClient
+
+    raw = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
-    if job.work_dir:
-        os.chdir(job.work_dir)  # the private folder: files a submission writes land there, not in runs/
-    redirect_output(f"{job.log_dir}/rank{env.rank}.log")
-    channel = ChannelClient(job.channel_path, env.rank)
+    if raw.get("work_dir"):
+        os.chdir(raw["work_dir"])  # the private folder: files a submission writes land there, not in runs/
+    redirect_output(f"{raw['log_dir']}/rank{env.rank}.log")
+    channel = ChannelClient(raw.get("channel_path"), env.rank)
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
                  world_size=env.world_size)
+    box = sandbox.apply(sandbox.Policy.from_dict(raw["sandbox_policy"])) if raw.get("sandbox_policy") else \
+        sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\", or harness scale)")
     holders: list = []
     code = 0
     try:
+        if not box.active and raw.get("sandbox") == "required":
+            raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        from harness.ranks.jobs import TrainJob
         from harness.ranks.loop import train
 
-        result = train(job, env, channel, holders)
-        channel.send("result", **result)
+        result = train(TrainJob.from_dict(raw), env, channel, holders)
+        channel.send("result", **result, sandbox=box.to_dict())
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
         report = describe_failure(exc)
         print(report["traceback"], file=sys.stderr, flush=True)
         channel.send("error", **report)
         code = 1
+    channel.close()  # the last report (result or error) must reach the launcher before the process goes
     release_and_exit(code, holders)
 
 

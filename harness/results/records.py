@@ -98,6 +98,9 @@ class RunRecord:
     team_members: list[str] = field(default_factory=list)
     # evaluation
     eval: dict[str, Any] = field(default_factory=dict)
+    # isolation: per phase (check, training, evaluation), whether the sandbox was active and why not
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what a reviewer should read (static screen, sandbox)
     # failure detail
     failing_rank: int | None = None
     traceback: str | None = None

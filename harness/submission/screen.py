@@ -1,9 +1,15 @@
 """A static screen of a submission's source: what a reviewer should look at. It never blocks.
 
 Lists file writes and opens, processes, sockets and network libraries, native code (ctypes,
-cffi), threads, changes to attributes of `torch`, `time`, `harness`, `os` or `sys`, reads of
-environment variables, weights loaded from files, dynamic code, and string literals that
-look like data or record paths. Each finding names the file and the line.
+cffi), threads, introspection (frames, `inspect`, `gc`'s object lists, tracing hooks), changes to
+attributes of modules the submission imports but did not define (`torch`, `json`, `time`,
+`harness`, ...), reads of environment variables, weights loaded from files, dynamic code, and
+string literals that look like data or record paths. Each finding names the file and the line.
+
+What it finds is reported as warnings (`harness check`, the record's `warnings`), never as a
+verdict: honest code does some of these things, and a determined submission can hide them. The
+defences that hold are elsewhere (the sandbox, scoring outside the model's process, the
+causality check on the scoring itself); the screen tells a reviewer where to read.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ MODULE_CATEGORIES = {
     "http": "network", "requests": "network", "httpx": "network", "aiohttp": "network", "ftplib": "network",
     "ctypes": "native code", "cffi": "native code", "threading": "threads", "_thread": "threads",
     "concurrent": "threads", "harness": "harness internals", "importlib": "dynamic code", "pickle": "file",
-    "shutil": "file", "tempfile": "file",
+    "shutil": "file", "tempfile": "file", "inspect": "introspection", "gc": "introspection",
+    "traceback": "introspection",
 }
 CALLS = {
     "open": "file", "io.open": "file", "os.open": "file", "os.remove": "file", "os.unlink": "file",
@@ -28,8 +35,14 @@ CALLS = {
     "os.getenv": "environment", "os.putenv": "environment", "torch.load": "loads weights",
     "torch.save": "file", "np.load": "file", "numpy.load": "file", "np.fromfile": "file", "np.memmap": "file",
     "eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code", "__import__": "dynamic code",
-    "setattr": "patching",
+    "setattr": "patching", "delattr": "patching",
+    "sys._getframe": "introspection", "sys._current_frames": "introspection", "sys.settrace": "introspection",
+    "sys.setprofile": "introspection", "threading.settrace": "introspection", "gc.get_objects": "introspection",
+    "gc.get_referrers": "introspection", "gc.get_referents": "introspection", "sys.addaudithook": "introspection",
+    "globals": "introspection", "vars": "introspection",
 }
+FRAME_ATTRIBUTES = {"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
+                    "__globals__", "__closure__", "__code__", "__subclasses__"}
 PATH_METHODS = {"write_text", "write_bytes", "open", "unlink", "rename", "replace", "mkdir", "rmdir", "touch",
                 "read_bytes", "read_text"}
 DATA_LIKE = re.compile(r"(\.bin$|\.pt$|\.npy$|\.npz$|/data\b|chunk_\d|\bruns/|leaderboard|\bval(idation)?[_/.])", re.I)
@@ -54,8 +67,9 @@ def _dotted(node: ast.AST) -> str:
 
 
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, rel: str, lines: list[str]):
+    def __init__(self, rel: str, lines: list[str], imported: set[str]):
         self.rel, self.lines, self.found = rel, lines, []
+        self.imported = imported  # names bound by import statements: modules the file did not define
 
     def add(self, node: ast.AST, category: str, what: str) -> None:
         line = getattr(node, "lineno", 0)
@@ -91,13 +105,15 @@ class _Visitor(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if _dotted(node) == "os.environ":
             self.add(node, "environment", "reads os.environ")
+        if node.attr in FRAME_ATTRIBUTES:
+            self.add(node, "introspection", f"reads .{node.attr}")
         self.generic_visit(node)
 
     def _assigned(self, target: ast.AST, node: ast.AST) -> None:
         if isinstance(target, ast.Attribute):
             root = _dotted(target).split(".")[0]
-            if root in PATCHABLE:
-                self.add(node, "patching", f"assigns {_dotted(target)}")
+            if root in PATCHABLE or root in self.imported:
+                self.add(node, "patching", f"assigns {_dotted(target)} (an attribute of a module it imports)")
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
@@ -118,7 +134,13 @@ def screen_source(text: str, rel: str) -> list[Finding]:
         tree = ast.parse(text, filename=rel)
     except SyntaxError as exc:
         return [Finding(rel, exc.lineno or 0, "syntax", f"cannot be parsed: {exc.msg}", "")]
-    visitor = _Visitor(rel, text.splitlines())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.update(a.asname or a.name for a in node.names)  # `from torch import nn`: nn is torch's
+    visitor = _Visitor(rel, text.splitlines(), imported)
     visitor.visit(tree)
     return sorted(visitor.found, key=lambda f: (f.file, f.line, f.category))
 
@@ -131,3 +153,12 @@ def screen_folder(folder: Path) -> list[dict]:
         if path.suffix == ".py":
             findings += screen_source(path.read_text(errors="replace"), str(path.relative_to(folder)))
     return [asdict(f) for f in findings]
+
+
+def summarize(findings: list[dict]) -> list[str]:
+    """One warning per category, naming where: what `harness check` and the record show first."""
+    by_category: dict[str, list[str]] = {}
+    for f in findings:
+        by_category.setdefault(f["category"], []).append(f"{f['file']}:{f['line']}")
+    return [f"screen: {category} at {', '.join(places[:6])}" + (f" and {len(places) - 6} more" if len(places) > 6 else "")
+            for category, places in sorted(by_category.items())]

@@ -23,6 +23,7 @@ DTYPES = ("bfloat16", "float32", "auto")  # auto: bf16 where the device computes
 CLOCK_STARTS = ("first_forward", "model_build")
 RANKINGS = ("best", "mean")
 SHARD_FORMATS = ("auto", "raw_uint16", "llmc_uint16", "llmc_uint32")
+SANDBOX_MODES = ("auto", "required", "off")
 
 
 class TrackError(ValueError):
@@ -91,13 +92,23 @@ class DataSpec:
 class EvalSpec:
     seq_len: int  # target tokens per evaluation window
     batch_size: int  # windows per forward pass; the batches are the unit sharded over ranks
+    nproc_per_node: int = 0  # scorer ranks (each with its model processes); 0: as many as training
     timeout_s: float = 600.0
-    causality_check: bool = True  # probe the trained model for peeking at future tokens
+    causality_check: bool = True  # re-run a secret sample of the scoring batches with their ends replaced
+    causality_fraction: float = 0.1  # share of the scoring batches checked (at least 2, or all if fewer)
+    causality_tolerance: float = 1e-3  # largest change of a log-probability before the cut an honest model shows
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len, "[eval]")
         _positive("batch_size", self.batch_size, "[eval]")
         _positive("timeout_s", self.timeout_s, "[eval]")
+        _positive("causality_tolerance", self.causality_tolerance, "[eval]")
+        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 0:
+            raise TrackError(f"[eval]: `nproc_per_node` must be an integer >= 0, got {self.nproc_per_node!r}")
+        if not 0.0 < self.causality_fraction <= 1.0:
+            raise TrackError(f"[eval]: `causality_fraction` must be in (0, 1], got {self.causality_fraction!r}")
+        if self.seq_len < 2:
+            raise TrackError("[eval]: `seq_len` must be >= 2 (a causality check needs a token after a cut)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +138,7 @@ class Track:
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
     ranking: str = "mean"  # how a team's runs combine on the leaderboard
     max_steps: int = 0  # >0: stop after exactly this many steps, not on the budget (tests and benchmarks)
+    sandbox: str = "auto"  # Landlock for processes that run team code: auto (where available), required, off
     data: DataSpec
     eval: EvalSpec
     source: str = ""  # where the track came from (a path); not part of its identity
@@ -143,6 +155,8 @@ class Track:
             raise TrackError(f"{where}: `dtype` must be one of {DTYPES}, got {self.dtype!r}")
         if self.clock_start not in CLOCK_STARTS:
             raise TrackError(f"{where}: `clock_start` must be one of {CLOCK_STARTS}, got {self.clock_start!r}")
+        if self.sandbox not in SANDBOX_MODES:
+            raise TrackError(f"{where}: `sandbox` must be one of {SANDBOX_MODES}, got {self.sandbox!r}")
         if self.ranking not in RANKINGS:
             raise TrackError(f"{where}: `ranking` must be one of {RANKINGS}, got {self.ranking!r}")
         if self.nnodes < 1:

@@ -1,0 +1,132 @@
+"""Evaluation's model process: runs the submission's model, and nothing else, for one scorer.
+
+    python -u -m harness.ranks.model_worker <requests fd> <replies fd> <logits fd> <logits bytes>
+
+Started by a scorer (harness/scoring/scorer.py), which holds the validation tokens and computes
+the score. This process never holds a target: it gets the inputs of one batch at a time over a
+pipe, runs forward, writes the logits into a shared buffer and says so. Before it imports
+anything of the submission it enters the sandbox (no validation data, no runs tree, no network,
+no way to reach the other model process of its scorer), and it is told nothing about which
+batch is which: a batch that is scored and a batch that checks causality look the same.
+
+The messages are harness/ranks/wire.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SETUP, receive, send
+
+
+def load_model(checkpoint: str, submission_dir: str, device):
+    """The trained model, rebuilt by the submission's get_model from the checkpoint's config alone,
+    unwrapped (a get_model that returns torch.compile(model) is evaluated as the plain module:
+    evaluation speed is not scored, and compiling again could outlast the evaluation timeout)."""
+    import torch
+
+    from harness.ranks.checkpoint import unwrap
+    from harness.submission.contract import SubmissionError, import_submission_module
+
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    module = import_submission_module(Path(submission_dir))
+    get_model = getattr(module, "get_model", None)
+    if not callable(get_model):
+        raise SubmissionError(Path(submission_dir) / "submission.py", "defines no get_model.", "see docs/submission.md")
+    model = unwrap(get_model(dict(ckpt["config"])))
+    model.load_state_dict(ckpt["model"], strict=True)
+    model.to(device=device, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def _die_with_parent() -> None:
+    """If the scorer dies, so does this process (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
+    kind, *_, payload = receive(requests)
+    if kind != SETUP:
+        raise ValueError("expected setup first")
+    setup = json.loads(payload)
+    from harness.ranks import sandbox
+
+    report = sandbox.apply(sandbox.Policy.from_dict(setup["policy"])) if setup.get("policy") else \
+        sandbox.SandboxReport(False, "the track turns the sandbox off")  # before numpy, torch, the submission
+    if not report.active and setup.get("sandbox") == "required":
+        raise RuntimeError(f"the track requires the sandbox and it is not available here: {report.why}")
+
+    import torch
+
+    from harness.submission.contract import check_forward_output
+
+    torch.set_num_threads(max(1, int(setup["threads"])))
+    device = torch.device(setup["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = load_model(setup["checkpoint"], setup["submission_dir"], device)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
+    vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], "submission.py")
+    send(replies, READY, payload=json.dumps({"sandbox": report.to_dict(),
+                                             "params": sum(p.numel() for p in model.parameters())}).encode())
+    codes = {v: k for k, v in DTYPES.items()}
+    while True:
+        kind, rows, seq_len, _, payload = receive(requests)
+        if kind == QUIT:
+            return
+        idx = torch.frombuffer(bytearray(payload), dtype=torch.int64).view(rows, seq_len).to(device)
+        with torch.inference_mode(), autocast:
+            out = model(idx)
+        check_forward_output(out, rows, seq_len, vocab_out, False, file)
+        logits = out[0].detach()
+        if str(logits.dtype).replace("torch.", "") not in codes:
+            logits = logits.float()  # float64 and other float types are scored in float32
+        name = str(logits.dtype).replace("torch.", "")
+        n = logits.numel()
+        if n * logits.element_size() > len(buffer):
+            raise RuntimeError(f"the logits of a batch ({n} values) do not fit the shared buffer")
+        shared = torch.frombuffer(buffer, dtype=logits.dtype, count=n).view(logits.shape)
+        shared.copy_(logits.to("cpu", non_blocking=False))
+        send(replies, LOGITS, rows, seq_len, codes[name])
+
+
+def main(argv: list[str]) -> None:
+    requests, replies, buffer_fd, size = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
+    _die_with_parent()
+    buffer = mmap.mmap(buffer_fd, size)
+    code = 0
+    try:
+        serve(requests, replies, buffer)
+    except EOFError:  # the scorer went away: nothing to report to
+        code = 1
+    except BaseException as exc:  # every failure becomes a report the scorer turns into a status
+        from harness.ranks.process import describe_failure
+
+        report = describe_failure(exc)
+        print(report["traceback"], file=sys.stderr, flush=True)
+        try:
+            send(replies, ERROR, payload=json.dumps(report, default=str).encode())
+        except OSError:
+            pass
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)

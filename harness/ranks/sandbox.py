@@ -1,0 +1,171 @@
+"""The sandbox every process that runs a team's code enters before importing it (Linux Landlock).
+
+Landlock lets an unprivileged process forbid itself, and every process it starts, access to all
+paths but those it allows; it is applied while the process still has one thread (it binds the
+calling thread and its future children), before numpy, torch or the submission are imported.
+
+What a process may touch is a `Policy`, decided by the harness process that starts it:
+- read (and execute): the Python installation, the harness package, the system's libraries and
+  tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files), the submission's own folder,
+  and exactly the files the phase needs (the train shards one by one, or the checkpoint);
+- write: its own private folder (and /dev/shm for training, where NCCL needs it);
+- network: TCP for training ranks (the process group); none for evaluation's model processes;
+- IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
+  its children (Landlock scopes).
+Never readable: the validation shards, the runs tree, the leaderboard, the data cache's other
+files. `check_protected` refuses a policy that would expose one of them through an allowed folder.
+
+Where Landlock is missing (another OS, an old or configured-out kernel), `apply` reports that
+it is not active and why; the track decides whether that is allowed (`sandbox = "auto"`) or
+stops the run (`"required"`). The record says which it was.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys")
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+GPU_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
+
+
+# Variables a process running team code may inherit; everything else (where runs, data and caches
+# live) is dropped, and its home, temporary folder and compiler caches are its private folder.
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")
+
+
+def private_environment(private_dir: str | Path) -> dict[str, str]:
+    d = Path(private_dir)
+    env = {k: v for k, v in os.environ.items() if k in KEEP_ENV}
+    env.update(HOME=str(d), TMPDIR=str(d), TORCHINDUCTOR_CACHE_DIR=str(d / "inductor"), TRITON_CACHE_DIR=str(d / "triton"),
+               CUDA_CACHE_PATH=str(d / "cuda"), PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    read_dirs: tuple[str, ...] = ()  # read and execute beneath
+    read_files: tuple[str, ...] = ()  # read, one file each
+    write_dirs: tuple[str, ...] = ()  # read, write, create, remove beneath (no sockets, no fifos)
+    device_files: tuple[str, ...] = ()  # read, write and ioctl (GPUs need ioctl)
+    network: bool = False  # TCP bind and connect
+    abstract_unix: bool = False  # abstract Unix sockets across processes (NCCL)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Policy":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def python_dirs() -> list[str]:
+    """The interpreter, its standard library and site-packages, and the harness package itself."""
+    import harness
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(harness.__file__).resolve().parent)}
+    for p in sys.path:
+        if p and ("site-packages" in p or "dist-packages" in p) and os.path.isdir(p):
+            dirs.add(p)
+    return sorted(dirs)
+
+
+def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str] = (), gpu: bool = False,
+                 training: bool = False) -> Policy:
+    """The policy of a process that runs the submission: training ranks (network, /dev/shm, NCCL's
+    abstract sockets) or evaluation and check processes (none of those)."""
+    devices = list(DEVICE_FILES)
+    if gpu:
+        devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
+    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
+    if gpu and os.path.isdir("/run"):
+        read_dirs.append("/run")  # nvidia-persistenced's socket
+    write_dirs = [private_dir]
+    if training and os.path.isdir("/dev/shm"):
+        write_dirs.append("/dev/shm")
+    return Policy(read_dirs=tuple(read_dirs), read_files=tuple(read_files), write_dirs=tuple(write_dirs),
+                  device_files=tuple(devices), network=training, abstract_unix=training and gpu)
+
+
+def check_protected(policy: Policy, protected: list[str]) -> list[str]:
+    """The protected paths (validation shards, runs tree, leaderboard, data cache) that an allowed
+    folder would expose; the launcher refuses such a policy or says so in the record."""
+    exposed = []
+    roots = [Path(d).resolve() for d in (*policy.read_dirs, *policy.write_dirs)]
+    for path in protected:
+        target = Path(path).resolve()
+        if any(target == root or root in target.parents for root in roots):
+            exposed.append(str(target))
+    return exposed
+
+
+@dataclass
+class SandboxReport:
+    active: bool
+    why: str = ""
+    abi: int | None = None
+    threads: int | None = None
+    policy: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def apply(policy: Policy) -> SandboxReport:
+    """Restrict this process (and everything it starts) to the policy. Call it single-threaded."""
+    if not sys.platform.startswith("linux"):
+        return SandboxReport(False, f"Landlock is Linux-only; this is {sys.platform}")
+    try:
+        from py_landlock import Landlock, get_abi_version
+        from py_landlock.flags import AccessFs, Scope
+    except ImportError:
+        return SandboxReport(False, "the py-landlock package is not installed")
+    try:
+        abi = int(get_abi_version())
+    except Exception as exc:  # not compiled in, or disabled at boot
+        return SandboxReport(False, f"Landlock is not available on this kernel ({exc})")
+    threads = _threads()
+    if threads != 1:  # Landlock binds the calling thread only: threads started earlier would escape
+        return SandboxReport(False, f"the process already runs {threads} threads", abi, threads)
+    rx = AccessFs.READ_FILE | AccessFs.READ_DIR | AccessFs.EXECUTE
+    rw = (rx | AccessFs.WRITE_FILE | AccessFs.MAKE_REG | AccessFs.MAKE_DIR | AccessFs.REMOVE_FILE
+          | AccessFs.REMOVE_DIR | AccessFs.MAKE_SYM)
+    if abi >= 3:
+        rw |= AccessFs.TRUNCATE
+    device = AccessFs.READ_FILE | AccessFs.WRITE_FILE | (AccessFs.IOCTL_DEV if abi >= 5 else AccessFs(0))
+    if abi >= 3:
+        device |= AccessFs.TRUNCATE
+    ll = Landlock(strict=False)  # best effort: the kernel's ABI decides which rights exist
+    for d in policy.read_dirs:
+        if os.path.isdir(d):
+            ll.add_path_rule(d, access=rx)
+    for f in policy.read_files:
+        if os.path.isfile(f):
+            ll.add_path_rule(f, access=AccessFs.READ_FILE)
+    for d in policy.write_dirs:
+        if os.path.isdir(d):
+            ll.add_path_rule(d, access=rw)
+    for f in policy.device_files:
+        if os.path.exists(f):
+            ll.add_path_rule(f, access=device)
+    if policy.network:
+        ll.allow_all_network()
+    if policy.abstract_unix and abi >= 6:
+        ll.allow_scope(Scope.ABSTRACT_UNIX_SOCKET)
+    try:
+        ll.apply()
+    except Exception as exc:
+        return SandboxReport(False, f"Landlock refused the rules ({type(exc).__name__}: {exc})", abi, threads)
+    return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict())

@@ -1,0 +1,171 @@
+"""One evaluation rank: the checkpoint scored on exactly `val_tokens` held-out tokens, with the model
+in sandboxed child processes that never see a target.
+
+Started by torch elastic after every training process is gone:
+    python -u -m harness.scoring.scorer <eval_job.json>
+
+This process never imports the submission (its result says so: `scorer_clean`). It checks the
+checkpoint's sha256 against the record, reads the validation tokens, draws a secret seed (shared
+by the scorer ranks, recorded only in the result), and starts two model processes. For each of
+its batches (harness/scoring/plan.py) it hands the inputs to the first, takes the logits back and
+computes the cross-entropy of the targets itself, in float32 on its own device, summed in float64.
+For the batches drawn for the causality check it hands the second process the same batch with
+every row's tokens after a secret cut replaced, and compares the log-probabilities up to the cut.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from harness.ranks.process import (
+    RankEnv,
+    describe_failure,
+    die_with_launcher,
+    init_process_group,
+    perf_counter,
+    redirect_output,
+    release_and_exit,
+    setup_device,
+)
+
+
+def shared_seed(env: RankEnv, device) -> int:
+    """A secret 62-bit seed, drawn by rank 0 and given to the other scorers (never to a model process)."""
+    import secrets
+
+    import torch
+    import torch.distributed as dist
+
+    seed = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=device)
+    if env.world_size > 1:
+        dist.broadcast(seed, src=0)
+    return int(seed.item())
+
+
+def evaluate(job, env: RankEnv, holders: list) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from harness.ranks.checkpoint import file_sha256
+    from harness.scoring import plan
+    from harness.scoring.workers import ModelWorker
+
+    t_start = perf_counter()
+    device = setup_device(job.device, env, job.cpu_threads_per_rank)
+    if env.world_size > 1:
+        init_process_group(job.backend, device, job.collective_timeout_s)
+    actual = file_sha256(job.checkpoint)
+    if job.checkpoint_sha256 and actual != job.checkpoint_sha256:
+        raise RuntimeError(f"{job.checkpoint}: sha256 {actual[:12]} differs from the record's "
+                           f"{job.checkpoint_sha256[:12]}; the checkpoint was changed after training")
+    tokens = plan.read_val_tokens(job.val_shards, job.val_tokens, job.vocab_size)
+    seed = shared_seed(env, device)
+    n_windows = job.val_tokens // job.seq_len
+    order = plan.window_order(n_windows, seed)
+    batches = plan.batch_plan(n_windows, job.batch_size)
+    checks = plan.choose_checks(len(batches), job.causality_fraction, seed) if job.causality_check else set()
+    mine = plan.batches_for_rank(len(batches), env.rank, env.world_size)
+    V, T = job.vocab_out, job.seq_len
+
+    setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir, "device": str(device),
+             "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox}
+    size = job.batch_size * T * V * 4
+    logs = Path(job.log_dir)
+    scorer = ModelWorker(name="model", setup=setup, buffer_bytes=size, log_path=logs / f"eval-model-rank{env.rank}.log",
+                         protected=job.protected)
+    holders.append(scorer)
+    checker = None
+    if any(b in checks for b in mine):
+        checker = ModelWorker(name="check", setup=setup, buffer_bytes=size,
+                              log_path=logs / f"eval-check-rank{env.rank}.log", protected=job.protected)
+        holders.append(checker)
+    ready = {"model": scorer.wait_ready(), **({"check": checker.wait_ready()} if checker else {})}
+
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count, worst, worst_at, checked = 0, 0.0, None, 0
+    t_score = perf_counter()
+    for b in mine:
+        first, n = batches[b]
+        x, y = plan.window_batch(tokens, order[first:first + n], T)
+        scorer.submit(x)
+        cuts = None
+        if b in checks:
+            xp, cuts = plan.perturb(x, tokens, seed, b)
+            checker.submit(xp)
+        logits = scorer.logits(V).to(device)
+        target = torch.from_numpy(y).to(device)
+        losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
+        total += losses.double().sum()
+        count += losses.numel()
+        if cuts is not None:
+            dev, row, pos = plan.deviation(logits, checker.logits(V).to(device), cuts)
+            checked += 1
+            if dev > worst or worst_at is None:
+                worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
+    elapsed = perf_counter() - t_score
+    for worker in (scorer, checker):
+        if worker is not None:
+            worker.close()
+            holders.remove(worker)
+
+    sums = torch.tensor([0.0, float(count), float(checked)], dtype=torch.float64, device=device)
+    sums[0] = total
+    peak = torch.tensor([worst], dtype=torch.float64, device=device)
+    if env.world_size > 1:
+        dist.all_reduce(sums)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    n = int(sums[1].item())
+    if n != job.val_tokens:
+        raise RuntimeError(f"scored {n} tokens, expected exactly {job.val_tokens}")
+    worst_all = float(peak.item())
+    return {
+        "val_loss": float(sums[0].item()) / n, "val_tokens": n, "eval_world_size": env.world_size,
+        "eval_time_s": perf_counter() - t_start, "eval_tokens_per_s": n / elapsed if elapsed > 0 else None,
+        "causality": None if not job.causality_check else {
+            "method": "scoring batches re-run with every row's tokens after a secret cut replaced",
+            "checked_batches": int(sums[2].item()), "batches": len(batches),
+            "fraction": int(sums[2].item()) / len(batches), "worst_deviation": worst_all,
+            "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
+            "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
+        },
+        "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
+        "sandbox_exposed": sorted({p for w in (scorer, checker) if w is not None for p in w.exposed}),
+        "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
+    }
+
+
+def main(argv: list[str]) -> None:
+    from harness.ranks.channel import ChannelClient
+    from harness.ranks.jobs import EvalJob
+
+    job = EvalJob.load(argv[1])
+    env = RankEnv.from_environ()
+    die_with_launcher()
+    redirect_output(f"{job.log_dir}/eval-rank{env.rank}.log")
+    channel = ChannelClient(job.channel_path, env.rank)
+    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, world_size=env.world_size)
+    holders: list = []
+    code = 0
+    try:
+        result = evaluate(job, env, holders)
+        channel.send("eval_result", **result)
+    except BaseException as exc:
+        report = describe_failure(exc)
+        worker_tb = getattr(exc, "worker_traceback", "")
+        if worker_tb:
+            report["traceback"] = worker_tb
+        print(report["traceback"], file=sys.stderr, flush=True)
+        channel.send("error", **report)
+        code = 1
+    for worker in holders:
+        if hasattr(worker, "close"):
+            worker.close()
+    channel.close()
+    release_and_exit(code, [h for h in holders if not hasattr(h, "close")])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

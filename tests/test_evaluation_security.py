@@ -1,0 +1,180 @@
+"""Scores that cannot be forged: each attack a hostile submission can make on evaluation, through the
+real CLI, and honest models that must never be caught (track `tiny`: one scorer, two model processes).
+
+The attacks: looking ahead only in batches of several rows (the check before the run is at batch 1);
+walking the stack and gc for the targets; reading the validation file; remembering prefixes to
+answer a re-run batch consistently, sharing that memory between model processes; patching the
+functions an in-process evaluator would call. Each must end `invalid` or flagged, with what was seen;
+the isolation layers it hit are read back from its own logs.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import FIXTURES, TINY_TRACK, only_record, processes_of_run
+
+
+def independent_val_loss(run_dir, cache_dir, seq_len=64, val_tokens=8192, bigram=False) -> float:
+    """The figure recomputed here, without the harness's evaluator: the checkpoint loaded into the
+    submission's model (or, for a bigram, its table read directly: no submission code in this
+    process), the first val_tokens + 1 tokens of the tiny corpus's val.bin, windows of seq_len,
+    float64 sums of float32 cross-entropy."""
+    import importlib.util
+    import sys
+
+    import numpy as np
+
+    (val,) = list(cache_dir.glob("synthetic-*/val.bin"))
+    tokens = np.fromfile(val, dtype=np.uint16)[512:].astype(np.int64)[: val_tokens + 1]  # 1,024-byte llm.c header
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    if bigram:
+        table = ckpt["model"]["table.weight"]
+
+        def model(x):
+            return (table[x],)
+    else:
+        spec = importlib.util.spec_from_file_location("independent_sub", run_dir / "submission" / "submission.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(run_dir / "submission"))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(run_dir / "submission"))
+        model = module.get_model(dict(ckpt["config"]))
+        model = getattr(model, "_orig_mod", model)
+        model.load_state_dict(ckpt["model"])
+        model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for w in range(val_tokens // seq_len):
+            x = torch.from_numpy(tokens[w * seq_len:(w + 1) * seq_len])[None]
+            y = torch.from_numpy(tokens[w * seq_len + 1:(w + 1) * seq_len + 1])
+            logits = model(x)[0][0].float()
+            total += torch.nn.functional.cross_entropy(logits, y, reduction="sum").double().item()
+    return total / (val_tokens // seq_len * seq_len)
+
+
+def _log(run_dir, name) -> str:
+    return (run_dir / "logs" / name).read_text(errors="replace")
+
+
+def _run(cli, tmp_path, fixture, *extra):
+    result = cli("run", str(fixture), "--track", str(TINY_TRACK), *extra)
+    run_dir, record = only_record(tmp_path / "runs")
+    assert processes_of_run(record["run_id"]) == []
+    return result, run_dir, record
+
+
+def assert_caught_looking_ahead(record):
+    assert record["status"] == "invalid" and record["reason"].startswith("non-causal"), record["reason"]
+    c = record["eval"]["causality"]
+    assert c["checked_batches"] >= 2 and c["worst_deviation"] > c["tolerance"] and record["val_loss"] is None
+    assert "unscored_val_loss" in record["eval"]  # kept for the audit, never ranked
+
+
+def test_looking_ahead_only_in_batches_is_caught_on_the_scoring_itself(cli, tmp_path):
+    result, _, record = _run(cli, tmp_path, FIXTURES / "batch_peek")
+    assert result.code == 1
+    assert record["steps"] > 5, "it trained: the check before the run (batch 1) cannot see it"
+    assert_caught_looking_ahead(record)
+
+
+def test_the_targets_are_not_in_the_process_that_runs_the_model(cli, tmp_path):
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "frame_walk")
+    assert result.code == 1
+    model_log = _log(run_dir, "eval-model-rank0.log")
+    assert "FRAME-WALK targets found: False" in model_log and "targets found: True" not in model_log
+    assert_caught_looking_ahead(record)  # its fallback: the next input token
+    assert record["eval"]["scorer_clean"] is True
+    assert any("introspection" in w for w in record["warnings"]), record["warnings"]
+
+
+def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_path, cache_dir):
+    (val,) = list(cache_dir.glob("synthetic-*/val.bin"))
+    sub = tmp_path / "reads_val"
+    shutil.copytree(FIXTURES / "reads_val", sub)
+    (sub / "target.json").write_text(json.dumps({"val": str(val)}))
+    result, run_dir, record = _run(cli, tmp_path, sub)
+    assert result.code == 1
+    for log in ("rank0.log", "rank1.log", "eval-model-rank0.log"):
+        text = _log(run_dir, log)
+        assert "READ-VAL: could not read (PermissionError)" in text and "READ-VAL training: read" not in text, log
+    assert record["sandbox"]["training"]["active"] and record["sandbox"]["evaluation"]["model"]["active"]
+    assert_caught_looking_ahead(record)
+
+
+def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
+    """The re-run batch goes to another model process that never saw the original and cannot reach the
+    first one: no shared file, no socket."""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "memo_peek")
+    assert result.code == 1
+    for log in ("eval-check-rank0.log", "eval-model-rank0.log"):
+        assert "read another process's memory" not in _log(run_dir, log), f"{log}: the model processes reached each other"
+    assert_caught_looking_ahead(record)
+
+
+def test_patching_what_an_evaluator_would_call_changes_nothing(cli, tmp_path, cache_dir):
+    """cross_entropy, log_softmax, torch.equal, json.dump(s) and the clocks, patched at import: the score is
+    computed in a process that never imports the submission, so it is the honest one; the patched
+    clocks flag the run."""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "patcher")
+    assert record["status"] == "ok", record["reason"]
+    assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir, bigram=True), abs=1e-6)
+    assert record["val_loss"] > record["loss_floor"]
+    assert record["flagged"] and "clock disagreement" in record["flag_reason"]
+    assert any("patching" in w for w in record["warnings"])
+
+
+def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path):
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "compiled_get_model", "--grace-s", "90")
+    assert result.code == 0, record["reason"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert list(ckpt["model"]) == ["table.weight"], "a compiled wrapper's prefix leaked into the checkpoint"
+    assert record["eval"]["causality"]["causal"] is True
+    assert "torch._dynamo" not in _log(run_dir, "eval-model-rank0.log")
+
+
+@pytest.fixture(scope="module")
+def honest_run(tmp_path_factory, cache_dir):
+    """The team-like model (depthwise convolution, rotary attention, dropout, a 0-dim parameter), trained
+    once on `tiny`; re-scored below at 1, 2 and 3 ranks."""
+    import os
+    import subprocess
+    import sys
+
+    work = tmp_path_factory.mktemp("honest")
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(FIXTURES / "team_like"), "--track",
+                           str(TINY_TRACK)], capture_output=True, text=True, env=env, cwd=work, timeout=600)
+    run_dir, record = only_record(work / "runs")
+    assert proc.returncode == 0, record["reason"]
+    return run_dir, record, env, work
+
+
+def test_an_honest_model_is_scored_as_computed_independently(honest_run, cache_dir):
+    run_dir, record, _, _ = honest_run
+    assert record["status"] == "ok" and not record["flagged"]
+    c = record["eval"]["causality"]
+    assert c["causal"] is True and c["worst_deviation"] <= c["tolerance"] and c["checked_batches"] >= 2
+    assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir), abs=1e-6)
+    assert record["eval"]["scorer_clean"] is True
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, ranks):
+    """The same figure (within 1e-6) and a passed causality check at 1, 2 and 3 scorer ranks (3 ranks
+    with a partial last round: 8 batches over 3 ranks)."""
+    import subprocess
+    import sys
+
+    run_dir, record, env, work = honest_run
+    proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir), "--nproc-per-node", str(ranks),
+                           "--json"], capture_output=True, text=True, env=env, cwd=work, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "ok" and out["world_size"] == ranks
+    assert out["val_loss"] == pytest.approx(record["val_loss"], abs=1e-6)
+    assert out["causality"]["causal"] is True and out["causality"]["worst_deviation"] <= out["causality"]["tolerance"]
