@@ -212,3 +212,25 @@ def test_work_before_the_clock_is_held_to_the_start_up_allowance(cli, tmp_path):
     assert record["steps"] is None and record["timings"]["kill_latency_s"] < record["track"]["shutdown_timeout_s"] + 2
     assert record["timings"]["launch_to_setup_s"] + allowance <= result.seconds
     assert_clean(record, tmp_path, cli)
+
+
+def test_per_optimizer_schedules_and_gradient_clipping(cli, tmp_path):
+    """lr_schedule returns one multiplier per optimizer (the second stays at 0: its parameter never
+    moves), the harness clips the gradients to CONFIG['grad_clip'] and reports their norm; a schedule
+    with the wrong number of multipliers is refused with the file and the fix."""
+    import torch
+
+    result = run_fixture(cli, "two_optimizers")
+    assert result.code == 0, result.err
+    run_dir, record = only_record(tmp_path / "runs")
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert torch.count_nonzero(ckpt["model"]["bias"]) == 0, "the optimizer scheduled at 0 moved its parameter"
+    assert record["config"]["grad_clip"] == 0.5
+    norms = [float(r["grad_norm"]) for r in csv.DictReader((run_dir / "metrics.csv").open()) if r["grad_norm"]]
+    assert norms and all(n > 0 for n in norms)
+
+    bad = cli("run", str(FIXTURES / "two_optimizers"), "--track", str(TINY_TRACK), env={"TWO_OPTIMIZERS_BAD": "1"},
+              runs_dir=tmp_path / "bad")
+    assert bad.code == 1
+    _, record = only_record(tmp_path / "bad")
+    assert record["status"] == "invalid" and "lr_schedule returned 3 multipliers for 2 optimizer(s)" in record["reason"]

@@ -125,7 +125,8 @@ def test_record_directory_is_self_contained(baseline_run):
     for log in ("rank0.log", "rank1.log", "eval-rank0.log", "launcher.log", "preflight.log"):
         assert (run_dir / "logs" / log).is_file(), log
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    assert rows and list(rows[0]) == ["step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s"]
+    assert rows and list(rows[0]) == ["step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s",
+                                      "grad_norm"]
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] == record["steps"]
     assert not (run_dir / "staging").exists()

@@ -79,7 +79,9 @@ class Training:
     vocab_out: int
     t0: float | None = None  # set here when the clock starts at model build
     # Device-side buffers, allocated once and reused by every step.
-    agreed: Any = None  # float64 [3]: stop votes, elapsed seconds, train-loss sum; all-reduced (SUM)
+    agreed: Any = None  # float64 [4]: stop votes, elapsed seconds, train-loss sum, grad norm; all-reduced (SUM)
+    grad_clip: float | None = None  # CONFIG["grad_clip"]: max global norm of the synchronised gradients
+    grad_norm: Any = None  # the last step's global gradient norm before clipping (device scalar)
     loss_sum: Any = None  # this rank's micro-batch losses since the last log
     loss_count: int = 0  # micro-batches since the last log (the same on every rank)
     lr_scale: float = 0.0
@@ -152,7 +154,9 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
         prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, micro_batch_size=B, seq_len=T,
         accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
-        agreed=torch.zeros(3, dtype=torch.float64, device=device),
+        agreed=torch.zeros(4, dtype=torch.float64, device=device),
+        grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
+        grad_norm=torch.zeros((), dtype=torch.float32, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device),
     )
 
@@ -185,35 +189,41 @@ def start_clock(job, env: RankEnv, channel) -> float:
     return t0
 
 
-def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float]:
+def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, float]:
     """The ranks agree, with one tiny all-reduce (SUM) and its read-back, the only host sync per step:
 
     - whether to run the next step: stop if any rank votes so, "diverged" if the loss of any
       micro-batch of any rank since the last log is not finite (NaN and inf survive the sum);
     - the time: the mean of the ranks' clocks, which drives every rank's lr schedule alike;
-    - the train loss since the last log, over all ranks (for reports and the record).
+    - the train loss since the last log, over all ranks (for reports and the record);
+    - the last step's gradient norm when the harness clips (the same on every rank: the gradients
+      are synchronised), read in the same transfer.
 
-    Returns (stop code, agreed elapsed seconds, mean train loss since the last log or NaN).
+    Returns (stop code, agreed elapsed seconds, mean train loss since the last log or NaN,
+    gradient norm or NaN).
     """
     tr.agreed[0].fill_(float(my_vote != CONTINUE))
     tr.agreed[1].fill_(now_s)
     tr.agreed[2].copy_(tr.loss_sum)
+    tr.agreed[3].copy_(tr.grad_norm)
     dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
-    stops, clock_sum, loss_sum = tr.agreed.tolist()  # the one host sync per step
+    stops, clock_sum, loss_sum, norm_sum = tr.agreed.tolist()  # the one host sync per step
     world = tr.env.world_size
     mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
+    norm = norm_sum / world if tr.grad_clip else float("nan")
     if not math.isfinite(loss_sum):
-        return STOP_DIVERGED, clock_sum / world, mean_loss
-    return (STOP_BUDGET if stops else CONTINUE), clock_sum / world, mean_loss
+        return STOP_DIVERGED, clock_sum / world, mean_loss, norm
+    return (STOP_BUDGET if stops else CONTINUE), clock_sum / world, mean_loss, norm
 
 
 def train_step(tr: Training, step: int, progress: float) -> None:
     """One optimizer step: grad_accum_steps micro-steps, gradients synchronised on the last."""
     accum = tr.accum
-    tr.lr_scale = float(tr.schedule(min(1.0, progress)))
-    for opt in tr.optimizers:
+    scales = lr_scales(tr.schedule(min(1.0, progress)), len(tr.optimizers), tr.file)
+    tr.lr_scale = scales[0]
+    for opt, scale in zip(tr.optimizers, scales):
         for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] * tr.lr_scale
+            group["lr"] = group["initial_lr"] * scale
     for micro in range(accum):
         x, y = split_inputs_targets(tr.prefetch.next().to(tr.device, non_blocking=True))
         sync_ctx = tr.ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
@@ -226,10 +236,23 @@ def train_step(tr: Training, step: int, progress: float) -> None:
             (loss / accum).backward()
         tr.loss_sum += loss.detach().float()
         tr.loss_count += 1
+    if tr.grad_clip:  # on the synchronised gradients; the norm stays on the device until the next vote
+        tr.grad_norm = torch.nn.utils.clip_grad_norm_(tr.raw_model.parameters(), tr.grad_clip, foreach=True)
     for opt in tr.optimizers:
         opt.step()
     for opt in tr.optimizers:
         opt.zero_grad(set_to_none=True)
+
+
+def lr_scales(value, n_optimizers: int, file: str) -> list[float]:
+    """lr_schedule may return one multiplier for every optimizer or one per optimizer, in the order
+    build_optimizers returned them (Muon and AdamW often decay differently)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_optimizers:
+            raise SubmissionError(file, f"lr_schedule returned {len(value)} multipliers for {n_optimizers} optimizer(s).",
+                                  "return one number, or one per optimizer in build_optimizers' order")
+        return [float(v) for v in value]
+    return [float(value)] * n_optimizers
 
 
 def new_log_interval(tr: Training) -> None:
@@ -251,7 +274,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     while True:
         now = perf_counter() - t0
         my_vote = rule.decide(now) if not job.max_steps else (STOP_BUDGET if step >= job.max_steps else CONTINUE)
-        stop_code, agreed_s, train_loss = vote(tr, my_vote, now)
+        stop_code, agreed_s, train_loss, grad_norm = vote(tr, my_vote, now)
         synced = perf_counter() - t0
         rule.synced(synced)
         if step > 0:
@@ -263,7 +286,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         if stopping or agreed_s - last_log_s >= job.log_interval_s:  # the same decision on every rank
             if env.rank == 0:
                 channel.send("progress", step=step, train_time_s=synced, train_loss=train_loss, lr_scale=tr.lr_scale,
-                             tokens=tokens, tokens_per_s=tokens / synced if synced > 0 else 0.0)
+                             tokens=tokens, tokens_per_s=tokens / synced if synced > 0 else 0.0,
+                             grad_norm=grad_norm if math.isfinite(grad_norm) else None)
             if not stopping:
                 new_log_interval(tr)
             last_log_s = agreed_s

@@ -2,7 +2,7 @@
 
     runs/<track>/<team>/<run_id>/
         run.json        the record (this module's RunRecord)
-        metrics.csv     step, train_time_s, train_loss, lr_scale, tokens, tokens_per_s
+        metrics.csv     step, train_time_s, train_loss, lr_scale, tokens, tokens_per_s, grad_norm
         checkpoint.pt   {config, model, step, tokens}: what evaluation scored
         submission/     the exact files that ran
         logs/           launcher.log, preflight.log, rank<R>.log, eval-rank<R>.log
@@ -27,7 +27,7 @@ from typing import Any, Iterator
 SCHEMA_VERSION = 1
 STATUSES = ("running", "evaluating", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
 FINAL_STATUSES = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")  # a record says when it is done
-METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s")
+METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s", "grad_norm")
 
 
 def runs_root(cli_value: str | None = None) -> Path:

@@ -240,6 +240,10 @@ def inspect_submission(module: types.ModuleType, folder: Path,
     _positive_int(config, "micro_batch_size", path, problems)
     _positive_int(config, "seq_len", path, problems)
     config["grad_accum_steps"] = _positive_int(config, "grad_accum_steps", path, problems, default=1)
+    clip = config.get("grad_clip")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        problems.append(SubmissionError(path, f"CONFIG['grad_clip'] must be a positive number (a max gradient norm), "
+                                        f"got {clip!r}.", 'set "grad_clip": 1.0, or remove it for no clipping'))
     if "vocab_size" not in config:
         config["vocab_size"] = vocab_size
     else:
