@@ -35,15 +35,25 @@ PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one 
 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
                   eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
-                  protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict:
-    """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config)."""
+                  protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S, open_division: dict | None = None,
+                  read_files: list[str] = (), take: dict[str, Path] | None = None) -> dict:
+    """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config).
+
+    `open_division` asks for the open division's checks (its keys go into the request: model_file,
+    checkpoint_in); `read_files` are files outside the submission the process may read; `take` maps
+    files the process leaves in its private folder to where the launcher keeps them."""
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     policy = None
     if sandbox_mode != "off":
-        policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda")
+        policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda",
+                                      read_files=list(read_files))
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
                "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1)),
                "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
+    if open_division is not None:
+        request.update(division="open", **open_division)
+        for name in (take or {}):
+            request[f"{Path(name).stem}_out"] = str(tmp / name)
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
     env = sandbox.private_environment(tmp)
@@ -62,6 +72,9 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     except (OSError, ValueError):
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
+    for name, dest in (take or {}).items():
+        if report.get("ok") and (tmp / name).is_file():
+            shutil.move(str(tmp / name), str(dest))
     shutil.rmtree(tmp, ignore_errors=True)
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))

@@ -50,8 +50,13 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
     # The run's own precision, even on another machine: the figure must be computed the same way.
     precision = record.precision or resolve_precision(track.dtype, track.device)[0]
     protected = [str(run_dir.resolve().parent.parent.parent), *(s.path for s in data.val)]  # the runs tree, the val data
+    model_file = "submission.py"
+    if record.division == "open":  # the model file the run was scored with, from its own submission copy
+        from harness.submission.open_division import read_open_spec
+
+        model_file = read_open_spec(run_dir / "submission").model
     job = build_eval_job(track, data, run_dir, record.checkpoint_sha256 or "", nproc, precision,
-                         int(record.config.get("vocab_size", track.data.vocab_size)), protected)
+                         int(record.config.get("vocab_size") or track.data.vocab_size), protected, model_file=model_file)
     log = run_dir / "logs" / "rescore-launcher.log"
     job.log_dir = str(run_dir / "logs" / "rescore")
     with abort_on_signals() as abort:

@@ -44,6 +44,13 @@ from harness.launcher.assemble import (
     set_outcome,
 )
 from harness.launcher.guard import GuardReport, RecordGuard
+from harness.launcher.open_run import (
+    apply_open_training,
+    build_open_job,
+    check_open,
+    finish_open_training,
+    open_deadlines,
+)
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -52,6 +59,7 @@ from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, 
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks import sandbox
+from harness.submission.open_division import OPEN, OpenSpec, division_of, read_open_spec
 from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
 from harness.results.views import leaderboard_root
@@ -197,12 +205,22 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     if node.lead:
         save_record(run_dir, record)  # status "running": visible at once, never lost
 
+    try:
+        record.division = division_of(node.snapshot)
+        spec = read_open_spec(node.snapshot) if record.division == OPEN else None
+    except SubmissionError as exc:
+        set_outcome(record, "invalid", str(exc))
+        return
     t_begin = time.monotonic()
     reporter.progress("checking the submission...")
-    report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
-                           seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
-                           precision=record.precision, sandbox_mode=track.sandbox,
-                           protected=protected_paths(opts.runs_dir, data))
+    if spec is not None:
+        report = check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
+                            protected_paths(opts.runs_dir, data))
+    else:
+        report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
+                               seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
+                               precision=record.precision, sandbox_mode=track.sandbox,
+                               protected=protected_paths(opts.runs_dir, data))
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
@@ -224,9 +242,12 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
 
     area = WorkArea(node.snapshot)
     try:
-        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter)
+        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec)
         metrics.extend(metrics_rows(phase))
-        apply_training(record, phase)
+        if spec is not None:
+            apply_open_training(record, phase, spec)
+        else:
+            apply_training(record, phase)
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
@@ -238,7 +259,11 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if record.status != "ok" or not node.lead:
             return
         checkpoint = run_dir / "checkpoint.pt"
-        if not area.take_checkpoint(checkpoint):  # from here on only the launcher and evaluation touch it
+        if spec is not None:  # the script's own file, normalised by a sandboxed check of its model
+            if not finish_open_training(record, node.snapshot, spec, track, area, checkpoint, node.log("check-after.log"),
+                                        opts.seed, protected_paths(opts.runs_dir, data)):
+                return
+        elif not area.take_checkpoint(checkpoint):  # from here on only the launcher and evaluation touch it
             set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
             return
     finally:
@@ -254,8 +279,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
 
     eval_nproc = opts.eval_nproc or track.eval.nproc_per_node or nproc
     eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc, record.precision,
-                              int(record.config.get("vocab_size", track.data.vocab_size)),
-                              protected_paths(opts.runs_dir, data))
+                              int(record.config.get("vocab_size") or track.data.vocab_size),
+                              protected_paths(opts.runs_dir, data), model_file=spec.model if spec else "submission.py")
     t_eval = time.monotonic()
     ev = run_evaluation(eval_job, eval_nproc, timeout_s=track.eval.timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, log_path=run_dir / "logs" / "eval-launcher.log",
@@ -267,24 +292,21 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
 
 
 def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
-           area: WorkArea, abort: AbortFlag, reporter) -> PhaseResult:
-    """The ranks, in their private folder, with the track's finished records guarded meanwhile."""
+           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None) -> PhaseResult:
+    """The ranks (the fixed loop, or an open-division script), in their private folder, with the
+    track's finished records guarded meanwhile."""
     threads = _threads_per_rank(track, nproc)
     policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda")
     exposed = sandbox.check_protected(policy, protected_paths(opts.runs_dir, data))
     if exposed:
         record.warnings.append(f"the training sandbox allows folders that hold protected paths: {', '.join(exposed)}")
-    job = TrainJob(
-        run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
-        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
-        dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
-        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
-        log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
-        scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
-        data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
-        sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
-    )
-    launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=nproc, nnodes=track.nnodes,
+    if spec is not None:
+        job = build_open_job(spec, track, data, area, record, policy.to_dict() if track.sandbox != "off" else {})
+        module, deadlines = "harness.ranks.open_rank", open_deadlines(track)
+    else:
+        job = build_train_job(opts, track, data, record, area, threads, policy)
+        module, deadlines = "harness.ranks.train", training_deadlines(track)
+    launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
@@ -296,10 +318,29 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     with guard or contextlib.nullcontext(), area.hidden_environment():
-        phase = run_training(job, launch, deadlines=training_deadlines(track),
+        phase = run_training(job, launch, deadlines=deadlines,
                              log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
                              poll=guard.refresh if guard else None)
         report = guard.check_and_restore() if guard else GuardReport()
+    return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
+
+
+def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
+                    policy) -> TrainJob:
+    return TrainJob(
+        run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
+        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
+        dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
+        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
+        log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
+        scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
+        data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
+        sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
+    )
+
+
+def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area: WorkArea, phase: PhaseResult,
+                    report: GuardReport, t_launch: float, leaderboard_dir: Path) -> PhaseResult:
     area.collect_logs(node.run_dir / "logs")
     record.timings.update(phase.watch.timings(t_launch))
     if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
@@ -328,10 +369,10 @@ def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
 
 
 def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,
-                   precision: str, vocab_out: int, protected: list[str]) -> EvalJob:
+                   precision: str, vocab_out: int, protected: list[str], model_file: str = "submission.py") -> EvalJob:
     return EvalJob(
         checkpoint=str(run_dir / "checkpoint.pt"), checkpoint_sha256=checkpoint_sha256,
-        submission_dir=str(run_dir / "submission"), val_shards=data.val, val_tokens=track.data.val_tokens,
+        submission_dir=str(run_dir / "submission"), model_file=model_file, val_shards=data.val, val_tokens=track.data.val_tokens,
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
         vocab_out=vocab_out, backend=track.backend, device=track.device, dtype=precision,
         collective_timeout_s=max(track.collective_timeout_s, 60.0),

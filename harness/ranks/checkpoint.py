@@ -45,3 +45,56 @@ def save_checkpoint(path: str | Path, module, config: dict, step: int, tokens: i
     torch.save({"config": config, "model": state, "step": step, "tokens": tokens}, tmp)
     os.replace(tmp, path)
     return state
+
+
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's and DDP's, in either order
+
+
+def plain_key(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if key.startswith(prefix):
+                key, changed = key[len(prefix):], True
+    return key
+
+
+class CheckpointError(ValueError):
+    """A team's own checkpoint that the harness cannot score; the message says what to save instead."""
+
+
+def normalize_team_checkpoint(src: str | Path, dst: str | Path) -> dict:
+    """An open-division script's checkpoint, {"model": state_dict, "config": dict, "step"?}, in the
+    harness's form: loaded with weights_only=True (no code in a pickle runs), the wrapper prefixes of
+    torch.compile and DDP stripped, tensors on the CPU, written atomically. Returns what it found."""
+    import torch
+
+    fix = 'save {"model": raw_model.state_dict(), "config": config_dict, "step": step} with torch.save on rank 0'
+    try:
+        raw = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"the checkpoint does not load with torch.load(weights_only=True): "
+                              f"{type(exc).__name__}: {str(exc)[:300]}. Fix: {fix}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or not isinstance(raw.get("config"), dict):
+        keys = sorted(map(str, raw)) if isinstance(raw, dict) else type(raw).__name__
+        raise CheckpointError(f"the checkpoint must be a dict with a 'model' state dict and a 'config' dict, got {keys}. "
+                              f"Fix: {fix}")
+    state = {}
+    for key, value in raw["model"].items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"the checkpoint's model entry {key!r} is a {type(value).__name__}, not a tensor. "
+                                  f"Fix: {fix}")
+        state[plain_key(str(key))] = value.detach().cpu()
+    if len(state) != len(raw["model"]):
+        raise CheckpointError(f"two of the checkpoint's model keys are the same once the torch.compile/DDP prefixes "
+                              f"are removed. Fix: {fix}")
+    step = raw.get("step")
+    step = int(step) if isinstance(step, int) and not isinstance(step, bool) else None
+    tokens = raw.get("tokens")
+    tokens = int(tokens) if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+    tmp = f"{dst}.tmp"
+    torch.save({"config": raw["config"], "model": state, "step": step, "tokens": tokens}, tmp)
+    os.replace(tmp, dst)
+    return {"step": step, "tokens": tokens, "params": sum(v.numel() for v in state.values()),
+            "prefixes_removed": any(plain_key(str(k)) != str(k) for k in raw["model"])}

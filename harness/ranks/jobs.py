@@ -73,6 +73,7 @@ class EvalJob:
     checkpoint: str
     checkpoint_sha256: str  # checked before loading: the file scored is the file recorded
     submission_dir: str
+    model_file: str = "submission.py"  # what defines get_model: an open-division submission's model.py
     val_shards: list[ShardInfo]
     val_tokens: int
     seq_len: int
@@ -105,4 +106,29 @@ class EvalJob:
     def load(cls, path: str | Path) -> "EvalJob":
         d = json.loads(Path(path).read_text())
         d["val_shards"] = _shards_from_json(d["val_shards"])
+        return cls(**d)
+
+
+@dataclass(kw_only=True)
+class OpenJob:
+    """An open-division training job: the team's own script, run on every rank (harness/ranks/open_rank.py)."""
+
+    run_id: str
+    submission_dir: str  # the copy in the private folder; the script's working directory
+    script: str  # file name inside submission_dir
+    argv: list[str]  # the starter kit's arguments, filled by the launcher
+    device: str
+    log_dir: str
+    work_dir: str
+    budget_s: float = 0.0  # for the launcher's progress line; the script gets it as --time_limit_min
+    max_steps: int = 0
+    channel_path: str = ""
+    sandbox: str = "auto"
+    sandbox_policy: dict = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpenJob":
         return cls(**d)

@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SETUP, receive, send
 
 
-def load_model(checkpoint: str, submission_dir: str, device):
+def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "submission.py"):
     """The trained model, rebuilt by the submission's get_model from the checkpoint's config alone,
     unwrapped (a get_model that returns torch.compile(model) is evaluated as the plain module:
     evaluation speed is not scored, and compiling again could outlast the evaluation timeout)."""
@@ -34,12 +34,18 @@ def load_model(checkpoint: str, submission_dir: str, device):
     from harness.submission.contract import SubmissionError, import_submission_module
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    module = import_submission_module(Path(submission_dir))
+    module = import_submission_module(Path(submission_dir), model_file)
     get_model = getattr(module, "get_model", None)
     if not callable(get_model):
-        raise SubmissionError(Path(submission_dir) / "submission.py", "defines no get_model.", "see docs/submission.md")
+        raise SubmissionError(Path(submission_dir) / model_file, "defines no get_model.", "see docs/submission.md")
     model = unwrap(get_model(dict(ckpt["config"])))
-    model.load_state_dict(ckpt["model"], strict=True)
+    try:
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as exc:  # the team's checkpoint and its get_model(config) disagree: not scorable
+        raise SubmissionError(Path(submission_dir) / model_file, "the checkpoint does not load into "
+                              f"get_model(checkpoint['config']): {str(exc)[:600]}",
+                              "save the state dict of the model get_model(config) builds, with the config it was "
+                              "built from") from None
     model.to(device=device, dtype=torch.float32)
     model.eval()
     return model
@@ -74,9 +80,10 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     device = torch.device(setup["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    model = load_model(setup["checkpoint"], setup["submission_dir"], device)
+    model_file = setup.get("model_file", "submission.py")
+    model = load_model(setup["checkpoint"], setup["submission_dir"], device, model_file)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
-    vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], "submission.py")
+    vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], model_file)
     send(replies, READY, payload=json.dumps({"sandbox": report.to_dict(),
                                              "params": sum(p.numel() for p in model.parameters())}).encode())
     codes = {v: k for k, v in DTYPES.items()}

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def _problem(exc: BaseException) -> dict:
@@ -33,7 +35,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
 
     from harness.submission.contract import SubmissionError, check_forward_output
 
-    file = str(sub.folder / "submission.py")
+    file = str(sub.file)
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     torch.manual_seed(seed)
     autocast = lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,  # noqa: E731
@@ -46,7 +48,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
-    batch, T, V = 2, sub.seq_len, int(sub.config["vocab_size"])
+    batch, T, V = 2, sub.seq_len, sub.vocab_out
     idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
     x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
     with autocast():
@@ -120,6 +122,71 @@ def run_checks(request: dict) -> dict:
     return report
 
 
+@dataclass
+class OpenModel:
+    """An open-division model as check_model sees it: model.py's get_model and the checkpoint's config."""
+
+    folder: Path
+    file: Path
+    config: dict
+    get_model: Any
+    seq_len: int
+    vocab_out: int
+    micro_batch_size: int = 1  # FLOPs per token hardly depend on it; the script's batch is not known here
+
+
+def run_open_checks(request: dict) -> dict:
+    """Before training: the files compile and model.py defines get_model. After it (with the script's
+    checkpoint): the checkpoint in the harness's form, and the model rebuilt from its config checked
+    like a fixed-loop submission's (shapes, gradients, evaluation length, causality, FLOPs)."""
+    from harness.ranks.checkpoint import CheckpointError, normalize_team_checkpoint, unwrap
+    from harness.submission.contract import SubmissionError, import_submission_module
+    from harness.submission.screen import screen_folder
+
+    folder = Path(request["submission_dir"])
+    model_file = request["model_file"]
+    report: dict = {"ok": False, "problems": [], "screen": screen_folder(folder, script=request.get("script"))}
+    try:
+        for path in sorted(folder.rglob("*.py")):
+            source = path.read_text(errors="replace")
+            compile(source, str(path), "exec")  # a syntax error is found now, not after the budget
+        module = import_submission_module(folder, model_file)
+        get_model = getattr(module, "get_model", None)
+        if not callable(get_model):
+            raise SubmissionError(folder / model_file, "defines no get_model(config).",
+                                  "define get_model(config) returning the model your checkpoint's state dict loads into")
+        if request.get("checkpoint_in"):
+            try:
+                found = normalize_team_checkpoint(request["checkpoint_in"], request["checkpoint_out"])
+            except CheckpointError as exc:
+                raise SubmissionError(request.get("checkpoint_name", "checkpoint"), str(exc)) from None
+            import torch
+
+            saved = torch.load(request["checkpoint_out"], map_location="cpu", weights_only=True)
+            config = saved["config"]
+            try:  # the weights must be those of get_model(config): evaluation loads them the same way
+                unwrap(get_model(dict(config))).load_state_dict(saved["model"], strict=True)
+            except Exception as exc:
+                raise SubmissionError(folder / model_file, "the checkpoint does not load into get_model(checkpoint"
+                                      f"['config']): {type(exc).__name__}: {str(exc)[:600]}",
+                                      "save the state dict of the model get_model(config) builds, with that config")
+            del saved
+            seq_len = int(config.get("seq_len") or config.get("block_size") or request["eval_seq_len"])
+            model = OpenModel(folder=folder, file=folder / model_file, config=config, get_model=get_model,
+                              seq_len=seq_len, vocab_out=int(config.get("vocab_size") or request["vocab_size"]))
+            report["checkpoint"] = found
+            report["config"] = json.loads(json.dumps(config, default=str))
+            report.update(check_model(model, request["device"], request["seed"], request["vocab_size"],
+                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
+    except SyntaxError as exc:
+        report["problems"].append({"file": f"{exc.filename}:{exc.lineno}", "problem": f"syntax error: {exc.msg}.",
+                                   "fix": "fix the line shown", "line": (exc.text or "").rstrip("\n")})
+    except BaseException as exc:
+        report["problems"].append(_problem(exc))
+    report["ok"] = not report["problems"]
+    return report
+
+
 def main(argv: list[str]) -> None:
     request = json.loads(Path(argv[1]).read_text())
     from harness.ranks import sandbox
@@ -132,7 +199,7 @@ def main(argv: list[str]) -> None:
         import torch
 
         torch.set_num_threads(max(1, int(request.get("threads", 1))))
-        report = run_checks(request)
+        report = run_open_checks(request) if request.get("division") == "open" else run_checks(request)
     except BaseException as exc:
         report = {"ok": False, "problems": [_problem(exc)]}
     report["sandbox"] = box.to_dict()

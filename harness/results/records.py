@@ -49,6 +49,7 @@ class RunRecord:
     run_id: str
     team: str
     track_name: str
+    division: str = "fixed"  # "fixed": the harness's loop; "open": the team's own train.py
     status: str = "running"
     reason: str = ""
     official: bool = True
@@ -69,6 +70,7 @@ class RunRecord:
     launcher_train_time_s: float | None = None  # measured by the launcher from rank 0's reports
     tokens_per_s: float | None = None
     tokens_per_s_per_device: float | None = None
+    throughput_source: str = "measured"  # "reported": an open-division script's own figures, not measured
     params: int | None = None
     flops_per_token: float | None = None  # measured: FLOP counter over one training step
     peak_flops_per_device: float | None = None

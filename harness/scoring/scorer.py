@@ -71,7 +71,8 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     V, T = job.vocab_out, job.seq_len
 
     setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir, "device": str(device),
-             "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox}
+             "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox,
+             "model_file": job.model_file}
     size = job.batch_size * T * V * 4
     logs = Path(job.log_dir)
     scorer = ModelWorker(name="model", setup=setup, buffer_bytes=size, log_path=logs / f"eval-model-rank{env.rank}.log",

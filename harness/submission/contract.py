@@ -79,6 +79,14 @@ class Submission:
     compile: bool
 
     @property
+    def file(self) -> Path:
+        return self.folder / "submission.py"
+
+    @property
+    def vocab_out(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
     def micro_batch_size(self) -> int:
         return int(self.config["micro_batch_size"])
 
@@ -95,17 +103,20 @@ class Submission:
 
 
 def find_submission(path: str | Path) -> Path:
-    """The submission folder for a path given on the command line (the folder or its submission.py)."""
+    """The submission folder for a path given on the command line (the folder, its submission.py,
+    or an open-division submission's train.py)."""
     p = Path(path).expanduser()
-    if p.is_file() and p.name == "submission.py":
+    if p.is_file() and p.name in ("submission.py", "train.py"):
         p = p.parent
     if not p.exists():
         raise SubmissionError(p, "does not exist.", "pass the folder that holds your submission.py")
     if not p.is_dir():
         raise SubmissionError(p, "is not a folder.", "pass the folder that holds your submission.py")
-    if not (p / "submission.py").is_file():
+    if not (p / "submission.py").is_file() and not (p / "train.py").is_file() \
+            and not (p / "submission.toml").is_file():
         raise SubmissionError(
-            p / "submission.py", "not found: a submission is a folder with submission.py.",
+            p / "submission.py", "not found: a submission is a folder with submission.py (the fixed loop) or "
+            "train.py and model.py (the open division).",
             f"add submission.py defining CONFIG and get_model (see {DOCS})",
         )
     return p.resolve()
@@ -181,16 +192,17 @@ def team_slug(name: str) -> str:
 # --------------------------------------------------------------------------- importing and checking
 
 
-def import_submission_module(folder: Path) -> types.ModuleType:
-    """Import folder/submission.py so that both `from .model import x` and `from model import x` work."""
+def import_submission_module(folder: Path, entry: str = "submission.py") -> types.ModuleType:
+    """Import folder/submission.py (an open-division submission: its model.py) so that both
+    `from .model import x` and `from model import x` work."""
     folder = Path(folder).resolve()
     package = types.ModuleType(PACKAGE)
     package.__path__ = [str(folder)]  # relative imports resolve inside the submission folder
     sys.modules[PACKAGE] = package
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))  # plain sibling imports
-    path = folder / "submission.py"
-    spec = importlib.util.spec_from_file_location(f"{PACKAGE}.submission", path)
+    path = folder / entry
+    spec = importlib.util.spec_from_file_location(f"{PACKAGE}.{Path(entry).stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -206,7 +218,7 @@ def import_submission_module(folder: Path) -> types.ModuleType:
         ) from exc
     except Exception as exc:
         raise SubmissionError(path, f"raised {type(exc).__name__} while importing: {exc}.",
-                              "importing submission.py must not fail") from exc
+                              f"importing {entry} must not fail") from exc
     return module
 
 

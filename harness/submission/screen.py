@@ -45,6 +45,10 @@ FRAME_ATTRIBUTES = {"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame",
                     "__globals__", "__closure__", "__code__", "__subclasses__"}
 PATH_METHODS = {"write_text", "write_bytes", "open", "unlink", "rename", "replace", "mkdir", "rmdir", "touch",
                 "read_bytes", "read_text"}
+PUBLIC_HELPERS = {"harness.ranks.open_api"}  # what a team is meant to import from the harness
+# An open-division script must read its shards, its rank from the environment and save a checkpoint:
+# those findings in it tell a reviewer nothing.
+SCRIPT_DUTIES = {"file", "environment", "data paths", "loads weights"}
 DATA_LIKE = re.compile(r"(\.bin$|\.pt$|\.npy$|\.npz$|/data\b|chunk_\d|\bruns/|leaderboard|\bval(idation)?[_/.])", re.I)
 
 
@@ -79,13 +83,14 @@ class _Visitor(ast.NodeVisitor):
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             top = alias.name.split(".")[0]
-            if top in MODULE_CATEGORIES:
+            if top in MODULE_CATEGORIES and alias.name not in PUBLIC_HELPERS:
                 self.add(node, MODULE_CATEGORIES[top], f"imports {alias.name}")
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         top = (node.module or "").split(".")[0]
-        if node.level == 0 and top in MODULE_CATEGORIES:
+        helper = node.module in PUBLIC_HELPERS or all(f"{node.module}.{a.name}" in PUBLIC_HELPERS for a in node.names)
+        if node.level == 0 and top in MODULE_CATEGORIES and not helper:
             self.add(node, MODULE_CATEGORIES[top], f"imports from {node.module}")
         if node.level == 0 and top == "os" and any(a.name == "environ" for a in node.names):
             self.add(node, "environment", "imports os.environ")
@@ -145,13 +150,19 @@ def screen_source(text: str, rel: str) -> list[Finding]:
     return sorted(visitor.found, key=lambda f: (f.file, f.line, f.category))
 
 
-def screen_folder(folder: Path) -> list[dict]:
+def screen_folder(folder: Path, script: str | None = None) -> list[dict]:
+    """Every .py file of the submission; `script` is an open-division training script, whose file,
+    environment and data-path findings are its job and are left out."""
     from harness.submission.contract import submission_files
 
     findings: list[Finding] = []
     for path in submission_files(Path(folder)):
         if path.suffix == ".py":
-            findings += screen_source(path.read_text(errors="replace"), str(path.relative_to(folder)))
+            rel = str(path.relative_to(folder))
+            found = screen_source(path.read_text(errors="replace"), rel)
+            if rel == script:
+                found = [f for f in found if f.category not in SCRIPT_DUTIES]
+            findings += found
     return [asdict(f) for f in findings]
 
 

@@ -1,0 +1,93 @@
+"""One open-division rank, started by torch elastic, never by hand:
+
+    python -u -m harness.ranks.open_rank <open_job.json>
+
+The same process around the team's script as harness/ranks/train.py puts around the fixed loop:
+tied to the launcher, output to its own log, hello on the control channel, the sandbox entered
+while the process has one thread; then the team's `train.py` runs as `__main__` with the starter
+kit's arguments (runpy, in this process: torch elastic's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
+and MASTER_PORT are in the environment, and the script starts its own process group).
+
+The script's clock is its own; the launcher's is the one enforced (harness/launcher/watch.py):
+this wrapper says when the rank started ("setup_start"), the script may say when its first
+forward ran (harness/ranks/open_api.py), and the hard kill holds whatever it says. A script that
+returns (or exits with code 0) is a finished rank; an exception or a non-zero exit is a failure
+report, as in the fixed loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, redirect_output, release_and_exit
+
+
+class ScriptExit(RuntimeError):
+    """The script called sys.exit with a failure code."""
+
+
+def _peak_mem_gib() -> float | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: the process's peak
+
+
+def run_script(job: dict) -> None:
+    folder = Path(job["submission_dir"])
+    script = folder / job["script"]
+    sys.argv = [str(script), *job["argv"]]
+    sys.path.insert(0, str(folder))  # `from model import GPT`, as under `python train.py`
+    os.chdir(folder)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise ScriptExit(f"{job['script']} exited with code {exc.code!r}") from None
+
+
+def main(argv: list[str]) -> None:
+    from harness.ranks import open_api, sandbox
+    from harness.ranks.channel import ChannelClient
+
+    job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
+    env = RankEnv.from_environ()
+    die_with_launcher()
+    redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
+    channel = ChannelClient(job.get("channel_path"), env.rank)
+    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
+                 world_size=env.world_size)
+    box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
+        sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\")")
+    code = 0
+    try:
+        if not box.active and job.get("sandbox") == "required":
+            from harness.ranks.train import SandboxMissing
+
+            raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        open_api._channel = channel
+        channel.send("setup_start")  # the rank is up: the team's start-up allowance runs from here
+        run_script(job)
+        open_api._ended = True  # nothing the script's leftovers report counts now
+        open_api._channel = None
+        channel.send("result", peak_mem_gib=_peak_mem_gib(), sandbox=box.to_dict(), division="open")
+    except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
+        open_api._channel = None
+        report = describe_failure(exc)
+        print(report["traceback"], file=sys.stderr, flush=True)
+        channel.send("error", **report)
+        code = 1
+    channel.close()
+    release_and_exit(code, [])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

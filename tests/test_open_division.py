@@ -1,0 +1,139 @@
+"""The open division: a team's own train.py under the harness's clock, scored like any run.
+
+Pure parts (detection, [open] parsing, the starter kit's arguments, checkpoint normalisation) as
+unit tests; the rest as real 2-rank runs of tests/fixtures/open_modes through the CLI, one per
+failure the fixed loop is also tested for.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, TINY_TRACK, only_record, processes_of_run
+from harness.submission.contract import SubmissionError
+from harness.submission.open_division import FIXED, OPEN, division_of, read_open_spec, script_argv
+
+TINY_HARD_LIMIT_S = 4.0 + 3.0  # tiny.toml: budget + grace
+
+
+def open_submission(tmp_path: Path, mode: str, extra_toml: str = "") -> Path:
+    folder = tmp_path / f"open_{mode}"
+    shutil.copytree(FIXTURES / "open_modes", folder)
+    (folder / "submission.toml").write_text(
+        f'division = "open"\n[team]\nname = "open-{mode}"\n[open]\n{extra_toml}\n'
+        f'[open.args]\nmode = "{mode}"\nbatch_size = 4\nseq_len = 32\n')
+    return folder
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_a_folder_with_train_py_and_no_submission_py_is_open(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "model.py").write_text("")
+    assert division_of(tmp_path) == OPEN
+    (tmp_path / "submission.py").write_text("")
+    assert division_of(tmp_path) == FIXED  # submission.py is the fixed loop's, unless the toml says otherwise
+    (tmp_path / "submission.toml").write_text('division = "open"\n')
+    assert division_of(tmp_path) == OPEN
+    (tmp_path / "submission.toml").write_text('division = "closed"\n')
+    with pytest.raises(SubmissionError, match="division must be one of fixed, open"):
+        division_of(tmp_path)
+
+
+def test_open_spec_refuses_what_the_harness_owns_and_names_the_fix(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "submission.toml").write_text('[open.args]\ntime_limit_min = 60\n')
+    with pytest.raises(SubmissionError, match="sets 'time_limit_min', which the harness fills") as err:
+        read_open_spec(tmp_path)
+    assert "remove time_limit_min" in str(err.value)
+    (tmp_path / "submission.toml").write_text('[open]\nmodel = "net.py"\n')
+    with pytest.raises(SubmissionError, match="net.py: not found"):
+        read_open_spec(tmp_path)
+    (tmp_path / "submission.toml").write_text('[open]\nscrip = "train.py"\n')
+    with pytest.raises(SubmissionError, match="unknown key"):
+        read_open_spec(tmp_path)
+
+
+def test_script_arguments_are_the_starter_kits_filled_from_the_track(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "submission.toml").write_text('[open.args]\nn_layer = 12\ncompile = true\nseq_len = 512\n')
+    argv = script_argv(read_open_spec(tmp_path), data_dir="/d", checkpoint_path="/c.pt", vocab_size=32768,
+                       budget_s=600.0, seq_len=1024)
+    pairs = dict(zip(argv[::2], argv[1::2]))
+    assert pairs == {"--data_dir": "/d", "--checkpoint_path": "/c.pt", "--vocab_size": "32768",
+                     "--time_limit_min": "10", "--n_layer": "12", "--compile": "true", "--seq_len": "512"}
+    argv = script_argv(read_open_spec(tmp_path), data_dir="/d", checkpoint_path="/c.pt", vocab_size=8,
+                       budget_s=4.0, seq_len=64, max_steps=7)
+    pairs = dict(zip(argv[::2], argv[1::2]))
+    assert pairs["--max_steps"] == "7" and pairs["--seq_len"] == "512"  # the team's seq_len wins over the track's
+    assert float(pairs["--time_limit_min"]) * 60 == pytest.approx(4.0, abs=1e-3)
+
+
+def test_team_checkpoints_are_normalised_and_bad_ones_named(tmp_path):
+    import torch
+
+    from harness.ranks.checkpoint import CheckpointError, normalize_team_checkpoint
+
+    w = torch.randn(3, 3)
+    torch.save({"step": 5, "model": {"module._orig_mod.table.weight": w}, "config": {"vocab_size": 3}}, tmp_path / "a.pt")
+    found = normalize_team_checkpoint(tmp_path / "a.pt", tmp_path / "b.pt")
+    saved = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert list(saved["model"]) == ["table.weight"] and torch.equal(saved["model"]["table.weight"], w)
+    assert found == {"step": 5, "tokens": None, "params": 9, "prefixes_removed": True}
+    torch.save({"weights": {}}, tmp_path / "c.pt")
+    with pytest.raises(CheckpointError, match=r"must be a dict with a 'model' state dict.*got \['weights'\]"):
+        normalize_team_checkpoint(tmp_path / "c.pt", tmp_path / "d.pt")
+    (tmp_path / "e.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="does not load with torch.load"):
+        normalize_team_checkpoint(tmp_path / "e.pt", tmp_path / "f.pt")
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_path):
+    folder = open_submission(tmp_path, "ok")
+    result = cli("run", str(folder), "--track", str(TINY_TRACK))
+    assert result.code == 0, result.text
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "ok" and record["division"] == "open", record["reason"]
+    assert record["val_loss"] < 5.0  # ln(256) = 5.55 untrained: the script's training reached the scoring
+    assert record["eval"]["causality"]["causal"] and record["eval"]["causality"]["checked_batches"] >= 1
+    assert record["throughput_source"] == "reported" and record["tokens"] == record["steps"] * 2 * 4 * 32
+    assert record["launcher_train_time_s"] <= TINY_HARD_LIMIT_S
+    assert record["flops_per_token"] == 0.0 and record["params"] == 256 * 256  # a lookup table: no matmul FLOPs
+    assert any("prefixes were removed" in n for n in record["notes"])  # torch.compile's _orig_mod. keys
+    assert not record["flagged"], record["flag_reason"]
+    logs = "".join((run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
+    assert logs.count(f"HARNESS_RUN_ID={record['run_id']}") == 2  # the script ran on both ranks, as the run's
+    assert "--data_dir" in logs and "--time_limit_min" in logs
+    assert processes_of_run(record["run_id"]) == []
+    rescore = cli("eval", str(run_dir), "--json")  # scored again from the record alone: the same figure
+    assert rescore.code == 0, rescore.text
+    assert f"{record['val_loss']:.6f}"[:6] in rescore.out
+
+
+@pytest.mark.parametrize("mode, status, reason", [
+    ("crash", "crashed", "boom in train.py"),
+    ("hang", "timeout", "hard limit"),
+    ("ignores_clock", "timeout", "hard limit"),
+    ("no_checkpoint", "crashed", "without saving a checkpoint"),
+    ("bad_checkpoint", "invalid", "does not load into get_model"),
+    ("exit_code", "crashed", "exited with code 3"),
+])
+def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode, status, reason):
+    result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(TINY_TRACK))
+    assert result.code == 1, result.text
+    _, record = only_record(tmp_path / "runs")
+    assert (record["status"], record["division"]) == (status, "open"), record["reason"]
+    assert reason in record["reason"]
+    assert record["val_loss"] is None
+    if status == "timeout":  # killed on the launcher's clock, whatever the script's own limit said
+        assert record["launcher_train_time_s"] <= TINY_HARD_LIMIT_S + 1.5
+    assert processes_of_run(record["run_id"]) == [], "a process of the script outlived the run"
