@@ -137,6 +137,7 @@ class Track:
     peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
     ranking: str = "mean"  # how a team's runs combine on the leaderboard
+    divisions: str = "together"  # fixed-loop and open-division runs ranked together, or "separate"
     max_steps: int = 0  # >0: stop after exactly this many steps, not on the budget (tests and benchmarks)
     sandbox: str = "auto"  # Landlock for processes that run team code: auto (where available), required, off
     data: DataSpec
@@ -159,6 +160,8 @@ class Track:
             raise TrackError(f"{where}: `sandbox` must be one of {SANDBOX_MODES}, got {self.sandbox!r}")
         if self.ranking not in RANKINGS:
             raise TrackError(f"{where}: `ranking` must be one of {RANKINGS}, got {self.ranking!r}")
+        if self.divisions not in ("together", "separate"):
+            raise TrackError(f"{where}: `divisions` must be \"together\" or \"separate\", got {self.divisions!r}")
         if self.nnodes < 1:
             raise TrackError(f"{where}: `nnodes` must be >= 1, got {self.nnodes}")
         if self.nproc_per_node != "auto" and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
