@@ -137,3 +137,14 @@ def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode,
     if status == "timeout":  # killed on the launcher's clock, whatever the script's own limit said
         assert record["launcher_train_time_s"] <= TINY_HARD_LIMIT_S + 1.5
     assert processes_of_run(record["run_id"]) == [], "a process of the script outlived the run"
+
+
+def test_check_accepts_the_example_and_finds_a_syntax_error_in_the_script_before_any_run(cli, tmp_path):
+    ok = cli("check", str(Path(__file__).parent.parent / "submissions" / "open_example"))
+    assert ok.code == 0, ok.text
+    assert "division          open" in ok.out and "--time_limit_min 0.5" in ok.out  # local: 30 s
+    folder = open_submission(tmp_path, "ok")
+    (folder / "train.py").write_text((folder / "train.py").read_text() + "\nif True\n    pass\n")
+    bad = cli("check", str(folder))
+    assert bad.code == 1
+    assert "REJECTED" in bad.out and "train.py:" in bad.out and "syntax error" in bad.out

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.submission.contract import find_submission, read_team
+from harness.submission.open_division import OPEN, division_of, read_open_spec, script_argv
 from harness.launcher.phases import run_preflight
 from harness.tracks.spec import Track, load_track
 
@@ -27,13 +28,28 @@ class CheckResult:
     command: list[str] = field(default_factory=list)
 
 
+def _open_division(folder: Path, track: Track) -> dict | None:
+    """For an open-division folder: what the preflight must check, and the script's command line."""
+    if division_of(folder) != OPEN:
+        return None
+    spec = read_open_spec(folder)
+    argv = script_argv(spec, data_dir="<train shards>", checkpoint_path="<private>/checkpoint.pt",
+                       vocab_size=track.data.vocab_size, budget_s=track.budget_s, seq_len=track.eval.seq_len)
+    return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv]}
+
+
 def check(submission: str, track_name: str = "local", seed: int = 1) -> CheckResult:
     folder = find_submission(submission)
     track = load_track(track_name)
+    open_division = _open_division(folder, track)
     with tempfile.TemporaryDirectory(prefix="harness-check-") as tmp:
         report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed,
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
-                               precision="float32")  # on a CPU: bf16 may be emulated there, ~45x slower
+                               precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower
+                               open_division={k: open_division[k] for k in ("model_file", "script")}
+                               if open_division else None)
+        if open_division:
+            report["division"], report["script_argv"] = OPEN, open_division["argv"]
         if not report["ok"] and not report["problems"]:
             report["problems"].append({"file": str(folder), "problem": "the check process failed", "fix": ""})
         log = (Path(tmp) / "check.log").read_text(errors="replace")[-4000:]
@@ -55,6 +71,11 @@ def render(result: CheckResult) -> list[str]:
     def row(name: str, text: str) -> None:
         lines.append(f"  {name:<18}{text}")
 
+    if r.get("division") == OPEN:
+        row("division", "open: your script runs on every rank (torch elastic, as torchrun) as")
+        lines.append(f"      python {' '.join(r['script_argv'])}")
+        row("model", "its files compile and get_model is defined; the model itself is checked after training, "
+                     "rebuilt from the checkpoint's config (shapes, gradients, causality, FLOPs)")
     cfg = r.get("config")
     if cfg:
         B, T, A = cfg["micro_batch_size"], cfg["seq_len"], cfg["grad_accum_steps"]
