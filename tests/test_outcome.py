@@ -51,3 +51,12 @@ def test_diverged_and_invalid_pass_through():
 def test_death_without_a_word():
     o = decide([], agent_failures={1: {"exitcode": -9, "signal": "SIGKILL"}})
     assert o.status == "crashed" and "signal SIGKILL" in o.reason and "out of memory?" in o.reason
+
+
+def test_a_forged_error_report_cannot_claim_success_over_a_kill():
+    """Error reports come from processes that run team code: one that says status "ok" while the
+    watchdog kills the job is a crash, never a score."""
+    forged = [msg("error", 1, rank=0, status="ok", reason="all fine", cause="exception")]
+    o = decide(forged, kill_status="timeout", kill_reason="hard limit")
+    assert o.status == "crashed"
+    assert decide([msg("error", 1, rank=0, status="running", reason="", cause="rule")]).status == "crashed"

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from harness.launcher.channel import Message
 
+# What a rank's error report may say. Reports come from processes that run team code: a forged
+# error saying "ok" must not turn a killed or failed job into a score.
+FAILURE_STATUSES = ("crashed", "invalid", "diverged", "aborted")
+
 
 @dataclass
 class Outcome:
@@ -51,7 +55,8 @@ def classify(
     if own:  # the first rank that failed in its own code explains the rest
         first = min(own, key=lambda m: m.received_s)
         b = first.body
-        return Outcome(b.get("status", "crashed"), f"rank {b.get('rank')}: {b.get('reason', '')}",
+        status = b.get("status") if b.get("status") in FAILURE_STATUSES else "crashed"
+        return Outcome(status, f"rank {b.get('rank')}: {b.get('reason', '')}",
                        b.get("rank"), b.get("traceback"), cause="own")
 
     if kill_status:
