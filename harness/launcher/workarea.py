@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,20 @@ def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ..
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def copy_regular_file(src: Path, dest: Path) -> bool:
+    """Copy src if it is a regular file, opened without following a link (O_NOFOLLOW); False if not."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # a link, or gone
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # a FIFO or a device: never read
+            return False
+        with open(dest, "wb") as out:
+            shutil.copyfileobj(fh, out)
+    return True
 
 
 HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
@@ -74,15 +89,18 @@ class WorkArea:
                 link.symlink_to(self.logs / name)
 
     def collect_logs(self, dest: Path) -> None:
-        """The logs become plain files of the record (links replaced by copies)."""
+        """The logs become plain files of the record (links replaced by copies). Only regular files are
+        copied, never through a link: the ranks wrote this folder, and a link they left in it could
+        otherwise make the launcher copy any file it can read (the validation shards) into the record."""
         dest.mkdir(parents=True, exist_ok=True)
-        for path in self.logs.rglob("*"):
-            if path.is_file():
+        for folder, dirs, files in os.walk(self.logs):  # does not descend into linked folders
+            for name in files:
+                path = Path(folder) / name
                 target = dest / path.relative_to(self.logs)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if target.is_symlink():
                     target.unlink()
-                shutil.copyfile(path, target)
+                copy_regular_file(path, target)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
             if link.is_symlink() and Path(link.resolve()).is_relative_to(self.dir):
                 link.unlink()
