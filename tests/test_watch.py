@@ -51,3 +51,18 @@ def test_jobs_without_a_training_window_have_one_total_limit():
 def test_nonsense_deadlines_are_refused():
     with pytest.raises(ValueError):
         Deadlines(startup_timeout_s=10, save_allowance_s=0)
+
+
+def test_an_open_division_script_is_killed_at_one_limit_no_report_moves():
+    """Open division: ranks' start + allowance + budget + grace, whatever the script says (an early
+    'training done' used to switch the hard limit off and grant the save allowance instead)."""
+    from harness.launcher.watch import Deadlines, WatchResult, _expired
+
+    d = Deadlines(startup_timeout_s=60.0, total_after_setup_s=27.0)
+    r = WatchResult(setup_start_s=100.0, train_start_s=101.0, train_end_s=101.5)
+    assert _expired(r, d, launched=99.0, now=126.9) is None
+    reason, at = _expired(r, d, launched=99.0, now=127.1)
+    assert at == 127.0 and "hard limit" in reason
+    silent = WatchResult(setup_start_s=100.0)  # never said "first forward": a hang in its start-up?
+    assert "never reported a first forward" in _expired(silent, d, launched=99.0, now=127.1)[0]
+    assert "did not start" in _expired(WatchResult(), d, launched=0.0, now=61.0)[0]

@@ -9,15 +9,20 @@ kill, guard, evaluation and the record are the fixed loop's (harness/launcher/ru
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from harness.data.prepare import PreparedData
-from harness.launcher.assemble import check_reports, set_outcome
+from harness.launcher.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.phases import PhaseResult, run_preflight
 from harness.launcher.watch import Deadlines
-from harness.launcher.workarea import WorkArea
+from harness.launcher.workarea import WorkArea, copy_regular_file
+from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
+from harness.results.metrics import mfu, peak_flops_per_device
 from harness.results.records import RunRecord
 from harness.submission.open_division import OpenSpec, script_argv
 from harness.tracks.spec import Track
@@ -48,39 +53,53 @@ def build_open_job(spec: OpenSpec, track: Track, data: PreparedData, area: WorkA
 
 
 def open_deadlines(track: Track) -> Deadlines:
-    """The fixed loop's limits, except that the end of the start-up allowance starts the window."""
-    return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
-                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s, implicit_start=True)
+    """One limit that no report of the script moves: the ranks' start + start-up allowance + budget +
+    grace (the checkpoint must be saved by then). The fixed loop's save allowance after a reported
+    end does not apply: the end would be the script's claim."""
+    return Deadlines(startup_timeout_s=track.startup_timeout_s,
+                     total_after_setup_s=track.startup_allowance_s + track.hard_limit_s)
 
 
 def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, log_path: Path, seed: int,
-               protected: list[str], checkpoint: Path | None = None, keep_as: Path | None = None) -> dict:
-    """Before training: the files compile, model.py has get_model. After (with the script's checkpoint):
-    the checkpoint normalised into `keep_as`, and the model rebuilt from its config and checked."""
+               protected: list[str], checkpoint: Path | None = None) -> dict:
+    """Before training: the files compile, model.py has get_model. After (with the normalised
+    checkpoint, which the process may read and nothing else of the record): the model rebuilt from
+    its config, the weights loaded strictly, and the model checked like a fixed-loop submission's."""
     extra = {"model_file": spec.model, "script": spec.script}
     if checkpoint is not None:
-        extra.update(checkpoint_in=str(checkpoint), checkpoint_name="the checkpoint rank 0 saved at --checkpoint_path")
+        extra["checkpoint"] = str(checkpoint)
     return run_preflight(snapshot, vocab_size=track.data.vocab_size, device=track.device, seed=seed,
                          log_path=log_path, eval_seq_len=track.eval.seq_len, precision=record.precision,
                          sandbox_mode=track.sandbox, protected=protected, open_division=extra,
-                         read_files=[str(checkpoint)] if checkpoint is not None else [],
-                         take={"checkpoint.pt": keep_as} if keep_as is not None else None)
+                         read_files=[str(checkpoint)] if checkpoint is not None else [])
 
 
-def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec) -> None:
-    """The figures of a script the harness does not drive: its clock is the launcher's, its step and
-    token counts are what it reported (or its checkpoint's step x [open] tokens_per_step)."""
+def open_window(w, allowance_s: float) -> tuple[float | None, float | None]:
+    """The training window of a script, on the launcher's clock: from its first-forward report (no
+    earlier than the ranks' start, no later than the end of the allowance) or, without one, from the
+    ranks' start; to the moment the job ended (its save included: conservative, never a claim)."""
+    if w.setup_start_s is None:
+        return None, None
+    start = w.setup_start_s
+    if w.train_start_s is not None:
+        start = min(max(w.train_start_s, w.setup_start_s), w.setup_start_s + allowance_s)
+    end = w.kill_at_s or w.exited_s
+    return start, end
+
+
+def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, allowance_s: float) -> None:
+    """The figures of a script the harness does not drive: its window is the launcher's (open_window),
+    its step and token counts are what it reported (or its checkpoint's step x [open] tokens_per_step)."""
     w = phase.watch
-    if w.train_start_s is None and w.setup_start_s is not None:  # finished before saying "first forward" and
-        w.train_start_s = w.setup_start_s                        # before the allowance ran out: all of it counts
+    start, end = open_window(w, allowance_s)
+    if start is not None and w.train_start_s is None:
         record.notes.append("the script never called first_forward(): its training window is measured from the "
                             "ranks' start")
-    elif w.implicit_start_s is not None:
-        record.notes.append("the script did not call first_forward() within the start-up allowance: its training "
-                            "window started when the allowance ran out")
-    record.launcher_train_time_s = w.launcher_train_time_s
-    record.train_time_s = record.launcher_train_time_s  # the only clock of an open run that the harness trusts
-    record.startup_s = w.startup_s
+    if start is not None and end is not None:
+        record.launcher_train_time_s = max(0.0, end - start)
+        record.train_time_s = record.launcher_train_time_s  # the only clock of an open run the harness trusts
+        record.startup_s = start - w.setup_start_s
+        record.timings.update(train_s=record.launcher_train_time_s, startup_s=record.startup_s)
     results = phase.reports("result")
     if results:
         record.peak_mem_gib = max((r.get("peak_mem_gib") or 0.0) for r in results.values()) or None
@@ -96,10 +115,10 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec) -
     check_reports(record, phase)
 
 
-def apply_open_checkpoint(record: RunRecord, report: dict, spec: OpenSpec) -> None:
-    """What the check after training learnt from the checkpoint: params, FLOPs, and a step count."""
-    found = report.get("checkpoint") or {}
-    record.params, record.config = report.get("params"), report.get("config", {})
+def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: OpenSpec) -> None:
+    """What the checkpoint says (read by harness code alone: params, step) and what the model check
+    measured (FLOPs per token, counted in the sandboxed process that ran model.py, as for the fixed loop)."""
+    record.params, record.config = found.get("params"), found.get("config", {})
     record.flops_per_token = report.get("flops_per_token")
     if found.get("prefixes_removed"):
         record.notes.append("the checkpoint's torch.compile/DDP key prefixes were removed")
@@ -111,24 +130,64 @@ def apply_open_checkpoint(record: RunRecord, report: dict, spec: OpenSpec) -> No
     if record.tokens and record.launcher_train_time_s:
         record.tokens_per_s = record.tokens / record.launcher_train_time_s
         record.tokens_per_s_per_device = record.tokens_per_s / max(1, record.world_size or 1)
+    track = record.track
+    record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
+                                                         track.get("device_peak", ""), record.device_name)
+    record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+
+
+NORMALIZE_TIMEOUT_S = 600.0
+
+
+def normalize_in_own_process(src: Path, dst: Path, log_path: Path) -> dict:
+    """The team's checkpoint into the harness's form, in a process that imports no team code
+    (harness/ranks/checkpoint.py's main): a malformed or huge file cannot hurt the launcher."""
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.ranks.checkpoint", str(src), str(dst)],
+                                  stdout=subprocess.PIPE, stderr=log, text=True, timeout=NORMALIZE_TIMEOUT_S,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return {"error": f"reading the checkpoint took more than {NORMALIZE_TIMEOUT_S:.0f} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"the process that reads the checkpoint died (exit code {proc.returncode}); see {log_path}"}
 
 
 def finish_open_training(record: RunRecord, snapshot: Path, spec: OpenSpec, track: Track, area: WorkArea,
                          checkpoint: Path, log_path: Path, seed: int, protected: list[str]) -> bool:
-    """The script's checkpoint into the record, in the harness's form; False (and the outcome set) if not."""
+    """The script's checkpoint into the record, once every process of the job is gone: taken as a
+    regular file only (a link could point at the validation data), normalised by harness code alone,
+    hashed, then its model checked in a sandbox that may only read it. False (outcome set) if not."""
     staged = area.staging / "checkpoint.pt"
-    if not staged.is_file():
+    if not staged.exists() and not staged.is_symlink():
         set_outcome(record, "crashed", "the script finished without saving a checkpoint at --checkpoint_path "
                                        "(rank 0 must torch.save {'model': state_dict, 'config': dict} there)")
         return False
+    taken = checkpoint.with_name("team-checkpoint.pt")
+    if not copy_regular_file(staged, taken):
+        set_outcome(record, "invalid", "the file at --checkpoint_path is not a regular file (a link?); save the "
+                                       "checkpoint itself there")
+        return False
     t0 = time.monotonic()
-    report = check_open(snapshot, spec, track, record, log_path, seed, protected, checkpoint=staged, keep_as=checkpoint)
+    found = normalize_in_own_process(taken, checkpoint, log_path.with_name("checkpoint-read.log"))
+    taken.unlink(missing_ok=True)
+    if "error" in found:
+        set_outcome(record, "invalid", f"the checkpoint rank 0 saved at --checkpoint_path: {found['error']}")
+        return False
+    digest = file_sha256(checkpoint)
+    report = check_open(snapshot, spec, track, record, log_path, seed, protected, checkpoint=checkpoint)
     record.timings["checkpoint_check_s"] = time.monotonic() - t0
+    if file_sha256(checkpoint) != digest:
+        set_outcome(record, "invalid", "the checkpoint changed while its model was checked")
+        flag_run(record, record.reason)
+        return False
     if not report["ok"]:
         first = report["problems"][0]
         record.extra["problems"] = report["problems"]
         set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
                     + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return False
-    apply_open_checkpoint(record, report, spec)
-    return checkpoint.is_file()
+    apply_open_checkpoint(record, found, report, spec)
+    return True

@@ -36,12 +36,12 @@ PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
                   eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
                   protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S, open_division: dict | None = None,
-                  read_files: list[str] = (), take: dict[str, Path] | None = None) -> dict:
+                  read_files: list[str] = ()) -> dict:
     """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config).
 
     `open_division` asks for the open division's checks (its keys go into the request: model_file,
-    checkpoint_in); `read_files` are files outside the submission the process may read; `take` maps
-    files the process leaves in its private folder to where the launcher keeps them."""
+    script, checkpoint); `read_files` are files outside the submission the process may read. Nothing
+    the process writes is kept: it ran team code."""
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     policy = None
     if sandbox_mode != "off":
@@ -52,8 +52,6 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
                "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
     if open_division is not None:
         request.update(division="open", **open_division)
-        for name in (take or {}):
-            request[f"{Path(name).stem}_out"] = str(tmp / name)
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
     env = sandbox.private_environment(tmp)
@@ -72,9 +70,6 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     except (OSError, ValueError):
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
-    for name, dest in (take or {}).items():
-        if report.get("ok") and (tmp / name).is_file():
-            shutil.move(str(tmp / name), str(dest))
     shutil.rmtree(tmp, ignore_errors=True)
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))

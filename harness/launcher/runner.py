@@ -245,7 +245,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec)
         metrics.extend(metrics_rows(phase))
         if spec is not None:
-            apply_open_training(record, phase, spec)
+            apply_open_training(record, phase, spec, track.startup_allowance_s)
         else:
             apply_training(record, phase)
         record.killed_pids = phase.leftover_pids

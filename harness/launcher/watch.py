@@ -3,8 +3,8 @@
 The training window is measured here from rank 0's reports, stamped on arrival with the
 launcher's own monotonic clock. The job is killed (SIGTERM, then SIGKILL):
 - if training has not started within the start-up timeout of launch;
-- (open division, where the team's script owns its start-up) the training window starts at its
-  first forward, or at the ranks' start plus the start-up allowance, whichever comes first;
+- (open division, where the team's own script runs and nothing it says can be trusted) at the
+  ranks' start + start-up allowance + budget + grace, whatever the script reports;
 - if the team's start-up (from the process group being up to the first step: importing the
   submission, get_model, DDP, optimizers) takes longer than the track's start-up allowance;
 - if training has not ended at budget + grace after it started (the hard limit);
@@ -72,7 +72,6 @@ class WatchResult:
     killed_pids: list[int] = field(default_factory=list)
     setup_start_s: float | None = None  # the process group is up: the team's start-up begins
     train_start_s: float | None = None
-    implicit_start_s: float | None = None  # open division: the allowance ran out before any first forward
     train_end_s: float | None = None
     exited_s: float | None = None  # when the agent returned
     limit_s: float | None = None  # when the limit that caused a kill passed
@@ -120,7 +119,7 @@ class Deadlines:
     save_allowance_s: float = 300.0  # after training: checkpoint save, scaling probe, teardown
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
     abandon_agent_s: float = 15.0  # after a kill, how long to wait for the agent thread to return
-    implicit_start: bool = False  # open division: the allowance's end starts the window, it does not kill
+    total_after_setup_s: float | None = None  # open division: ranks' start -> kill, no report extends it
 
     def __post_init__(self) -> None:
         for name in ("startup_timeout_s", "startup_allowance_s", "hard_limit_s", "save_allowance_s", "total_s"):
@@ -142,14 +141,23 @@ def _stamp(result: WatchResult, channel: ChannelServer, lead_rank: int) -> None:
     for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s")):
         m = channel.first(kind, rank=lead_rank)
         setattr(result, attr, m.received_s if m else None)
-    if result.implicit_start_s is not None:  # a first forward reported after the allowance changes nothing
-        result.train_start_s = min(result.train_start_s or result.implicit_start_s, result.implicit_start_s)
 
 
 def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple[str, float] | None:
     """The first deadline that has passed: (reason, when it passed), or None."""
     if d.total_s is not None and now - launched > d.total_s:
         return f"did not finish within {d.total_s:.0f} s", launched + d.total_s
+    if d.total_after_setup_s is not None:  # a script the harness does not drive: one limit, from its start
+        if r.setup_start_s is None:
+            if now - launched > d.startup_timeout_s:
+                return f"the ranks did not start within {d.startup_timeout_s:.0f} s of launch", launched + d.startup_timeout_s
+            return None
+        end = r.setup_start_s + d.total_after_setup_s
+        if now > end:
+            never = "" if r.train_start_s is not None else " (it never reported a first forward: a hang in start-up?)"
+            return (f"killed at the hard limit: {d.total_after_setup_s:.1f} s (start-up allowance + budget + grace) "
+                    f"after the ranks started{never}"), end
+        return None
     if d.hard_limit_s is None:  # a job without a training window
         return None
     if r.train_start_s is None:
@@ -157,9 +165,6 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple
             return f"training did not start within {d.startup_timeout_s:.0f} s of launch", launched + d.startup_timeout_s
         if d.startup_allowance_s is not None and r.setup_start_s is not None \
                 and now - r.setup_start_s > d.startup_allowance_s:
-            if d.implicit_start:  # the script never said "first forward": its window starts now, on our clock
-                r.implicit_start_s = r.train_start_s = r.setup_start_s + d.startup_allowance_s
-                return _expired(r, d, launched, now)
             return (f"start-up took longer than the track's allowance of {d.startup_allowance_s:.0f} s (importing the "
                     "submission, get_model, DDP, optimizers) before the first step", r.setup_start_s + d.startup_allowance_s)
         return None

@@ -91,10 +91,25 @@ def normalize_team_checkpoint(src: str | Path, dst: str | Path) -> dict:
                               f"are removed. Fix: {fix}")
     step = raw.get("step")
     step = int(step) if isinstance(step, int) and not isinstance(step, bool) else None
-    tokens = raw.get("tokens")
-    tokens = int(tokens) if isinstance(tokens, int) and not isinstance(tokens, bool) else None
     tmp = f"{dst}.tmp"
-    torch.save({"config": raw["config"], "model": state, "step": step, "tokens": tokens}, tmp)
+    torch.save({"config": raw["config"], "model": state, "step": step, "tokens": None}, tmp)
     os.replace(tmp, dst)
-    return {"step": step, "tokens": tokens, "params": sum(v.numel() for v in state.values()),
+    return {"step": step, "params": sum(v.numel() for v in state.values()), "config": raw["config"],
             "prefixes_removed": any(plain_key(str(k)) != str(k) for k in raw["model"])}
+
+
+def main(argv: list[str]) -> None:
+    """python -m harness.ranks.checkpoint SRC DST: normalise, print one JSON line (or {"error": ...})."""
+    import json
+
+    try:
+        found = normalize_team_checkpoint(argv[1], argv[2])
+        print(json.dumps(found, default=str))
+    except CheckpointError as exc:
+        print(json.dumps({"error": str(exc)}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

@@ -8,8 +8,9 @@
 
 Outside the harness (a team's own `torchrun train.py`) every call does nothing, so a script runs
 unchanged either way. These are claims, not measurements: the launcher stamps each with its own
-clock, the window it enforces starts no later than the ranks' start plus the track's start-up
-allowance, and the hard kill holds whatever a script says (docs/submission.md, open division).
+clock, the recorded window starts no later than the ranks' start plus the track's start-up
+allowance, and the hard kill (ranks' start + allowance + budget + grace) holds whatever a script
+says (docs/submission.md, open division).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _started_at: float | None = None
 _ended = False
 _last_progress_s = 0.0
 PROGRESS_EVERY_S = 0.5  # reports are rate-limited: a script may call progress() every step
+OWN_KEYS = {"kind", "rank", "step", "tokens", "train_loss", "train_time_s", "tokens_per_s", "reported"}
 
 
 def in_harness() -> bool:
@@ -54,7 +56,7 @@ def progress(step: int, tokens: int | None = None, train_loss: float | None = No
     _channel.send("progress", step=int(step), tokens=None if tokens is None else int(tokens),
                   train_loss=None if train_loss is None else float(train_loss), train_time_s=elapsed,
                   tokens_per_s=(tokens / elapsed) if tokens and elapsed > 0 else None, reported=True,
-                  **{k: v for k, v in extra.items() if isinstance(v, (int, float, str, bool))})
+                  **{k: v for k, v in extra.items() if isinstance(v, (int, float, str, bool)) and k not in OWN_KEYS})
 
 
 def training_done(step: int, tokens: int | None = None, train_loss: float | None = None) -> None:

@@ -11,8 +11,9 @@ and MASTER_PORT are in the environment, and the script starts its own process gr
 The script's clock is its own; the launcher's is the one enforced (harness/launcher/watch.py):
 this wrapper says when the rank started ("setup_start"), the script may say when its first
 forward ran (harness/ranks/open_api.py), and the hard kill holds whatever it says. A script that
-returns (or exits with code 0) is a finished rank; an exception or a non-zero exit is a failure
-report, as in the fixed loop.
+returns (or exits with code 0) is a finished rank, once its non-daemon threads are done; an
+exception or a non-zero exit is a failure report, as in the fixed loop. A script that leaves with
+os._exit skips its report and ends `crashed`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 from pathlib import Path
 
 from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, redirect_output, release_and_exit
@@ -52,6 +54,11 @@ def run_script(job: dict) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise ScriptExit(f"{job['script']} exited with code {exc.code!r}") from None
+    # As at interpreter exit: the script's own threads (an asynchronous checkpoint save) finish first.
+    # The launcher's hard limit bounds the wait.
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
 
 
 def main(argv: list[str]) -> None:

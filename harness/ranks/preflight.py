@@ -137,9 +137,10 @@ class OpenModel:
 
 def run_open_checks(request: dict) -> dict:
     """Before training: the files compile and model.py defines get_model. After it (with the script's
-    checkpoint): the checkpoint in the harness's form, and the model rebuilt from its config checked
-    like a fixed-loop submission's (shapes, gradients, evaluation length, causality, FLOPs)."""
-    from harness.ranks.checkpoint import CheckpointError, normalize_team_checkpoint, unwrap
+    checkpoint, already in the harness's form): the model rebuilt from its config, the weights loaded
+    strictly, and the model checked like a fixed-loop submission's (shapes, gradients, evaluation
+    length, causality, FLOPs)."""
+    from harness.ranks.checkpoint import unwrap
     from harness.submission.contract import SubmissionError, import_submission_module
     from harness.submission.screen import screen_folder
 
@@ -155,14 +156,10 @@ def run_open_checks(request: dict) -> dict:
         if not callable(get_model):
             raise SubmissionError(folder / model_file, "defines no get_model(config).",
                                   "define get_model(config) returning the model your checkpoint's state dict loads into")
-        if request.get("checkpoint_in"):
-            try:
-                found = normalize_team_checkpoint(request["checkpoint_in"], request["checkpoint_out"])
-            except CheckpointError as exc:
-                raise SubmissionError(request.get("checkpoint_name", "checkpoint"), str(exc)) from None
+        if request.get("checkpoint"):  # normalised by harness code, hashed; this process may only read it
             import torch
 
-            saved = torch.load(request["checkpoint_out"], map_location="cpu", weights_only=True)
+            saved = torch.load(request["checkpoint"], map_location="cpu", weights_only=True)
             config = saved["config"]
             try:  # the weights must be those of get_model(config): evaluation loads them the same way
                 unwrap(get_model(dict(config))).load_state_dict(saved["model"], strict=True)
@@ -174,8 +171,6 @@ def run_open_checks(request: dict) -> dict:
             seq_len = int(config.get("seq_len") or config.get("block_size") or request["eval_seq_len"])
             model = OpenModel(folder=folder, file=folder / model_file, config=config, get_model=get_model,
                               seq_len=seq_len, vocab_out=int(config.get("vocab_size") or request["vocab_size"]))
-            report["checkpoint"] = found
-            report["config"] = json.loads(json.dumps(config, default=str))
             report.update(check_model(model, request["device"], request["seed"], request["vocab_size"],
                                       request.get("eval_seq_len"), request.get("precision", "bfloat16")))
     except SyntaxError as exc:
