@@ -48,3 +48,17 @@ def test_find_run_by_id_prefix_or_path(tmp_path):
         find_run(tmp_path, "20260101T")
     with pytest.raises(FileNotFoundError, match="no run"):
         find_run(tmp_path, "zzz")
+
+
+def test_outputs_follow_the_users_umask(tmp_path):
+    """mkstemp makes files only their owner can read; a leaderboard or a record is an ordinary output."""
+    import os
+    import stat
+
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        old = os.umask(mask)
+        try:
+            write_atomic(tmp_path / f"t{mask}.md", "x")
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / f"t{mask}.md").stat().st_mode) == mode, mask

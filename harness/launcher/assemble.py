@@ -15,6 +15,11 @@ from harness.results.metrics import mfu, peak_flops_per_device
 from harness.launcher.phases import PhaseResult
 from harness.results.records import RunRecord
 
+# What the ranks report of the communication probe -> the record's `comm_probe`.
+PROBE_FIELDS = {"comm_probe_steps": "steps", "comm_probe_synced_step_s": "synced_step_s",
+                "comm_probe_compute_step_s": "compute_step_s", "comm_overlap_efficiency_min": "efficiency_min",
+                "comm_overlap_efficiency_max": "efficiency_max", "comm_s": "comm_s"}
+
 
 def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     results = phase.reports("result")
@@ -43,10 +48,9 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
     record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
-    if r0.get("scaling_efficiency") is not None:
-        record.scaling_efficiency = r0["scaling_efficiency"]
-        record.scaling = {k: r0.get(k) for k in ("scaling_probe_steps", "scaling_synced_step_s",
-                          "scaling_compute_step_s", "scaling_efficiency_min", "scaling_efficiency_max", "comm_s")}
+    if r0.get("comm_overlap_efficiency") is not None:
+        record.comm_overlap_efficiency = r0["comm_overlap_efficiency"]
+        record.comm_probe = {new: r0.get(old) for old, new in PROBE_FIELDS.items()}
     if record.steps is None:  # killed or crashed: keep what rank 0 last reported
         progress = [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
         if progress:

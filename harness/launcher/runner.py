@@ -280,7 +280,7 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
         cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
-        scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
+        comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
         sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
     )

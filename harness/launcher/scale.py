@@ -137,7 +137,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                 collective_timeout_s=track.collective_timeout_s, cpu_threads_per_rank=threads,
                 vocab_size=track.data.vocab_size, train_shards=data.train, log_dir=str(out_dir / "logs" / f"n{n}"),
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
-                scaling_probe_steps=opts.probe_steps,
+                comm_probe_steps=opts.probe_steps,
             )
             launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
                                 shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)
@@ -157,7 +157,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             points.append({"world_size": n, "oversubscribed": track.device == "cpu" and n * threads > cores,
                            "tokens_per_s": tps, "tokens_per_step": r0["tokens_per_step"],
                            "step_s": r0["tokens_per_step"] / tps, "probe_comm_s": r0.get("comm_s"),
-                           "probe_efficiency": r0.get("scaling_efficiency"), "device_name": r0.get("device_name")})
+                           "probe_comm_overlap_efficiency": r0.get("comm_overlap_efficiency"), "device_name": r0.get("device_name")})
     base = points[0]
     for p in points:
         p["efficiency"] = p["tokens_per_s"] / (p["world_size"] * base["tokens_per_s"])

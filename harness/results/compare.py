@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
-from harness.results.records import iter_run_dirs, match_runs
+from harness.results.records import iter_run_dirs, match_runs, upgrade_record
 from harness.results.stats import is_finite, summarize, welch
 
 # (field, label, how differences are shown)
@@ -24,7 +24,7 @@ METRICS = [
     ("train_loss", "train_loss", "diff"),
     ("tokens_per_s", "tokens_per_s", "ratio"),
     ("mfu", "mfu", "diff"),
-    ("scaling_efficiency", "scaling_efficiency", "diff"),
+    ("comm_overlap_efficiency", "comm_overlap_efficiency", "diff"),
     ("steps", "steps", "diff"),
     ("tokens", "tokens", "diff"),
     ("train_time_s", "train_time_s", "diff"),
@@ -45,7 +45,7 @@ class Side:
 
 
 def _load(run_dir: Path) -> dict:
-    raw = json.loads((run_dir / "run.json").read_text())
+    raw = upgrade_record(json.loads((run_dir / "run.json").read_text()))
     raw["run_dir"] = str(run_dir)
     return raw
 

@@ -22,16 +22,17 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from harness.results.records import upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
 COLUMNS = [
-    "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",
+    "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens",
     "steps", "train_time_s", "startup_s", "precision", "status", "run_id", "submission_sha256", "val_loss_std",
     "vs_next", "p_vs_next", "tied_with", "reason",
 ]
 # Which failure says the team got furthest: shown for teams without an ok run.
 STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running"]
-METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s"]
+METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision"]
 
@@ -42,7 +43,7 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
     pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
     for path in Path(root).glob(pattern):
         try:
-            raw = json.loads(path.read_text())
+            raw = upgrade_record(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
         row = {k: raw.get(k) for k in FIELDS}

@@ -15,7 +15,7 @@ import pandas as pd
 
 # Ranking first (what a room reads from the back), then throughput, then identity and reasons.
 SHOWN = ["rank", "team", "val_loss", "ci95", "n_runs", "status", "vs_next", "tied_with", "p_vs_next", "tokens_per_s", "mfu",
-         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s", "precision", "run_id", "submission_sha256", "reason"]
+         "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s", "precision", "run_id", "submission_sha256", "reason"]
 
 
 def fmt(col: str, value) -> str:
@@ -25,7 +25,7 @@ def fmt(col: str, value) -> str:
         return f"{value:.4f}"
     if col == "ci95":
         return f"±{value:.4f}"
-    if col in ("mfu", "scaling_efficiency"):
+    if col in ("mfu", "comm_overlap_efficiency"):
         return f"{100 * value:.1f}%"
     if col == "tokens_per_s":
         return f"{value:,.0f}"

@@ -132,7 +132,7 @@ class Track:
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
     log_interval_s: float = 5.0
-    scaling_probe_steps: int = 5  # after training: k synchronised vs k compute-only steps (0: off)
+    comm_probe_steps: int = 5  # after training: k synchronised vs k compute-only steps (0: off)
     cpu_threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
     peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
@@ -172,8 +172,8 @@ class Track:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
         if not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise TrackError(f"{where}: `max_steps` must be an integer >= 0, got {self.max_steps!r}")
-        if self.scaling_probe_steps < 0:
-            raise TrackError(f"{where}: `scaling_probe_steps` must be >= 0")
+        if self.comm_probe_steps < 0:
+            raise TrackError(f"{where}: `comm_probe_steps` must be >= 0")
         if self.peak_flops_per_device < 0:
             raise TrackError(f"{where}: `peak_flops_per_device` must be >= 0")
         if self.data.val_tokens % self.eval.seq_len:
@@ -218,9 +218,16 @@ def _as_globs(value: Any, key: str, path: str) -> tuple[str, ...]:
     raise TrackError(f"{path}: [data] `{key}` must be a glob string or a list of them")
 
 
+# Keys renamed since: tracks saved in older run records (and organisers' older files) still load.
+RENAMED_KEYS = {"scaling_probe_steps": "comm_probe_steps"}
+
+
 def track_from_dict(raw: dict[str, Any], path: str) -> Track:
     """Build a Track from parsed TOML, naming `path` in every error."""
     raw = dict(raw)
+    for old, new in RENAMED_KEYS.items():
+        if old in raw and new not in raw:
+            raw[new] = raw.pop(old)
     _check_keys(raw, _TOP_KEYS, "the top level", path)
     for required in ("name", "budget_s", "data", "eval"):
         if required not in raw:
