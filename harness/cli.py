@@ -334,7 +334,9 @@ def unflag(run, runs_dir, wait):
 @click.argument("submission")
 @click.option("--track", "-t", default="local", show_default=True, help="The track it will run on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
-def check_cmd(submission, track, as_json):
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None,
+              help="Run records to check the team name against [default: ./runs].")
+def check_cmd(submission, track, as_json, runs_dir):
     """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it would be accepted."""
     import json
 
@@ -343,12 +345,13 @@ def check_cmd(submission, track, as_json):
     from harness.tracks.spec import TrackError
 
     try:
-        result = check(submission, track)
+        result = check(submission, track, runs_dir=runs_dir)
     except (SubmissionError, TrackError) as exc:
         raise SetupError(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"accepted": result.accepted, "team": result.team, "command": result.command,
-                               **{k: v for k, v in result.report.items() if k != "log_tail"}}, indent=2, default=str))
+                               **{k: v for k, v in result.report.items() if k != "log_tail"},
+                               "warnings": result.warnings}, indent=2, default=str))
     else:
         click.echo("\n".join(render(result)))
     sys.exit(0 if result.accepted else 1)

@@ -49,3 +49,23 @@ def test_a_dense_convolution_is_unchanged():
     with FlopCounterMode(display=False) as torch_own:  # torch's formula is right when groups = 1
         model(idx, idx)[1].backward()
     assert torch_own.get_total_flops() / (B * T) == got["flops_per_token"]
+
+
+class ComputesAtBuild(DepthwiseLM):
+    """A model that reads real values while it is built: the meta device cannot build it."""
+
+    def __init__(self):
+        super().__init__()
+        if self.emb.weight.abs().sum().item() < 0:  # .item() on a meta tensor raises
+            raise AssertionError
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_counted_on_the_cpu_and_says_why():
+    meta = count_training_flops_per_token(DepthwiseLM, V, B, T)
+    assert meta["flops_method"] == "meta" and "meta device" in meta["flops_note"]
+    cpu = count_training_flops_per_token(ComputesAtBuild, V, B, T)
+    assert cpu["flops_method"] == f"cpu batch 1 x {B}"
+    note = cpu["flops_note"]
+    assert note.startswith("the model could not be counted on the meta device (") and "Error" in note
+    assert f"counted on the CPU at batch 1 and scaled by the micro-batch ({B})" in note
+    assert abs(cpu["flops_per_token"] - meta["flops_per_token"]) / meta["flops_per_token"] < 1e-9

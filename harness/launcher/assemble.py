@@ -14,6 +14,7 @@ from harness.launcher.console import fmt_rate
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.launcher.phases import PhaseResult
 from harness.results.records import RunRecord
+from harness.submission.contract import relative_paths
 
 # What the ranks report of the communication probe -> the record's `comm_probe`.
 PROBE_FIELDS = {"comm_probe_steps": "steps", "comm_probe_synced_step_s": "synced_step_s",
@@ -153,10 +154,17 @@ def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | No
         record.traceback = tb[-8000:]
 
 
-def name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
-    """Errors point at the team's own files (what they edit), not at the record's copy."""
-    for form in (str(snapshot.resolve()), str(snapshot)):  # absolute first: it contains the relative form
-        record.reason = record.reason.replace(form, str(folder))
+def name_team_files(record: RunRecord, copies: list[Path]) -> None:
+    """Errors name the team's files relative to the submission folder ("submission.py:5"), not the path of the
+    record's copy, the ranks' private copy or the folder on the machine that ran it: a reason on a leaderboard
+    reads the same wherever the run happened."""
+    record.reason = relative_paths(record.reason, copies)
+    if record.traceback:
+        record.traceback = relative_paths(record.traceback, copies)
+    for problem in record.extra.get("problems", []):
+        for key in ("file", "problem"):
+            if isinstance(problem.get(key), str):
+                problem[key] = relative_paths(problem[key], copies)
 
 
 def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
@@ -215,6 +223,8 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
         lines.append(f"unofficial overrides: {', '.join(record.overrides)}")
     if record.flagged:
         lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
+    for warning in record.warnings:
+        lines.append(f"WARNING    {warning}")
     lines.append(f"record     {run_dir}")
     if record.status not in ("ok",):
         lines.append(f"logs       {run_dir / 'logs'}")

@@ -61,8 +61,19 @@ def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, ba
 
     try:
         total = one_step("meta", batch)
-        method = "meta"
+        return {"flops_per_token": total / (batch * seq_len), "flops_method": "meta",
+                "flops_note": f"counted on the meta device at batch {batch} (no compute, no memory)"}
     except Exception as exc:  # a model that computes on real values at build or forward time
-        total = one_step("cpu", 1) * batch
-        method = f"cpu batch 1 x {batch} ({type(exc).__name__} on meta)"
-    return {"flops_per_token": total / (batch * seq_len), "flops_method": method}
+        failed = _one_line(exc)
+    total = one_step("cpu", 1) * batch
+    return {"flops_per_token": total / (batch * seq_len), "flops_method": f"cpu batch 1 x {batch}",
+            "flops_note": (f"the model could not be counted on the meta device ({failed}), so it was counted on "
+                           f"the CPU at batch 1 and scaled by the micro-batch ({batch}); FLOPs are linear in the "
+                           "batch, so the figure is the same")}
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    """What failed, short enough for a report line: the type and the first line of the message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
