@@ -148,20 +148,39 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 @click.option("--ranking", type=click.Choice(["mean", "best"]), default=None,
               help="Override the track's ranking rule for this view.")
 @click.option("--no-charts", is_flag=True, help="Only the table (faster).")
-def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts):
+@click.option("--watch", "watch_s", type=click.FloatRange(min=1), default=None, is_flag=False, flag_value=10.0,
+              help="Keep running: rebuild whenever records change, checking every N seconds (default 10); the "
+                   "page reloads itself on the same period. Ctrl-C stops.")
+def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts, watch_s):
     """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
     from harness.results.records import runs_root
-    from harness.results.views import leaderboard_root, plots_root, rebuild, tracks_in
+    from harness.results.views import UnknownTrack, check_tracks, leaderboard_root, plots_root, rebuild, tracks_in, watch
 
     root = runs_root(runs_dir)
+    try:
+        check_tracks(root, list(tracks))
+    except UnknownTrack as exc:
+        raise SetupError(str(exc)) from None
     tracks = list(tracks) or tracks_in(root)
     if not tracks:
         raise SetupError(f"no run records under {root} (run `harness run SUBMISSION` first, or pass --runs-dir)")
-    for track in tracks:
-        out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
-                      charts=not no_charts)
-        click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
-                   + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
+
+    def rebuild_all() -> None:
+        for track in tracks:
+            out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
+                          charts=not no_charts, refresh_s=watch_s)
+            click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
+                       + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
+
+    if watch_s is None:
+        rebuild_all()
+        return
+    click.echo(f"watching {root} for {', '.join(tracks)}: rebuilding when records change (every {watch_s:g} s; "
+               "Ctrl-C stops)")
+    try:
+        watch(root, tracks, rebuild_all, every_s=watch_s)
+    except KeyboardInterrupt:
+        click.echo("stopped")
 
 
 

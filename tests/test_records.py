@@ -55,10 +55,14 @@ def test_outputs_follow_the_users_umask(tmp_path):
     import os
     import stat
 
+    from harness.results.plots import plt, save_png
+
     for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
         old = os.umask(mask)
         try:
             write_atomic(tmp_path / f"t{mask}.md", "x")
+            save_png(plt.figure(), tmp_path / f"t{mask}.png")
         finally:
             os.umask(old)
-        assert stat.S_IMODE((tmp_path / f"t{mask}.md").stat().st_mode) == mode, mask
+        for suffix in (".md", ".png"):
+            assert stat.S_IMODE((tmp_path / f"t{mask}{suffix}").stat().st_mode) == mode, (mask, suffix)

@@ -184,17 +184,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
 
 
 def _chart(record: dict, path: Path) -> None:
-    from harness.results.plots import _save, log2_axis, plt
+    from harness.results.plots import save_png
+    from harness.results.rate_charts import scaling_figure
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    pts = record["points"]
-    ax.plot([p["world_size"] for p in pts], [p["efficiency"] for p in pts], "o-", label="measured (tokens/s)")
-    pred = record["prediction"]["efficiency"]
-    if pred:
-        xs = sorted(int(k) for k in pred)
-        ax.plot(xs, [pred[str(x)] for x in xs], "x--", label="predicted (fitted all-reduce model)")
-    log2_axis(ax, [p["world_size"] for p in pts] + [int(k) for k in pred])
-    ax.set(title=f"Weak scaling: {record['team']} on {record['track']}", xlabel="devices (world size)",
-           ylabel="efficiency (1 = perfect)", ylim=(0, 1.15))
-    ax.legend()
-    _save(fig, path)
+    save_png(scaling_figure(record["track"], [record], assumptions=True), path)
