@@ -275,11 +275,11 @@ def _compare_table(sides, rows) -> str:
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where records go [default: ./runs].")
 @click.option("--data-root", default=None, help="Folder the track's shard globs are relative to.")
 def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed, runs_dir, data_root):
-    """Weak-scaling probes of SUBMISSION at several world sizes, and a fitted prediction beyond them."""
+    """Weak-scaling efficiency of SUBMISSION measured at several world sizes, and the model's prediction beyond."""
     from harness.launcher.console import ConsoleReporter
     from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.launcher.scale import ScaleOptions, run_scale
+    from harness.launcher.scale import ScaleOptions, run_scale, scale_lines
     from harness.tracks.spec import TrackError
 
     try:
@@ -290,23 +290,9 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
         record, out_dir = run_scale(opts, ConsoleReporter())
     except (TrackError, DataError, SubmissionError, ValueError, RuntimeError) as exc:
         raise SetupError(str(exc)) from None
-    click.echo(f"{'world size':>10}  {'tokens/s':>10}  {'step ms':>8}  {'efficiency':>10}  {'overhead ms':>11}  "
-               f"{'probe all-reduce ms':>19}")
-    for p in record["points"]:
-        comm = "-" if p["probe_comm_s"] is None else f"{1000 * p['probe_comm_s']:.2f}"
-        click.echo(f"{p['world_size']:>10}  {p['tokens_per_s']:>10,.0f}  {1000 * p['step_s']:>8.1f}  "
-                   f"{p['efficiency']:>10.3f}  {1000 * p['overhead_s']:>11.2f}  {comm:>19}")
-    fit = record["fit"]
-    if fit.get("b_s") is not None:
-        click.echo(f"fit: step overhead = {1000 * fit['a_s']:.3f} ms + {1000 * fit['b_s']:.3f} ms x 2(N-1)/N"
-                   + (f"  ({fit['note']})" if fit.get("note") else ""))
-        pred = record["prediction"]["efficiency"]
-        click.echo("predicted efficiency: " + ", ".join(f"N={n}: {v:.3f}" for n, v in
-                                                         sorted(pred.items(), key=lambda kv: int(kv[0]))))
-        click.echo(record["prediction"]["note"])
-    else:
-        click.echo(fit.get("note", ""))
-    click.echo(f"record {out_dir / 'scale.json'}, chart {out_dir / 'scale.png'}")
+    for line in scale_lines(record, out_dir):
+        click.echo(line)
+    _refresh_leaderboard(runs_dir, record["track"], ConsoleReporter())  # the track's scaling chart shows it
 
 
 
