@@ -27,3 +27,35 @@ def test_scale_through_the_cli(cli, tmp_path):
     assert "PREDICTION (a model, not a measurement)" in result.out and "weak-scaling eff." in result.out
     # The track's charts are refreshed: its scaling chart now shows this measurement.
     assert (tmp_path / "plots" / "tiny" / "scaling.png").is_file()
+
+
+def _points(probe_at_2: float) -> list[dict]:
+    return [{"world_size": 1, "step_s": 0.2, "overhead_s": 0.0, "probe_compute_step_s": 0.2, "device_name": "cpu",
+             "probe_comm_overlap_efficiency": 1.0},
+            {"world_size": 2, "step_s": 0.5, "overhead_s": 0.3, "probe_compute_step_s": 0.25, "device_name": "cpu",
+             "probe_comm_overlap_efficiency": probe_at_2}]
+
+
+def test_the_link_is_fitted_to_overheads_the_probe_blames_on_communication():
+    from harness.launcher.scale import build_model
+    from harness.tracks.spec import load_track
+
+    model = build_model(load_track("local"), 2, _points(0.55), params=425984)
+    summary = model.pop("summary")
+    assert summary["intra_node_from"] == "fitted to the overheads measured on cpu"
+    assert model["links"].intra_bytes_per_s < 0.1e9  # 1.7 MB taking ~0.3 s of exposed time
+    assert model["grad_bytes"] == 4 * 425984 and model["step_s"] == 0.2
+    assert model["backward_s"] == 2 / 3 * 0.2  # from the probe's forward + backward at one device
+
+
+def test_overheads_the_probe_finds_hidden_are_not_blamed_on_the_link():
+    """A slower step with two ranks on a busy machine is not a slow link: the probe (synchronised against
+    compute-only steps) tells the two apart."""
+    from harness.launcher.scale import build_model
+    from harness.tracks.spec import load_track
+
+    track = load_track("local")
+    summary = build_model(track, 2, _points(1.02), params=425984).pop("summary")
+    assert summary["intra_node_from"] == "the track's [interconnect]"
+    assert summary["links"] == summary["track_links"]
+    assert summary["fit"]["note"].startswith("not used: the communication probe found no exposed all-reduce (1.020 at 2)")
