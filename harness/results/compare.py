@@ -154,7 +154,7 @@ def overlay_figure(sides: list[Side]):
         style = "--" if team in seen else "-"
         seen.append(team)
         runs = [(run, frame) for run in side.runs if (frame := read_curve(run)) is not None and len(frame)]
-        side_ys, handle = plot_runs(ax, side.label, team_color(team), runs, "train_time_s", linestyle=style)
+        side_ys, handle = plot_runs(ax, team_color(team), runs, "train_time_s", linestyle=style)
         ys += side_ys
         floors += [r["loss_floor"] for r in side.runs if is_finite(r.get("loss_floor"))]
         for _, frame in runs:

@@ -39,7 +39,7 @@ def best_curves(runs: list[dict]) -> list[tuple[dict, pd.DataFrame]]:
     return out
 
 
-def plot_runs(ax, label: str, color: str, runs: list[tuple[dict, pd.DataFrame]], x_col: str,
+def plot_runs(ax, color: str, runs: list[tuple[dict, pd.DataFrame]], x_col: str,
               linestyle: str = "-") -> tuple[list[float], tuple | None]:
     """One team's curves and val stars; returns the y values that should set the range and its legend handle."""
     ys: list[float] = []
@@ -100,7 +100,7 @@ def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]],
     ys, handles, labels, all_top = [], [], [], None
     for team in ranked:
         runs = best_curves(counted.get(team, []))
-        team_ys, handle = plot_runs(ax, team, team_color(team), runs, x_col)
+        team_ys, handle = plot_runs(ax, team_color(team), runs, x_col)
         ys += team_ys
         for _, frame in runs:
             all_top = max(all_top or float("-inf"), float(frame["train_loss"].max()))
