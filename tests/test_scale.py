@@ -59,3 +59,16 @@ def test_overheads_the_probe_finds_hidden_are_not_blamed_on_the_link():
     assert summary["intra_node_from"] == "the track's [interconnect]"
     assert summary["links"] == summary["track_links"]
     assert summary["fit"]["note"].startswith("not used: the communication probe found no exposed all-reduce (1.020 at 2)")
+
+
+def test_measurements_the_probe_or_arithmetic_contradicts_are_flagged():
+    from harness.launcher.scale import measurement_notes
+
+    def point(n, eff, probe):
+        return {"world_size": n, "weak_scaling_efficiency": eff, "probe_comm_overlap_efficiency": probe}
+
+    assert measurement_notes([point(1, 1.0, 1.0), point(2, 0.95, 0.9)]) == []
+    (above,) = measurement_notes([point(1, 1.0, 1.0), point(2, 1.13, 0.93)])
+    assert above.startswith("1.130 at 2 is above 1: the one-device measurement ran slower")
+    (contention,) = measurement_notes([point(1, 1.0, 1.0), point(2, 0.42, 1.026)])
+    assert "probe found no exposed all-reduce (1.026)" in contention and "fell to 0.420" in contention

@@ -122,18 +122,36 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
         p["overhead_s"] = p["step_s"] - base["step_s"]
     model = build_model(track, nproc, points, params)
     summary = model.pop("summary")
+    notes = measurement_notes(points)
+    for note in notes:
+        reporter.info(f"note: {note}")
     targets = sorted({1, track.nnodes * nproc, *PREDICT_AT, *opts.world_sizes})
     record = {
         "kind": "scale", "schema_version": 2, "scale_id": scale_id, "team": team.name, "track": track.name,
         "submission_sha256": sha, "created_at": utc_now(), "device_name": points[0].get("device_name"),
         "precision": precision, "steps": opts.steps, "threads_per_rank": threads if track.device == "cpu" else None,
         "warmup_steps": opts.warmup_steps, "probe_steps": opts.probe_steps, "params": params,
-        "track_world_size": track.nnodes * nproc, "points": points, "model": summary,
+        "track_world_size": track.nnodes * nproc, "points": points, "notes": notes, "model": summary,
         "prediction": comm_model.predict(targets, **model),
     }
     write_atomic(out_dir / "scale.json", json.dumps(record, indent=2) + "\n")
     _chart(record, out_dir / "scale.png")
     return record, out_dir
+
+
+def measurement_notes(points: list[dict]) -> list[str]:
+    """What a reader should know before trusting the measured points: readings the probe contradicts, and
+    efficiencies above 1 (the one-device measurement was the slow one)."""
+    notes = []
+    for p in points[1:]:
+        eff, probe = p["weak_scaling_efficiency"], p.get("probe_comm_overlap_efficiency")
+        if eff > 1.05:
+            notes.append(f"{eff:.3f} at {p['world_size']} is above 1: the one-device measurement ran slower per "
+                         "device (a busy machine, caches); measure again, with more --steps")
+        elif probe is not None and probe >= HIDDEN_BY_PROBE and eff < 0.9:
+            notes.append(f"at {p['world_size']} the probe found no exposed all-reduce ({probe:.3f}) while throughput "
+                         f"per device fell to {eff:.3f}: the loss is not communication (ranks competing for cores?)")
+    return notes
 
 
 def build_model(track, nproc: int, points: list[dict], params: int) -> dict:
@@ -204,6 +222,8 @@ def scale_lines(record: dict, out_dir: Path) -> list[str]:
                      f"{p['weak_scaling_efficiency']:>17.3f}  {1000 * p['overhead_s']:>11.2f}  "
                      f"{'-' if probe is None else format(probe, '.3f'):>18}"
                      + ("  (oversubscribed)" if p.get("oversubscribed") else ""))
+    for note in record.get("notes", []):
+        lines.append(f"note: {note}")
     model = record["model"]
     fit = model.get("fit") or {}
     lines.append("")

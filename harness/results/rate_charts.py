@@ -108,20 +108,22 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
                     linewidth=1.8, label=f"{team}: predicted (model)", zorder=2)
         event = rec.get("track_world_size") or event
         if event and event in pred:
-            ax.annotate(f"predicted {pred[event]:.3f}\nat {event} devices", (event, pred[event]), xytext=(0, -46),
-                        textcoords="offset points", ha="center", fontsize=13, color=color,
+            ax.annotate(f"predicted {pred[event]:.3f}\nat {event} devices", (event, pred[event]), xytext=(14, -52),
+                        textcoords="offset points", ha="left", fontsize=13, color=color,
                         arrowprops={"arrowstyle": "-", "color": color, "alpha": 0.6})
         xs_all += mx + list(pred)
         if mx:
             ax.axvspan(max(mx) * 1.15, max(xs_all + [max(mx) * 2]), color="#f2f2f2", zorder=0)
+    top = max([1.12] + [v + 0.08 for rec in records for p in rec.get("points", []) if (v := _measured(p)) is not None])
     if event:
         ax.axvline(event, color="#555", linestyle=":", linewidth=1.5)
-        ax.text(event, 1.07, f" event: {event}", fontsize=13, color="#555", va="bottom")
+        ax.text(event, top - 0.02, f" the event: {event} devices", fontsize=13, color="#555", va="top", ha="left",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     log2_axis(ax, xs_all)
     ax.text(0.99, 0.04, "shaded: beyond what was measured (prediction only)", transform=ax.transAxes, ha="right",
             fontsize=12, color="#666")
     ax.set(title=f"Weak scaling: track {track}", xlabel="devices (world size)",
-           ylabel="tokens/s at N / (N x tokens/s at 1)", ylim=(0, 1.12))
+           ylabel="tokens/s at N / (N x tokens/s at 1)", ylim=(0, top))
     legend_outside(ax, ncol=1)
     if assumptions:
         model = (records[-1].get("model") or {})
@@ -129,6 +131,7 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
         note = (model.get("fit") or {}).get("note")
         if note:
             lines.append(f"- fit: {note}")
-        ax.text(0.0, -0.3 - 0.07 * len(ax.get_legend().get_texts()), "\n".join(lines), ha="left", va="top",
+        lines += [f"- measured: {n}" for n in records[-1].get("notes", [])]
+        ax.text(0.0, -0.24 - 0.06 * len(ax.get_legend().get_texts()), "\n".join(lines), ha="left", va="top",
                 fontsize=11, color="#333", transform=ax.transAxes)
     return fig
