@@ -12,7 +12,7 @@ Three parts, read top to bottom:
   `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
   precision, optimizer steps, grads zeroed with set_to_none;
 - `finish`: after the clock, the weights checked for NaN, the checkpoint, a digest of the
-  weights (replicas must agree), the scaling probe.
+  weights (replicas must agree), the communication probe.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def weights_digest(named_tensors) -> str:
 
 
 def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
-    """After the clock: the weights checked, the checkpoint, the scaling probe, this rank's figures."""
+    """After the clock: the weights checked, the checkpoint, the communication probe, this rank's figures."""
     job, env, device = tr.job, tr.env, tr.device
     probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
     tr.prefetch.close()

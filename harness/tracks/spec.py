@@ -152,7 +152,7 @@ class Track:
     clock_start: str = "first_forward"
     startup_timeout_s: float = 600.0  # from launch to the first training step (rendezvous included)
     startup_allowance_s: float = 120.0  # from the process group being up to the first step: the team's start-up
-    save_allowance_s: float = 120.0  # after training: checkpoint, scaling probe, teardown; never extends the clock
+    save_allowance_s: float = 120.0  # after training: checkpoint, communication probe, teardown; never extends the clock
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
