@@ -85,3 +85,19 @@ def test_scaling_chart_draws_measured_and_predicted_differently():
     assert measured.get_linestyle() == "-" and predicted.get_linestyle() == "--"
     assert list(measured.get_xdata()) == [1, 2] and list(predicted.get_xdata()) == [1, 2, 32]
     assert "predicted 0.500\nat 32 devices" in _texts(fig)
+
+
+def test_a_track_with_many_teams_keeps_its_charts_readable(tmp_path):
+    from harness.results.loss_charts import CURVE_TEAMS, ROW_TEAMS
+    from harness.results.rate_charts import throughput_figure
+
+    for i in range(40):
+        make_run(tmp_path, f"team{i:02d}", 2.0 + i / 100)
+    table, counted = _track(tmp_path)
+    loss = loss_figure("local", table, counted, "train_time_s")
+    assert f"(top {CURVE_TEAMS} of 40 teams)" in loss.axes[0].get_title()
+    assert len(set(_line_colors(loss))) <= CURVE_TEAMS
+    rows = val_loss_figure("local", table, counted)
+    assert len(rows.axes[0].get_yticklabels()) == ROW_TEAMS and rows.get_size_inches()[1] < 25
+    bars = throughput_figure("local", table)
+    assert f"(top {ROW_TEAMS} of 40)" in bars.axes[0].get_title() and bars.get_size_inches()[1] < 16

@@ -19,6 +19,8 @@ from harness.results.plots import NOT_FINISHED, legend_outside, plt, team_color
 from harness.results.stats import finite_first, is_finite
 
 MAX_CURVES = 5
+CURVE_TEAMS = 12  # teams with curves on a loss chart: more cannot be told apart (the table has every team)
+ROW_TEAMS = 30  # rows of the val_loss chart: the ranked teams first, then the ones that did not finish
 SKIP_START = 0.1  # the first tenth of each curve (the fall from ln(vocab)) does not set the y range
 X_LABELS = {"train_time_s": "training time (s)", "tokens": "tokens seen"}
 
@@ -96,7 +98,8 @@ def not_finished_handles(table: pd.DataFrame) -> tuple[list, list[str]]:
 
 def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], x_col: str):
     fig, ax = plt.subplots(figsize=(8.5, 5.4))
-    ranked = list(table[table["status"] == "ok"]["team"])
+    all_ranked = list(table[table["status"] == "ok"]["team"])
+    ranked = all_ranked[:CURVE_TEAMS]
     ys, handles, labels, all_top = [], [], [], None
     for team in ranked:
         runs = best_curves(counted.get(team, []))
@@ -111,7 +114,9 @@ def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]],
     best = min((float(v) for v in table[table["status"] == "ok"]["val_loss"] if is_finite(v)), default=None)
     notes = fit_loss_axis(ax, ys, all_top, min(floors) if floors else None, best)
     what = X_LABELS[x_col]
-    ax.set(title=f"Loss against {what.split(' (')[0]}: track {track}", xlabel=what, ylabel="loss (nats per token)")
+    shown = f" (top {len(ranked)} of {len(all_ranked)} teams)" if len(all_ranked) > len(ranked) else ""
+    ax.set(title=f"Loss against {what.split(' (')[0]}: track {track}{shown}", xlabel=what,
+           ylabel="loss (nats per token)")
     if x_col == "tokens":
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     if not ranked:
@@ -130,6 +135,8 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
     """One row per team: mean with its 95% interval and n (or the best of n runs); teams that did not
     finish greyed, with their status. No interval is drawn from a single run: there is none."""
     rows = list(table.iterrows())
+    total = len(rows)
+    rows = rows[:ROW_TEAMS]
     fig, ax = plt.subplots(figsize=(8.5, max(3.2, 0.7 * len(rows) + 1.8)))
     ys = list(range(len(rows)))[::-1]
     xs: list[float] = []
@@ -179,5 +186,6 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
         ax.set_xlabel("validation loss (nats per token)")
     ax.grid(axis="y", visible=False)
     what = "best run of each team" if ranking == "best" else "mean ± 95% interval"
-    ax.set_title(f"Validation loss ({what}): track {track}")
+    shown = f", top {len(rows)} of {total} teams" if total > len(rows) else ""
+    ax.set_title(f"Validation loss ({what}{shown}): track {track}")
     return fig

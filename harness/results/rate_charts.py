@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.ticker import EngFormatter
 
+from harness.results.loss_charts import ROW_TEAMS
 from harness.results.plots import legend_outside, log2_axis, message_figure, plt, team_color
 from harness.results.stats import is_finite
 
@@ -29,17 +30,24 @@ def _bars(ax, ys, values, colors, labels, title: str, xlabel: str, xmax: float |
 
 def throughput_figure(track: str, table: pd.DataFrame):
     """Per ranked team: tokens/s (all devices), MFU, and the comm overlap efficiency its runs measured."""
-    ranked = table[table["status"] == "ok"]
+    all_ranked = table[table["status"] == "ok"]
+    ranked = all_ranked.head(ROW_TEAMS)  # the table has every team; a chart of 100 bars reads as none
     teams = list(ranked["team"])
     if not teams:
         return message_figure(f"Throughput: track {track}", ["No finished runs yet."])
-    panel_in = max(2.2, 0.55 * len(teams) + 1.3)
-    fig, axes = plt.subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
+    if len(teams) <= 12:  # stacked: the width of one page column
+        panel_in = max(2.2, 0.55 * len(teams) + 1.3)
+        fig, axes = plt.subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
+        fig.subplots_adjust(hspace=0.75)
+    else:  # side by side: many teams would make the stack metres tall
+        fig, axes = plt.subplots(1, 3, figsize=(18, 0.4 * len(teams) + 2.5), sharey=True)
+        fig.subplots_adjust(wspace=0.3)
     ys = list(range(len(teams)))[::-1]
     colors = [team_color(t) for t in teams]
     tps = list(ranked["tokens_per_s"])
     _bars(axes[0], ys, tps, colors, [f"{v:,.0f}" if is_finite(v) else "n/a" for v in tps],
-          f"Throughput: track {track}", "tokens per second (all devices)")
+          f"Throughput: track {track}" + (f" (top {len(teams)} of {len(all_ranked)})" if len(all_ranked) > len(teams)
+                                          else ""), "tokens per second (all devices)")
     axes[0].xaxis.set_major_formatter(EngFormatter(sep=""))
     mfu = list(ranked["mfu"])
     if any(is_finite(v) for v in mfu):
@@ -59,7 +67,6 @@ def throughput_figure(track: str, table: pd.DataFrame):
           "compute-only / synchronised step (%)\n100% = no exposed communication; not weak scaling", xmax=100.0)
     axes[2].set_xticks([0, 25, 50, 75, 100])
     axes[0].set_yticks(ys, [f"#{int(r)} {t}" for r, t in zip(ranked["rank"], teams)])
-    fig.subplots_adjust(hspace=0.75)
     return fig
 
 
