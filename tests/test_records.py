@@ -37,7 +37,7 @@ def test_metrics_csv_has_the_documented_columns(tmp_path):
     save_metrics(tmp_path, [{"step": 1, "train_time_s": 0.5, "train_loss": 3.0, "lr_scale": 1.0, "tokens": 64,
                              "tokens_per_s": 128.0, "rank": 0}])
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert lines[0] == "step,train_time_s,train_loss,lr_scale,tokens,tokens_per_s" and lines[1].startswith("1,0.5,3.0")
+    assert lines[0] == "step,train_time_s,train_loss,lr_scale,tokens,tokens_per_s,grad_norm" and lines[1].startswith("1,0.5,3.0")
 
 
 def test_find_run_by_id_prefix_or_path(tmp_path):
