@@ -87,7 +87,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     from harness.ranks.flops import count_training_flops_per_token
 
     flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
-                                           sub.micro_batch_size, T)
+                                           sub.micro_batch_size, T, built=model)  # no second build
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
