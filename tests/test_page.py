@@ -79,9 +79,33 @@ def test_ties_undetermined_orders_and_reasons_are_on_the_page(page, browser):
     assert by_team["alpha"].find_element("css selector", ".badge").text == "ahead"
     assert by_team["gamma"].find_element("css selector", ".badge").text == "tied with #3"
     assert by_team["kappa"].find_element("css selector", ".badge").text == "undetermined"  # beta has one run
+    assert by_team["kappa"].find_element("css selector", ".badge").is_displayed()
+    assert {t for t, r in by_team.items() if "tied" in r.get_attribute("class").split()} == {"gamma", "kappa"}
     notice = by_team["delta"].find_element("css selector", "td.notice")
     assert notice.find_element("css selector", ".status").text == "crashed"
     assert "deliberate crash on rank 1" in notice.text and notice.is_displayed()
+
+
+def test_intervals_and_run_counts_are_on_the_page(page, browser):
+    """The 95% t interval of each mean, beside n; none for a single run. Half-widths computed here from the
+    runs and the t table (t(0.975, 1) = 12.706, t(0.975, 2) = 4.303), not by the harness's code."""
+    browser.get(page.as_uri())
+    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr")}
+
+    def cell(team, col):
+        element = by_team[team].find_element("css selector", f"td.{col}")
+        assert element.is_displayed(), (team, col)
+        return element.text
+
+    def half_width(values, t):
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        return t * std / len(values) ** 0.5
+
+    assert cell("alpha", "ci95") == f"±{half_width([2.00, 2.01], 12.706):.4f}" and cell("alpha", "n_runs") == "2"
+    assert cell("gamma", "ci95") == f"±{half_width([2.30, 2.32, 2.31], 4.303):.4f}" and cell("gamma", "n_runs") == "3"
+    assert cell("alpha", "val_loss") == "2.0050"
+    assert cell("beta", "ci95") == "" and cell("beta", "n_runs") == "1"  # one run: no interval, and n says why
 
 
 def test_details_open_on_demand(page, browser):
@@ -111,3 +135,21 @@ def test_the_page_fits_the_window_without_horizontal_scrolling(page, width):
             assert "tokens/s" in headers and "comm overlap" in headers
     finally:
         driver.quit()
+
+
+def test_the_page_states_the_measured_weak_scaling_not_the_prediction():
+    """Under the scaling chart, in words: the measured efficiency per world size and the measurement's own notes;
+    the model's predicted figures appear only on the chart, drawn as a prediction."""
+    from harness.results.page import scaling_caption
+
+    record = {"team": "alpha", "created_at": "2026-11-30T13:22:39Z", "device_name": "cpu",
+              "points": [{"world_size": 1, "weak_scaling_efficiency": 1.0},
+                         {"world_size": 2, "weak_scaling_efficiency": 0.8771}],
+              "prediction": {"2": {"efficiency": 0.9971}, "32": {"efficiency": 0.9432}},
+              "notes": ["the machine was busy"]}
+    older = {**record, "created_at": "2026-11-29T00:00:00Z",
+             "points": [{"world_size": 2, "weak_scaling_efficiency": 0.5}], "notes": []}
+    text = scaling_caption([record, older])
+    assert "0.877 at 2 devices" in text and "alpha" in text and "the machine was busy" in text
+    assert "0.997" not in text and "0.943" not in text and "0.500" not in text  # no prediction, no stale record
+    assert scaling_caption([]) == ""

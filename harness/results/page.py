@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.results.leaderboard import COLUMNS
+from harness.results.scale_records import measured, newest_per_team
 from harness.results.tables import fmt, missing
 
 # The main table: (column, header, header tooltip). Everything in COLUMNS is in each team's details.
@@ -78,6 +79,8 @@ details .panel { position: absolute; left: 0; right: 0; z-index: 2; margin-top: 
 .charts figure.full { grid-column: 1 / -1; }
 .charts figcaption { font-weight: 600; margin-bottom: 0.3em; }
 .charts img { width: 100%; height: auto; display: block; }
+.charts .measured { font-size: 0.85em; margin: 0.5em 0.2em 0.2em; }
+.charts .measured ul { margin: 0.3em 0 0; padding-left: 1.2em; color: var(--warn); }
 @media (max-width: 1000px) {
   body { font-size: 17px; padding: 0.8rem; }
   .charts { grid-template-columns: 1fr; }
@@ -137,6 +140,27 @@ def _row(row) -> str:
     return f'<tr class="{" ".join(classes)}" data-team="{team}">{"".join(cells)}</tr>'
 
 
+def scaling_caption(scale_records: list[dict]) -> str:
+    """The weak-scaling efficiency that was measured, in words under the chart: the figure the page states is the
+    measurement, never the model's prediction; and what the measurement itself says not to take at face value."""
+    parts, notes = [], []
+    for rec in newest_per_team(scale_records):
+        points = sorted((p for p in rec.get("points", []) if p.get("world_size", 1) > 1 and measured(p) is not None),
+                        key=lambda p: p["world_size"])
+        if not points:
+            continue
+        figures = ", ".join(f"{measured(p):.3f} at {p['world_size']} devices" for p in points)
+        when = (rec.get("created_at") or "")[:10]
+        parts.append(f"<b>{html.escape(str(rec.get('team', '?')))}</b> {html.escape(figures)} "
+                     f"({html.escape(str(rec.get('device_name') or '?'))}{', ' + html.escape(when) if when else ''})")
+        notes += [f"{rec.get('team', '?')}: {n}" for n in rec.get("notes", [])]
+    if not parts:
+        return ""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return (f'<div class="measured">Measured weak-scaling efficiency: {"; ".join(parts)}. The dashed line is the '
+            f'model\'s prediction, not a measurement.{"<ul>" + items + "</ul>" if items else ""}</div>')
+
+
 def machine_summary(rows: list[dict]) -> str:
     """Which machine(s) produced the figures, from the newest ok run (records are self-contained)."""
     ok = [r for r in rows if r.get("status") == "ok"] or rows
@@ -157,7 +181,8 @@ def machine_summary(rows: list[dict]) -> str:
 
 
 def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Path], generated_at: str,
-            rows: list[dict] | None = None, refresh_s: float | None = None) -> str:
+            rows: list[dict] | None = None, refresh_s: float | None = None,
+            scale_records: list[dict] | None = None) -> str:
     head = "".join(f'<th class="{c}{" wide" if c in WIDE_ONLY else ""}" title="{html.escape(tip)}">{html.escape(h)}</th>'
                    for c, h, tip in MAIN)
     body = "\n".join(_row(row) for _, row in table.iterrows())
@@ -165,8 +190,9 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
     for p in chart_paths:
         cls = ' class="full"' if p.stem in FULL_WIDTH else ""
         title = html.escape(CHART_TITLES.get(p.stem, p.stem))
+        caption = scaling_caption(scale_records or []) if p.stem == "scaling" else ""
         figures.append(f'<figure{cls}><figcaption>{title}</figcaption><img src="{data_uri(p)}" alt="{html.escape(p.stem)}">'
-                       "</figure>")
+                       f"{caption}</figure>")
     ranked = int((table["status"] == "ok").sum())
     machine = machine_summary(rows or [])
     rule = "mean over" if ranking == "mean" else "the best of"

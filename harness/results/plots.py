@@ -13,7 +13,6 @@ appears (`team_color`, a function of the name alone), atomic PNG writes.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -100,12 +99,3 @@ def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], 
     paths.append(save_png(scaling_figure(track, scale_records), out_dir / "scaling.png"))
     return paths
 
-
-def load_scale_records(root: Path, track: str) -> list[dict]:
-    out = []
-    for path in sorted(Path(root).glob(f"{track}/*/scale-*/scale.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out

@@ -14,6 +14,7 @@ from matplotlib.ticker import EngFormatter
 
 from harness.results.loss_charts import ROW_TEAMS
 from harness.results.plots import legend_outside, log2_axis, message_figure, plt, team_color
+from harness.results.scale_records import measured, newest_per_team, predicted
 from harness.results.stats import is_finite
 
 
@@ -70,24 +71,6 @@ def throughput_figure(track: str, table: pd.DataFrame):
     return fig
 
 
-def _measured(p: dict) -> float | None:
-    return p.get("weak_scaling_efficiency", p.get("efficiency"))  # schema 1 called it "efficiency"
-
-
-def _predicted(record: dict) -> dict[int, float]:
-    pred = record.get("prediction") or {}
-    if isinstance(pred.get("efficiency"), dict):  # schema 1: {"efficiency": {"32": 0.9, ...}}
-        return {int(k): float(v) for k, v in pred["efficiency"].items()}
-    return {int(k): float(v["efficiency"]) for k, v in pred.items() if isinstance(v, dict) and "efficiency" in v}
-
-
-def newest_per_team(records: list[dict]) -> list[dict]:
-    by_team: dict[str, dict] = {}
-    for rec in sorted(records, key=lambda r: r.get("created_at") or ""):
-        by_team[rec.get("team", "?")] = rec
-    return [by_team[t] for t in sorted(by_team)]
-
-
 def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
     """Measured weak-scaling efficiency (filled markers, solid) and the model's prediction (hollow, dashed)."""
     if not records:
@@ -105,10 +88,10 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
     for rec in newest_per_team(records):
         team, color = rec.get("team", "?"), team_color(rec.get("team", "?"))
         pts = sorted(rec.get("points", []), key=lambda p: p["world_size"])
-        mx = [p["world_size"] for p in pts if _measured(p) is not None]
-        ax.plot(mx, [_measured(p) for p in pts if _measured(p) is not None], "o-", color=color, markersize=11,
+        mx = [p["world_size"] for p in pts if measured(p) is not None]
+        ax.plot(mx, [measured(p) for p in pts if measured(p) is not None], "o-", color=color, markersize=11,
                 linewidth=2.6, label=f"{team}: measured ({rec.get('device_name') or '?'})", zorder=3)
-        pred = _predicted(rec)
+        pred = predicted(rec)
         if pred:
             px = sorted(pred)
             ax.plot(px, [pred[x] for x in px], "o--", color=color, markerfacecolor="white", markersize=8,
@@ -121,13 +104,14 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
         xs_all += mx + list(pred)
         if mx:
             ax.axvspan(max(mx) * 1.15, max(xs_all + [max(mx) * 2]), color="#f2f2f2", zorder=0)
-    top = max([1.12] + [v + 0.08 for rec in records for p in rec.get("points", []) if (v := _measured(p)) is not None])
-    if event:
+    top = max([1.12] + [v + 0.08 for rec in records for p in rec.get("points", []) if (v := measured(p)) is not None])
+    if event:  # labelled at the foot of the line: at the top it covered the measured point at that size
         ax.axvline(event, color="#555", linestyle=":", linewidth=1.5)
-        ax.text(event, top - 0.02, f" the event: {event} devices", fontsize=13, color="#555", va="top", ha="left",
+        ax.text(event, 0.03, f" the event: {event} devices", fontsize=13, color="#555", va="bottom", ha="left",
+                transform=ax.get_xaxis_transform(),
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     log2_axis(ax, xs_all)
-    ax.text(0.99, 0.04, "shaded: beyond what was measured (prediction only)", transform=ax.transAxes, ha="right",
+    ax.text(0.99, 0.14, "shaded: beyond what was measured\n(prediction only)", transform=ax.transAxes, ha="right",
             fontsize=12, color="#666")
     ax.set(title=f"Weak scaling: track {track}", xlabel="devices (world size)",
            ylabel="tokens/s at N / (N x tokens/s at 1)", ylim=(0, top))

@@ -17,6 +17,7 @@ from typing import Callable
 from harness.results.leaderboard import build_table, current_runs, load_rows, scored
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
+from harness.results.scale_records import load_scale_records
 
 
 class UnknownTrack(LookupError):
@@ -64,6 +65,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     from harness.results.tables import to_csv, to_markdown
 
     rows = load_rows(runs_root, track)
+    scale_records = load_scale_records(runs_root, track)
     ranking = ranking or track_ranking(rows)
     table = build_table(rows, ranking, include_unofficial)
     suffix = "-all" if include_unofficial else ""
@@ -71,16 +73,17 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     chart_paths: list[Path] = []
     with leaderboard_lock(leaderboard_dir):
         if charts:
-            from harness.results.plots import draw_track, load_scale_records
+            from harness.results.plots import draw_track
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}
-            chart_paths = draw_track(track, table, counted, load_scale_records(runs_root, track),
+            chart_paths = draw_track(track, table, counted, scale_records,
                                      plots_dir / f"{track}{suffix}", ranking)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
         write_atomic(md_path, to_markdown(table, track, ranking))
-        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows, refresh_s=refresh_s))
+        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows,
+                                          refresh_s=refresh_s, scale_records=scale_records))
     return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()))
 
 
