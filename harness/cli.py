@@ -148,20 +148,39 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 @click.option("--ranking", type=click.Choice(["mean", "best"]), default=None,
               help="Override the track's ranking rule for this view.")
 @click.option("--no-charts", is_flag=True, help="Only the table (faster).")
-def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts):
+@click.option("--watch", "watch_s", type=click.FloatRange(min=1), default=None, is_flag=False, flag_value=10.0,
+              help="Keep running: rebuild whenever records change, checking every N seconds (default 10); the "
+                   "page reloads itself on the same period. Ctrl-C stops.")
+def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts, watch_s):
     """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
     from harness.results.records import runs_root
-    from harness.results.views import leaderboard_root, plots_root, rebuild, tracks_in
+    from harness.results.views import UnknownTrack, check_tracks, leaderboard_root, plots_root, rebuild, tracks_in, watch
 
     root = runs_root(runs_dir)
+    try:
+        check_tracks(root, list(tracks))
+    except UnknownTrack as exc:
+        raise SetupError(str(exc)) from None
     tracks = list(tracks) or tracks_in(root)
     if not tracks:
         raise SetupError(f"no run records under {root} (run `harness run SUBMISSION` first, or pass --runs-dir)")
-    for track in tracks:
-        out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
-                      charts=not no_charts)
-        click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
-                   + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
+
+    def rebuild_all() -> None:
+        for track in tracks:
+            out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
+                          charts=not no_charts, refresh_s=watch_s)
+            click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
+                       + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
+
+    if watch_s is None:
+        rebuild_all()
+        return
+    click.echo(f"watching {root} for {', '.join(tracks)}: rebuilding when records change (every {watch_s:g} s; "
+               "Ctrl-C stops)")
+    try:
+        watch(root, tracks, rebuild_all, every_s=watch_s)
+    except KeyboardInterrupt:
+        click.echo("stopped")
 
 
 
@@ -256,11 +275,11 @@ def _compare_table(sides, rows) -> str:
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where records go [default: ./runs].")
 @click.option("--data-root", default=None, help="Folder the track's shard globs are relative to.")
 def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed, runs_dir, data_root):
-    """Weak-scaling probes of SUBMISSION at several world sizes, and a fitted prediction beyond them."""
+    """Weak-scaling efficiency of SUBMISSION measured at several world sizes, and the model's prediction beyond."""
     from harness.launcher.console import ConsoleReporter
     from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.launcher.scale import ScaleOptions, run_scale
+    from harness.launcher.scale import ScaleOptions, run_scale, scale_lines
     from harness.tracks.spec import TrackError
 
     try:
@@ -271,23 +290,9 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
         record, out_dir = run_scale(opts, ConsoleReporter())
     except (TrackError, DataError, SubmissionError, ValueError, RuntimeError) as exc:
         raise SetupError(str(exc)) from None
-    click.echo(f"{'world size':>10}  {'tokens/s':>10}  {'step ms':>8}  {'efficiency':>10}  {'overhead ms':>11}  "
-               f"{'probe all-reduce ms':>19}")
-    for p in record["points"]:
-        comm = "-" if p["probe_comm_s"] is None else f"{1000 * p['probe_comm_s']:.2f}"
-        click.echo(f"{p['world_size']:>10}  {p['tokens_per_s']:>10,.0f}  {1000 * p['step_s']:>8.1f}  "
-                   f"{p['efficiency']:>10.3f}  {1000 * p['overhead_s']:>11.2f}  {comm:>19}")
-    fit = record["fit"]
-    if fit.get("b_s") is not None:
-        click.echo(f"fit: step overhead = {1000 * fit['a_s']:.3f} ms + {1000 * fit['b_s']:.3f} ms x 2(N-1)/N"
-                   + (f"  ({fit['note']})" if fit.get("note") else ""))
-        pred = record["prediction"]["efficiency"]
-        click.echo("predicted efficiency: " + ", ".join(f"N={n}: {v:.3f}" for n, v in
-                                                         sorted(pred.items(), key=lambda kv: int(kv[0]))))
-        click.echo(record["prediction"]["note"])
-    else:
-        click.echo(fit.get("note", ""))
-    click.echo(f"record {out_dir / 'scale.json'}, chart {out_dir / 'scale.png'}")
+    for line in scale_lines(record, out_dir):
+        click.echo(line)
+    _refresh_leaderboard(runs_dir, record["track"], ConsoleReporter())  # the track's scaling chart shows it
 
 
 
@@ -334,7 +339,9 @@ def unflag(run, runs_dir, wait):
 @click.argument("submission")
 @click.option("--track", "-t", default="local", show_default=True, help="The track it will run on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
-def check_cmd(submission, track, as_json):
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None,
+              help="Run records to check the team name against [default: ./runs].")
+def check_cmd(submission, track, as_json, runs_dir):
     """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it would be accepted."""
     import json
 
@@ -343,12 +350,13 @@ def check_cmd(submission, track, as_json):
     from harness.tracks.spec import TrackError
 
     try:
-        result = check(submission, track)
+        result = check(submission, track, runs_dir=runs_dir)
     except (SubmissionError, TrackError) as exc:
         raise SetupError(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"accepted": result.accepted, "team": result.team, "command": result.command,
-                               **{k: v for k, v in result.report.items() if k != "log_tail"}}, indent=2, default=str))
+                               **{k: v for k, v in result.report.items() if k != "log_tail"},
+                               "warnings": result.warnings}, indent=2, default=str))
     else:
         click.echo("\n".join(render(result)))
     sys.exit(0 if result.accepted else 1)

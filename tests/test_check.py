@@ -5,7 +5,7 @@ import uuid
 
 import psutil
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, TINY_TRACK
 
 
 def _marked(proc, mark: str) -> bool:
@@ -59,3 +59,42 @@ weights = torch.load("extra.pt")
     for expected in [(1, "network"), (1, "native code"), (1, "threads"), (2, "harness internals"), (3, "patching"),
                      (4, "file"), (4, "data paths"), (5, "environment"), (6, "loads weights")]:
         assert expected in found, expected
+
+
+def test_a_near_miss_config_key_is_a_warning_not_a_rejection(cli):
+    result = cli("check", str(FIXTURES / "config_typo"))
+    assert result.code == 0, result.out + result.err
+    assert "ACCEPTED" in result.out
+    assert "WARNING: CONFIG key 'learnig_rate' is not one the harness reads; did you mean 'learning_rate'?" in result.out
+
+
+def _copy_named(src, dest, name: str):
+    import shutil
+
+    shutil.copytree(src, dest)
+    (dest / "submission.toml").write_text(f'[team]\nname = "{name}"\n')
+    return dest
+
+
+def test_a_team_name_used_by_another_folder_is_a_warning_in_check_and_run(cli, tmp_path):
+    """A copied submission keeps its submission.toml: both folders would rank as one team."""
+    import socket
+
+    from records_factory import make_run
+
+    original = _copy_named(FIXTURES / "ok_bigram", tmp_path / "theirs", "Rapides")
+    make_run(tmp_path / "runs", "Rapides", 2.0, submission_dir=str(original.resolve()),
+             hostname=socket.gethostname())
+    copy = _copy_named(FIXTURES / "syntax_error", tmp_path / "mine", "Rapides")
+    checked = cli("check", str(copy))
+    assert "WARNING: team name 'Rapides' is already used by another submission folder" in checked.out
+    assert str(original.resolve()) in checked.out
+    # its own folder: no name warning (main now prefixes static-screen lines with WARNING too)
+    assert "already used by another submission folder" not in cli("check", str(original)).out
+    ran = cli("run", str(copy), "--track", str(TINY_TRACK), "--no-leaderboard")
+    assert ran.code == 1 and "warning: team name 'Rapides' is already used" in ran.err
+    (record_path,) = [p for p in (tmp_path / "runs" / "tiny").glob("*/*/run.json")]
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "invalid" and any("already used by another submission folder" in w
+                                                  for w in record["warnings"])
+    assert record["submission_dir"] == str(copy.resolve())

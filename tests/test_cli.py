@@ -26,3 +26,10 @@ def test_missing_submission_folder(cli, tmp_path):
 def test_missing_gpu_for_a_gpu_track_is_a_setup_error(cli):
     result = cli("run", str(ROOT / "submissions" / "baseline"), "--track", "dev-gpu")
     assert result.code == 2 and "none is visible" in result.err
+
+
+def test_a_mistyped_submission_folder_suggests_the_near_name(cli, tmp_path):
+    result = cli("run", str(ROOT / "submissions" / "baselin"))
+    assert result.code == 2 and "does not exist. Did you mean:" in result.err
+    assert str(ROOT / "submissions" / "baseline") in result.err
+    assert not (tmp_path / "runs").exists()

@@ -45,3 +45,6 @@ def test_unknown_side_is_a_clear_error(cli, tmp_path):
     runs, _ = _runs(tmp_path)
     result = cli("compare", "alpha", "zulu", "--runs-dir", str(runs))
     assert result.code == 2 and "'zulu' is not a run directory, a run id or a team" in result.err
+    assert "Did you mean" not in result.err and "Teams: alpha, bravo, charlie." in result.err
+    near = cli("compare", "alpah", "bravo", "--runs-dir", str(runs))
+    assert near.code == 2 and "Did you mean: alpha?" in near.err

@@ -25,9 +25,51 @@ def test_missing_folder_and_missing_file_are_explained(tmp_path):
         find_submission(tmp_path)
 
 
-def test_syntax_error_names_the_line():
-    with pytest.raises(SubmissionError, match=r"syntax_error/submission\.py:5: syntax error"):
+def test_syntax_error_names_the_line_and_shows_it_with_a_caret():
+    with pytest.raises(SubmissionError, match=r"syntax_error/submission\.py:5: syntax error") as info:
         load_submission(FIXTURES / "syntax_error", 256)
+    lines = str(info.value).splitlines()
+    assert lines[0].endswith("syntax error: expected ':'. Fix the line shown:")
+    assert lines[1] == "    def get_model(config)"
+    assert lines[2] == "    " + " " * len("def get_model(config)") + "^"  # where the ':' is missing
+
+
+def test_syntax_error_in_an_indented_line_of_a_sibling_module(tmp_path):
+    (tmp_path / "submission.py").write_text("from model import get_model\nCONFIG = {}\n")
+    (tmp_path / "model.py").write_text("def get_model(config):\n\tx = (1 +\n\treturn x\n")
+    with pytest.raises(SubmissionError) as info:
+        load_submission(tmp_path, 256)
+    message = str(info.value)
+    assert "model.py:2" in message and "\n    x = (1 +\n    " in message and message.rstrip().endswith("^")
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("model", None)
+
+
+def test_near_misses_of_the_keys_the_harness_reads_are_warned_about():
+    from harness.submission.contract import config_warnings
+
+    warnings = config_warnings({"learnig_rate": 3e-4, "micro_batchsize": 8, "seq_len": 64, "n_layer": 4,
+                                "d_model": 128, "lr": 1e-3, "weight_decay": 0.1, "wieght_decay": 0.0})
+    assert len(warnings) == 2
+    assert "'learnig_rate' is not one the harness reads; did you mean 'learning_rate'?" in warnings[0]
+    assert "learning_rate keeps its default (1e-3)" in warnings[0]
+    assert "did you mean 'micro_batch_size'?" in warnings[1]  # the resembled key is also there: no warning
+
+
+def test_the_check_process_reports_config_warnings(tmp_path):
+    (tmp_path / "submission.py").write_text((FIXTURES / "ok_bigram" / "submission.py").read_text()
+                                            .replace('"learning_rate"', '"learnig_rate"', 1))
+    report = run_checks({"submission_dir": str(tmp_path), "vocab_size": 64, "device": "cpu", "seed": 0})
+    assert report["ok"] and len(report["warnings"]) == 1 and "'learning_rate'" in report["warnings"][0]
+
+
+def test_paths_into_copies_are_written_relative_to_the_submission(tmp_path):
+    from harness.submission.contract import relative_paths
+
+    copy = tmp_path / "runs" / "local" / "t" / "r1" / "submission"
+    copy.mkdir(parents=True)
+    text = f"{copy.resolve()}/submission.py:5: syntax error; see {copy}/model.py:2 and /elsewhere/x.py"
+    assert relative_paths(text, [copy]) == "submission.py:5: syntax error; see model.py:2 and /elsewhere/x.py"
 
 
 def test_import_error_is_a_contract_error():

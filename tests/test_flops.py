@@ -49,3 +49,34 @@ def test_a_dense_convolution_is_unchanged():
     with FlopCounterMode(display=False) as torch_own:  # torch's formula is right when groups = 1
         model(idx, idx)[1].backward()
     assert torch_own.get_total_flops() / (B * T) == got["flops_per_token"]
+
+
+class ComputesAtBuild(DepthwiseLM):
+    """A model that reads real values while it is built: the meta device cannot build it."""
+
+    def __init__(self):
+        super().__init__()
+        if self.emb.weight.abs().sum().item() < 0:  # .item() on a meta tensor raises
+            raise AssertionError
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_counted_on_the_cpu_and_says_why():
+    meta = count_training_flops_per_token(DepthwiseLM, V, B, T)
+    assert meta["flops_method"] == "meta" and "meta device" in meta["flops_note"]
+    cpu = count_training_flops_per_token(ComputesAtBuild, V, B, T)
+    assert cpu["flops_method"] == f"cpu batch 1 x {B}"
+    note = cpu["flops_note"]
+    assert note.startswith("the model could not be counted on the meta device (") and "Error" in note
+    assert f"counted on the CPU at batch 1 and scaled by the micro-batch ({B})" in note
+    assert abs(cpu["flops_per_token"] - meta["flops_per_token"]) / meta["flops_per_token"] < 1e-9
+
+
+def test_a_model_already_built_is_counted_as_it_is_without_building_another():
+    """The check process counts the model it built: the same figure as the meta count, and no second build
+    (building on meta first imported torch._dynamo, most of `harness check`'s time)."""
+    built = DepthwiseLM()
+    got = count_training_flops_per_token(lambda: (_ for _ in ()).throw(AssertionError("built again")), V, B, T,
+                                         built=built)
+    assert got["flops_per_token"] == hand_count(groups=C)
+    assert got["flops_method"] == f"built model batch 1 x {B}" and "the model the check built (cpu)" in got["flops_note"]
+    assert all(p.grad is None for p in built.parameters())  # the counting step leaves no gradient behind

@@ -108,3 +108,38 @@ def test_a_copied_runs_tree_gives_the_same_files(tmp_path, cli):
     assert first.code == 0 and second.code == 0
     assert (tmp_path / "lb1" / "local.csv").read_text() == (tmp_path / "lb2" / "local.csv").read_text()
     assert (tmp_path / "lb1" / "local.md").read_text() == (tmp_path / "lb2" / "local.md").read_text()
+
+
+def test_an_unknown_track_is_an_error_with_the_near_name_and_writes_nothing(tmp_path, cli):
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0)
+    result = cli("leaderboard", "--track", "locall", "--runs-dir", str(runs), "--out", str(tmp_path / "lb"),
+                 "--plots-dir", str(tmp_path / "plots"))
+    assert result.code == 2
+    assert "no run records for track 'locall'" in result.err and "Did you mean: local?" in result.err
+    assert not (tmp_path / "lb" / "locall.csv").exists() and not (tmp_path / "plots" / "locall").exists()
+
+
+def test_watch_rebuilds_when_records_change_and_only_then(tmp_path):
+    from harness.results.views import watch
+
+    make_run(tmp_path, "alpha", 2.0)
+    rebuilt, ticks = [], iter(range(4))
+
+    def tick(_seconds):  # between checks: a new record arrives once
+        if len(rebuilt) == 1 and not (tmp_path / "local" / "bravo").exists():
+            make_run(tmp_path, "bravo", 2.1)
+
+    count = watch(tmp_path, ["local"], lambda: rebuilt.append(1), every_s=0.0,
+                  keep_going=lambda: next(ticks, None) is not None, sleep=tick)
+    assert count == 2 and len(rebuilt) == 2  # the first look, then the new record; no rebuild when nothing changed
+
+
+def test_the_page_reloads_itself_when_watched(tmp_path):
+    from harness.results.views import rebuild
+
+    make_run(tmp_path / "runs", "alpha", 2.0)
+    out = rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots", charts=False, refresh_s=15)
+    assert '<meta http-equiv="refresh" content="15">' in out.html.read_text()
+    out = rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+    assert "http-equiv" not in out.html.read_text()

@@ -8,8 +8,7 @@ import pytest
 from records_factory import make_run
 
 
-@pytest.fixture
-def browser():
+def _driver(width: int):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -19,38 +18,138 @@ def browser():
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1600,1200"):
+                 f"--window-size={width},1000"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+@pytest.fixture
+def browser():
+    driver = _driver(1400)
     try:
         yield driver
     finally:
         driver.quit()
 
 
-def test_page_loads_with_rows_in_order_and_images_that_resolve(tmp_path, cli, browser):
+@pytest.fixture
+def page(tmp_path, cli):
+    """A track with a clear winner, a tie, a single-run team (undetermined) and a crash, as a page."""
     runs = tmp_path / "runs"
+    for seed, v in enumerate((2.00, 2.01), 1):
+        make_run(runs, "alpha", v, seed=seed, params=425984, tokens=1196032 + seed)
     for seed, v in enumerate((2.30, 2.32, 2.31), 1):
         make_run(runs, "gamma", v, seed=seed)
-    for seed, v in enumerate((2.00, 2.01), 1):
-        make_run(runs, "alpha", v, seed=seed)
+    for seed, v in enumerate((2.305, 2.315, 2.325), 1):
+        make_run(runs, "kappa", v, seed=seed)
     make_run(runs, "beta", 2.6)
-    make_run(runs, "delta", None, status="crashed", reason="rank 1: deliberate")
+    make_run(runs, "delta", None, status="crashed", reason="rank 1: RuntimeError: deliberate crash on rank 1")
     result = cli("leaderboard", "--runs-dir", str(runs), "--out", str(tmp_path / "leaderboard"),
                  "--plots-dir", str(tmp_path / "plots"))
     assert result.code == 0, result.err
-    with open(tmp_path / "leaderboard" / "local.csv") as fh:
-        expected = [row["team"] for row in csv.DictReader(fh)]
-    assert expected == ["alpha", "gamma", "beta", "delta"]
+    return tmp_path / "leaderboard" / "local.html"
 
-    browser.get((tmp_path / "leaderboard" / "local.html").as_uri())
+
+def test_page_loads_with_rows_in_order_and_embedded_charts(page, browser, tmp_path):
+    with open(page.with_suffix(".csv")) as fh:
+        expected = [row["team"] for row in csv.DictReader(fh)]
+    assert expected == ["alpha", "gamma", "kappa", "beta", "delta"]
+    # The page travels alone: moved to another folder, away from plots/, every chart still shows.
+    moved = tmp_path / "elsewhere" / "board.html"
+    moved.parent.mkdir()
+    shutil.copy(page, moved)
+    shutil.rmtree(tmp_path / "plots")
+    browser.get(moved.as_uri())
     assert browser.title == "Leaderboard: local"
     rows = browser.find_elements("css selector", "#leaderboard tbody tr")
     assert [r.get_attribute("data-team") for r in rows] == expected
     assert rows[0].find_element("css selector", "td.rank").text == "1"
-    assert rows[3].find_element("css selector", "td.status").text == "crashed"
     images = browser.find_elements("css selector", ".charts img")
     assert len(images) == 5
     for img in images:
+        assert img.get_attribute("src").startswith("data:image/png;base64,"), "charts must be embedded"
         loaded = browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
-        assert loaded, f"chart {img.get_attribute('src')} did not load"
+        assert loaded, f"chart {img.get_attribute('alt')} did not load"
+    assert page.stat().st_size < 1_000_000
+
+
+def test_ties_undetermined_orders_and_reasons_are_on_the_page(page, browser):
+    browser.get(page.as_uri())
+    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr")}
+    assert by_team["alpha"].find_element("css selector", ".badge").text == "ahead"
+    assert by_team["gamma"].find_element("css selector", ".badge").text == "tied with #3"
+    assert by_team["kappa"].find_element("css selector", ".badge").text == "undetermined"  # beta has one run
+    assert by_team["kappa"].find_element("css selector", ".badge").is_displayed()
+    assert {t for t, r in by_team.items() if "tied" in r.get_attribute("class").split()} == {"gamma", "kappa"}
+    notice = by_team["delta"].find_element("css selector", "td.notice")
+    assert notice.find_element("css selector", ".status").text == "crashed"
+    assert "deliberate crash on rank 1" in notice.text and notice.is_displayed()
+
+
+def test_intervals_and_run_counts_are_on_the_page(page, browser):
+    """The 95% t interval of each mean, beside n; none for a single run. Half-widths computed here from the
+    runs and the t table (t(0.975, 1) = 12.706, t(0.975, 2) = 4.303), not by the harness's code."""
+    browser.get(page.as_uri())
+    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr")}
+
+    def cell(team, col):
+        element = by_team[team].find_element("css selector", f"td.{col}")
+        assert element.is_displayed(), (team, col)
+        return element.text
+
+    def half_width(values, t):
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        return t * std / len(values) ** 0.5
+
+    assert cell("alpha", "ci95") == f"±{half_width([2.00, 2.01], 12.706):.4f}" and cell("alpha", "n_runs") == "2"
+    assert cell("gamma", "ci95") == f"±{half_width([2.30, 2.32, 2.31], 4.303):.4f}" and cell("gamma", "n_runs") == "3"
+    assert cell("alpha", "val_loss") == "2.0050"
+    assert cell("beta", "ci95") == "" and cell("beta", "n_runs") == "1"  # one run: no interval, and n says why
+
+
+def test_details_open_on_demand(page, browser):
+    browser.get(page.as_uri())
+    row = browser.find_element("css selector", "#leaderboard tbody tr[data-team='alpha']")
+    panel = row.find_element("css selector", ".panel")
+    assert not panel.is_displayed()
+    row.find_element("css selector", "summary").click()
+    assert panel.is_displayed()
+    text = panel.text
+    assert "run_id" in text and "submission_sha256" in text and "425,984" in text and "1,196,034" in text
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_page_fits_the_window_without_horizontal_scrolling(page, width):
+    driver = _driver(width)
+    try:
+        driver.get(page.as_uri())
+        scroll, client = driver.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client, f"at {width} px the page scrolls sideways ({scroll} > {client})"
+        table = driver.find_element("css selector", "#leaderboard")
+        assert table.size["width"] <= client
+        headers = [h.text for h in driver.find_elements("css selector", "#leaderboard th") if h.is_displayed()]
+        assert headers[:4] == ["#", "team", "val loss", "± 95%"]  # what a room ranks by, first
+        if width == 1400:
+            assert "tokens/s" in headers and "comm overlap" in headers
+    finally:
+        driver.quit()
+
+
+def test_the_page_states_the_measured_weak_scaling_not_the_prediction():
+    """Under the scaling chart, in words: the measured efficiency per world size and the measurement's own notes;
+    the model's predicted figures appear only on the chart, drawn as a prediction."""
+    from harness.results.page import scaling_caption
+
+    record = {"team": "alpha", "created_at": "2026-11-30T13:22:39Z", "device_name": "cpu",
+              "points": [{"world_size": 1, "weak_scaling_efficiency": 1.0},
+                         {"world_size": 2, "weak_scaling_efficiency": 0.8771}],
+              "prediction": {"2": {"efficiency": 0.9971}, "32": {"efficiency": 0.9432}},
+              "notes": ["the machine was busy"]}
+    older = {**record, "created_at": "2026-11-29T00:00:00Z",
+             "points": [{"world_size": 2, "weak_scaling_efficiency": 0.5}], "notes": []}
+    text = scaling_caption([record, older])
+    assert "0.877 at 2 devices" in text and "alpha" in text and "the machine was busy" in text
+    assert "0.997" not in text and "0.943" not in text and "0.500" not in text  # no prediction, no stale record
+    assert scaling_caption([]) == ""

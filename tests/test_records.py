@@ -37,7 +37,7 @@ def test_metrics_csv_has_the_documented_columns(tmp_path):
     save_metrics(tmp_path, [{"step": 1, "train_time_s": 0.5, "train_loss": 3.0, "lr_scale": 1.0, "tokens": 64,
                              "tokens_per_s": 128.0, "rank": 0}])
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert lines[0] == "step,train_time_s,train_loss,lr_scale,tokens,tokens_per_s" and lines[1].startswith("1,0.5,3.0")
+    assert lines[0] == "step,train_time_s,train_loss,lr_scale,tokens,tokens_per_s,grad_norm" and lines[1].startswith("1,0.5,3.0")
 
 
 def test_find_run_by_id_prefix_or_path(tmp_path):
@@ -48,3 +48,21 @@ def test_find_run_by_id_prefix_or_path(tmp_path):
         find_run(tmp_path, "20260101T")
     with pytest.raises(FileNotFoundError, match="no run"):
         find_run(tmp_path, "zzz")
+
+
+def test_outputs_follow_the_users_umask(tmp_path):
+    """mkstemp makes files only their owner can read; a leaderboard or a record is an ordinary output."""
+    import os
+    import stat
+
+    from harness.results.plots import plt, save_png
+
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        old = os.umask(mask)
+        try:
+            write_atomic(tmp_path / f"t{mask}.md", "x")
+            save_png(plt.figure(), tmp_path / f"t{mask}.png")
+        finally:
+            os.umask(old)
+        for suffix in (".md", ".png"):
+            assert stat.S_IMODE((tmp_path / f"t{mask}{suffix}").stat().st_mode) == mode, (mask, suffix)

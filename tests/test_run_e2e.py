@@ -49,6 +49,13 @@ def test_run_ends_ok_with_every_record_field(baseline_run):
     assert record["precision"] in ("bfloat16", "float32") and record["precision_reason"].startswith("auto: ")
     assert record["track"]["name"] == "local" and record["torch_version"] == torch.__version__
     assert run_dir.parts[-3:] == ("local", "baseline", record["run_id"])
+    versions = record["versions"]
+    assert versions["torch"] == torch.__version__ and versions["numpy"] and versions["python"]
+    assert versions["harness"] == record["harness_version"] and "cuda" in versions and "nccl" in versions
+    assert (versions["harness_git_commit"] is not None) == (ROOT / ".git").exists()
+    assert record["machine"]["cores"] >= 1 and record["warnings"] == []
+    assert record["comm_overlap_efficiency"] > 0 and record["comm_probe"]["steps"] == 4
+    assert "scaling_efficiency" not in record
 
 
 def test_baseline_learns_well_below_the_unigram_entropy(baseline_run):
@@ -56,6 +63,16 @@ def test_baseline_learns_well_below_the_unigram_entropy(baseline_run):
     # The unigram entropy is what a model that ignores context scores; the baseline must use context.
     assert record["loss_floor"] < record["val_loss"] < record["unigram_entropy"] - 2.0
     assert record["loss_gap"] == pytest.approx(record["val_loss"] - record["loss_floor"])
+
+
+def test_the_log_gets_one_line_per_phase(baseline_run):
+    """Not a terminal: each phase once, then one line per progress report (never the same line twice)."""
+    proc, _, record, _, _ = baseline_run
+    lines = proc.stderr.splitlines()
+    for phase in ("checking the submission", "starting ranks", "training done", "evaluating on"):
+        assert sum(line.startswith(phase) for line in lines) == 1, (phase, proc.stderr)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == len(set(steps)) and 1 <= len(steps) <= record["steps"]
 
 
 def test_a_step_bounded_run_trains_exactly_its_steps(baseline_run):
@@ -152,6 +169,18 @@ def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
         figures.append(out["val_loss"])
     assert figures[0] == pytest.approx(figures[1], abs=1e-5)
     assert figures[0] == pytest.approx(record["val_loss"], abs=1e-5)
+
+
+def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
+    from conftest import FIXTURES, TINY_TRACK
+
+    result = cli("run", str(FIXTURES / "config_typo"), "--track", str(TINY_TRACK), "--max-steps", "3",
+                 "--no-leaderboard")
+    assert result.code == 0, result.err
+    _, record = only_record(tmp_path / "runs")
+    (warning,) = record["warnings"]
+    assert "'learnig_rate'" in warning and "did you mean 'learning_rate'?" in warning
+    assert f"WARNING    {warning}" in result.err and f"warning: {warning}" in result.err
 
 
 def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):

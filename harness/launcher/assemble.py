@@ -14,6 +14,12 @@ from harness.launcher.console import fmt_rate
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.launcher.phases import PhaseResult
 from harness.results.records import RunRecord
+from harness.submission.contract import relative_paths
+
+# What the ranks report of the communication probe -> the record's `comm_probe`.
+PROBE_FIELDS = {"comm_probe_steps": "steps", "comm_probe_synced_step_s": "synced_step_s",
+                "comm_probe_compute_step_s": "compute_step_s", "comm_overlap_efficiency_min": "efficiency_min",
+                "comm_overlap_efficiency_max": "efficiency_max", "comm_s": "comm_s"}
 
 
 def apply_training(record: RunRecord, phase: PhaseResult) -> None:
@@ -43,10 +49,9 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
     record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
-    if r0.get("scaling_efficiency") is not None:
-        record.scaling_efficiency = r0["scaling_efficiency"]
-        record.scaling = {k: r0.get(k) for k in ("scaling_probe_steps", "scaling_synced_step_s",
-                          "scaling_compute_step_s", "scaling_efficiency_min", "scaling_efficiency_max", "comm_s")}
+    if r0.get("comm_overlap_efficiency") is not None:
+        record.comm_overlap_efficiency = r0["comm_overlap_efficiency"]
+        record.comm_probe = {new: r0.get(old) for old, new in PROBE_FIELDS.items()}
     if record.steps is None:  # killed or crashed: keep what rank 0 last reported
         progress = [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
         if progress:
@@ -149,10 +154,17 @@ def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | No
         record.traceback = tb[-8000:]
 
 
-def name_team_files(record: RunRecord, snapshot: Path, folder: Path) -> None:
-    """Errors point at the team's own files (what they edit), not at the record's copy."""
-    for form in (str(snapshot.resolve()), str(snapshot)):  # absolute first: it contains the relative form
-        record.reason = record.reason.replace(form, str(folder))
+def name_team_files(record: RunRecord, copies: list[Path]) -> None:
+    """Errors name the team's files relative to the submission folder ("submission.py:5"), not the path of the
+    record's copy, the ranks' private copy or the folder on the machine that ran it: a reason on a leaderboard
+    reads the same wherever the run happened."""
+    record.reason = relative_paths(record.reason, copies)
+    if record.traceback:
+        record.traceback = relative_paths(record.traceback, copies)
+    for problem in record.extra.get("problems", []):
+        for key in ("file", "problem"):
+            if isinstance(problem.get(key), str):
+                problem[key] = relative_paths(problem[key], copies)
 
 
 def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
@@ -211,6 +223,8 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
         lines.append(f"unofficial overrides: {', '.join(record.overrides)}")
     if record.flagged:
         lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
+    for warning in record.warnings:
+        lines.append(f"WARNING    {warning}")
     lines.append(f"record     {run_dir}")
     if record.status not in ("ok",):
         lines.append(f"logs       {run_dir / 'logs'}")

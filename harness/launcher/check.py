@@ -13,9 +13,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.submission.contract import find_submission, read_team
+from harness.launcher.identity import name_clash
 from harness.submission.open_division import OPEN, division_of, read_open_spec, script_argv
 from harness.launcher.phases import run_preflight
+from harness.results.records import runs_root
+from harness.submission.contract import find_submission, read_team, relative_paths
 from harness.tracks.spec import Track, load_track
 
 
@@ -26,6 +28,7 @@ class CheckResult:
     team: str
     track: Track
     command: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # worth fixing, not a reason to reject
 
 
 def _open_division(folder: Path, track: Track) -> dict | None:
@@ -38,7 +41,7 @@ def _open_division(folder: Path, track: Track) -> dict | None:
     return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv]}
 
 
-def check(submission: str, track_name: str = "local", seed: int = 1) -> CheckResult:
+def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None) -> CheckResult:
     folder = find_submission(submission)
     track = load_track(track_name)
     open_division = _open_division(folder, track)
@@ -60,8 +63,16 @@ def check(submission: str, track_name: str = "local", seed: int = 1) -> CheckRes
     except Exception as exc:  # submission.toml problems are problems too
         problems.append({"file": str(folder / "submission.toml"), "problem": str(exc), "fix": ""})
         team = folder.name
+    for p in problems:  # the team's own files, as they name them: paths relative to the submission folder
+        p["file"] = relative_paths(p.get("file", ""), [folder]) or "."
+        p["problem"] = relative_paths(p.get("problem", ""), [folder])
+    warnings = list(report.get("warnings", []))
+    clash = name_clash(runs_root(runs_dir), team, folder)
+    if clash:
+        warnings.append(clash)
     command = ["harness", "run", submission, "--track", track_name]
-    return CheckResult(accepted=not problems, report=report, team=team, track=track, command=command)
+    return CheckResult(accepted=not problems, report=report, team=team, track=track, command=command,
+                       warnings=warnings)
 
 
 def render(result: CheckResult) -> list[str]:
@@ -93,7 +104,9 @@ def render(result: CheckResult) -> list[str]:
         row("causality", f"ok: logits unchanged at positions <= t when later tokens change "
                          f"(t in {r['causality']['positions']})")
     if r.get("flops_per_token") is not None:
-        row("FLOPs per token", f"{r['flops_per_token']:,.0f} per training token (forward + backward, {r['flops_method']})")
+        row("FLOPs per token", f"{r['flops_per_token']:,.0f} per training token (forward + backward)")
+        if r.get("flops_note"):
+            row("", r["flops_note"])
     box = r.get("sandbox") or {}
     if box.get("active"):
         row("sandbox", f"ok: the check ran in the sandbox ({box.get('why')}); training and evaluation use it too")
@@ -107,6 +120,8 @@ def render(result: CheckResult) -> list[str]:
     for f in screen:
         lines.append(f"      WARNING {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
     row("organisers run", " ".join(result.command))
+    for w in result.warnings:
+        lines.append(f"  WARNING: {w}")
     if t.nnodes > 1:
         row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
     if result.accepted:
@@ -114,5 +129,6 @@ def render(result: CheckResult) -> list[str]:
     else:
         lines.append(f"REJECTED: {len(r['problems'])} problem(s):")
         for p in r["problems"]:
-            lines.append(f"  - {p['file']}: {p['problem']}" + (f" Fix: {p['fix']}" if p.get("fix") else ""))
+            text = f"{p['file']}: {p['problem']}" + (f" Fix: {p['fix']}" if p.get("fix") else "")
+            lines.append("  - " + text.replace("\n", "\n    "))
     return lines

@@ -1,14 +1,14 @@
 """What a person sees: one updating progress line while a job runs, then a short summary.
 
 The library reports through a Reporter; NullReporter has the same methods and says nothing
-(tests, library use), ConsoleReporter writes to stderr (a redrawn line on a terminal, a line
-every few seconds in a log file).
+(tests, library use), ConsoleReporter writes to stderr: on a terminal one line redrawn in place;
+in a log (not a terminal) a line only when there is something new: once per phase, and once per
+progress report during training (the track's log interval), never the same line twice.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
 
@@ -22,28 +22,30 @@ def fmt_rate(tokens_per_s: float | None) -> str:
 
 
 def progress_text(elapsed_s: float, budget_s: float, step: int | None, loss: float | None,
-                  tokens_per_s: float | None) -> str:
+                  tokens_per_s: float | None, log_interval_s: float | None = None) -> str:
     left = max(0.0, budget_s - elapsed_s)
-    loss_s = f"{loss:.4f}" if loss is not None and loss == loss else "-"
-    step_s = "-" if step is None else str(step)
-    return (f"train {elapsed_s:6.1f}s / {budget_s:.0f}s | step {step_s} | loss {loss_s} | "
+    if step is None:  # rank 0 has not reported yet: say when it will, not "step - | loss -"
+        every = f" (every {log_interval_s:g}s)" if log_interval_s else ""
+        return (f"train {elapsed_s:6.1f}s / {budget_s:.0f}s | first steps running; step, loss and tok/s are "
+                f"reported at the first log interval{every} | {left:5.1f}s left")
+    loss_s = f"{loss:.4f}" if loss is not None and loss == loss else "not finite"
+    return (f"train {elapsed_s:6.1f}s / {budget_s:.0f}s | step {step} | loss {loss_s} | "
             f"{fmt_rate(tokens_per_s)} tok/s | {left:5.1f}s left")
 
 
 class NullReporter:
     def info(self, text: str) -> None: ...
-    def progress(self, text: str) -> None: ...
+    def progress(self, text: str, key: object = None) -> None: ...
     def end_progress(self) -> None: ...
     def error(self, text: str) -> None: ...
     def summary(self, lines: list[str]) -> None: ...
 
 
 class ConsoleReporter(NullReporter):
-    def __init__(self, stream: TextIO | None = None, plain_every_s: float = 5.0):
+    def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.plain_every_s = plain_every_s
-        self._last_plain = 0.0
+        self._last_key: object = None
         self._live = False
         self._width = 0
 
@@ -57,14 +59,18 @@ class ConsoleReporter(NullReporter):
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def progress(self, text: str) -> None:
+    def progress(self, text: str, key: object = None) -> None:
+        """`key` names what the line is about (a phase, a step): a log gets a line only when it changes, so a
+        phase that ticks for a minute is one line, and training is one line per progress report."""
         if self.tty:
             self._width = max(self._width, len(text))
             self.stream.write("\r" + text.ljust(self._width))
             self._live = True
             self.stream.flush()
-        elif time.monotonic() - self._last_plain >= self.plain_every_s:
-            self._last_plain = time.monotonic()
+            return
+        key = text if key is None else key
+        if key != self._last_key:
+            self._last_key = key
             self.stream.write(text + "\n")
             self.stream.flush()
 

@@ -138,18 +138,21 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
             return
         last_shown[0] = time.monotonic()
         if w.train_start_s is None:
-            reporter.progress("starting ranks (rendezvous, model build)...")
+            reporter.progress("starting ranks (rendezvous, model build)...", key="starting")
             return
         if w.train_end_s is not None:
-            reporter.progress("training done; finishing (checkpoint, scaling probe)...")
+            reporter.progress("training done; finishing (checkpoint, communication probe)...", key="finishing")
             return
         progress = [m.body for m in channel.all("progress") if m.body.get("rank") == 0]
         p = progress[-1] if progress else {}
         elapsed = time.monotonic() - w.train_start_s
-        if job.max_steps:  # a fixed-step probe: no budget to count down
-            reporter.progress(f"step {p.get('step', 0)}/{job.max_steps} | {elapsed:.1f}s")
+        key = ("train", p.get("step"))  # a new line in a log per progress report, i.e. per log interval
+        if job.max_steps:  # a fixed number of steps: count them, and the time they take
+            step = f"step {p['step']}/{job.max_steps}" if p else f"first steps of {job.max_steps} running"
+            reporter.progress(f"{step} | {elapsed:.1f}s", key=key)
             return
-        reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s")))
+        reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s"),
+                                        job.log_interval_s), key=key)
 
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick)
@@ -172,7 +175,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
 
     def on_tick(_: WatchResult) -> None:
         reporter.progress(f"evaluating on {job.val_tokens} held-out tokens with {nproc} rank(s)... "
-                          f"{time.monotonic() - started:.0f}s")
+                          f"{time.monotonic() - started:.0f}s", key="evaluating")
 
     try:
         return _run_job(launch, channel, log_path, Deadlines(startup_timeout_s=timeout_s, total_s=timeout_s),

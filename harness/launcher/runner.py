@@ -51,6 +51,7 @@ from harness.launcher.open_run import (
     finish_open_training,
     open_deadlines,
 )
+from harness.launcher.identity import name_clash
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -114,13 +115,16 @@ def _threads_per_rank(track: Track, nproc: int) -> int:
 def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, nproc: int) -> RunRecord:
     import torch
 
+    from harness.launcher.provenance import machine, versions
+
     track = resolved.track
     return RunRecord(
         run_id=run_id, team=team.name, team_members=team.members, track_name=track.name,
         official=resolved.official, overrides=resolved.overrides, track=track.to_dict(),
         budget_s=track.budget_s, seed=opts.seed, world_size=track.nnodes * nproc, nnodes=track.nnodes,
         nproc_per_node=nproc, torch_version=torch.__version__, python_version=platform.python_version(),
-        harness_version=__version__, hostname=socket.gethostname(), command=opts.command,
+        harness_version=__version__, versions=versions(), machine=machine(), hostname=socket.gethostname(),
+        command=opts.command,
     )
 
 
@@ -158,24 +162,30 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     node = NodePaths(run_dir, opts.node_rank)
     (run_dir / "logs").mkdir(exist_ok=True)
     record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
+    record.submission_dir = str(folder)
+    clash = name_clash(runs_root(opts.runs_dir), record.team, folder) if opts.node_rank == 0 else None
+    if clash:
+        record.warnings.append(clash)
+        reporter.info(f"warning: {clash}")
     record.data_fingerprint, record.loss_floor = data.fingerprint, data.loss_floor
     record.unigram_entropy = data.unigram_entropy
     record.precision, record.extra["precision_reason"] = resolve_precision(track.dtype, track.device)
     record.extra["data"] = data_summary(data)
     metrics: list[dict[str, Any]] = []
+    copies = [node.snapshot]  # where the team's files ran from; errors name them relative to the submission
     reporter.info(f"run {run_id}: {record.team} on track {track.name} "
                   f"({record.world_size} x {track.device}, {record.precision}, budget {track.budget_s:.0f}s"
                   f"{'' if resolved.official else ', unofficial: ' + ', '.join(resolved.overrides)})")
     with abort_on_signals() as abort, _marked_processes(run_id):
         try:
-            _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter)
+            _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter, copies)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
             if record.status in ("running", "evaluating", "ok"):
                 status = "aborted" if isinstance(exc, KeyboardInterrupt) or abort.is_set else "crashed"
                 set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
-            name_team_files(record, node.snapshot, folder)
+            name_team_files(record, [*copies, folder])
             sandbox_warnings(record)
             record.ended_at = utc_now()
             if record.status not in FINAL_STATUSES:
@@ -189,7 +199,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
 
 
 def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: int, node: NodePaths,
-             record: RunRecord, metrics: list, abort: AbortFlag, reporter) -> None:
+             record: RunRecord, metrics: list, abort: AbortFlag, reporter, copies: list[Path]) -> None:
     run_dir = node.run_dir
     if team is None:  # submission.toml is broken: an invalid run, recorded
         try:
@@ -226,6 +236,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
     record.sandbox["check"] = report.get("sandbox") or {}
     record.warnings += screen_warnings(record.extra["screen"])
+    for warning in report.get("warnings", []):
+        record.warnings.append(warning)
+        reporter.info(f"warning: {warning}")
     if abort.is_set:
         set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
@@ -237,10 +250,12 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         return
     record.params, record.config = report.get("params"), report.get("config", {})
     record.flops_per_token = report.get("flops_per_token")
-    if report.get("flops_method"):
-        record.extra["flops_method"] = report["flops_method"]
+    for key in ("flops_method", "flops_note"):
+        if report.get(key):
+            record.extra[key] = report[key]
 
     area = WorkArea(node.snapshot)
+    copies.append(area.submission)
     try:
         phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec)
         metrics.extend(metrics_rows(phase))
@@ -333,7 +348,7 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
         dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
         cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
         log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
-        scaling_probe_steps=track.scaling_probe_steps, max_steps=track.max_steps,
+        comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
         sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
     )

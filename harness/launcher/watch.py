@@ -116,7 +116,7 @@ class Deadlines:
     startup_timeout_s: float  # launch -> training started (rendezvous, imports, the team's start-up)
     startup_allowance_s: float | None = None  # process group up -> training started (the team's part)
     hard_limit_s: float | None = None  # training started -> training must have ended (budget + grace)
-    save_allowance_s: float = 300.0  # after training: checkpoint save, scaling probe, teardown
+    save_allowance_s: float = 300.0  # after training: checkpoint save, communication probe, teardown
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
     abandon_agent_s: float = 15.0  # after a kill, how long to wait for the agent thread to return
     total_after_setup_s: float | None = None  # open division: ranks' start -> kill, no report extends it

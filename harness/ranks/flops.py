@@ -40,10 +40,19 @@ def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddin
     return total
 
 
-def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, batch: int, seq_len: int) -> dict:
-    """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted."""
+def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, batch: int, seq_len: int,
+                                   built: Any = None) -> dict:
+    """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted. `built`: a
+    model already built (and placed on its device) to count instead of building one; its gradients are reset."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+
+    def count(model, idx) -> int:
+        corrected = {torch.ops.aten.convolution_backward: conv_backward_flop}
+        with FlopCounterMode(display=False, custom_mapping=corrected) as counter:
+            _, loss = model(idx, idx)
+            loss.backward()
+        return counter.get_total_flops()
 
     def one_step(device: str, b: int) -> int:
         with torch.device(device):
@@ -53,16 +62,32 @@ def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, ba
             idx = torch.empty(b, seq_len, dtype=torch.long, device="meta")
         else:
             idx = torch.randint(0, vocab_size, (b, seq_len))
-        corrected = {torch.ops.aten.convolution_backward: conv_backward_flop}
-        with FlopCounterMode(display=False, custom_mapping=corrected) as counter:
-            _, loss = model(idx, idx)
-            loss.backward()
-        return counter.get_total_flops()
+        return count(model, idx)
+
+    if built is not None:
+        device = next(built.parameters()).device
+        built.train()
+        total = count(built, torch.randint(0, vocab_size, (1, seq_len), device=device)) * batch
+        built.zero_grad(set_to_none=True)
+        return {"flops_per_token": total / (batch * seq_len), "flops_method": f"built model batch 1 x {batch}",
+                "flops_note": (f"counted on the model the check built ({device.type}), at batch 1 and scaled by "
+                               f"the micro-batch ({batch}): FLOPs are linear in the batch")}
 
     try:
         total = one_step("meta", batch)
-        method = "meta"
+        return {"flops_per_token": total / (batch * seq_len), "flops_method": "meta",
+                "flops_note": f"counted on the meta device at batch {batch} (no compute, no memory)"}
     except Exception as exc:  # a model that computes on real values at build or forward time
-        total = one_step("cpu", 1) * batch
-        method = f"cpu batch 1 x {batch} ({type(exc).__name__} on meta)"
-    return {"flops_per_token": total / (batch * seq_len), "flops_method": method}
+        failed = _one_line(exc)
+    total = one_step("cpu", 1) * batch
+    return {"flops_per_token": total / (batch * seq_len), "flops_method": f"cpu batch 1 x {batch}",
+            "flops_note": (f"the model could not be counted on the meta device ({failed}), so it was counted on "
+                           f"the CPU at batch 1 and scaled by the micro-batch ({batch}); FLOPs are linear in the "
+                           "batch, so the figure is the same")}
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    """What failed, short enough for a report line: the type and the first line of the message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

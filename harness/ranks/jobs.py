@@ -45,7 +45,7 @@ class TrainJob:
     log_dir: str = ""
     staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
     work_dir: str = ""  # the ranks' private working directory
-    scaling_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
+    comm_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
     max_steps: int = 0  # >0: stop after this many steps instead of on the clock (tests, `harness scale`)
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure
     data_fingerprint: str = ""  # what this node's launcher found: all nodes must agree before training

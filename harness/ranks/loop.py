@@ -12,7 +12,7 @@ Three parts, read top to bottom:
   `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
   precision, optimizer steps, grads zeroed with set_to_none;
 - `finish`: after the clock, the weights checked for NaN, the checkpoint, a digest of the
-  weights (replicas must agree), the scaling probe.
+  weights (replicas must agree), the communication probe.
 """
 
 from __future__ import annotations
@@ -320,9 +320,9 @@ def weights_digest(named_tensors) -> str:
 
 
 def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
-    """After the clock: the weights checked, the checkpoint, the scaling probe, this rank's figures."""
+    """After the clock: the weights checked, the checkpoint, the communication probe, this rank's figures."""
     job, env, device = tr.job, tr.env, tr.device
-    probe_batches = [tr.prefetch.next() for _ in range(min(job.scaling_probe_steps, 4))]
+    probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
     tr.prefetch.close()
     named = list(tr.raw_model.named_parameters(remove_duplicate=False))
     bad = torch.zeros((), dtype=torch.float64, device=device)
@@ -352,8 +352,8 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
             state[n].shape == live[n].shape and _torch_equal(state[n].to(live[n].dtype), live[n]) for n in common)
         saved = True
     probe: dict = {}
-    if job.scaling_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
-        probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.scaling_probe_steps,
+    if job.comm_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
+        probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.comm_probe_steps,
                                                       job.dtype))
     measured_steps = step - job.warmup_steps if job.max_steps else step
     measured_s = train_time_s - warm_s

@@ -89,7 +89,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     from harness.ranks.flops import count_training_flops_per_token
 
     flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
-                                           sub.micro_batch_size, T)
+                                           sub.micro_batch_size, T, built=model)  # no second build
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
@@ -102,13 +102,15 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
 
 def run_checks(request: dict) -> dict:
     """Every problem found, at once where they are independent; the static screen always."""
-    from harness.submission.contract import import_submission_module, inspect_submission
+    from harness.submission.contract import config_warnings, import_submission_module, inspect_submission
     from harness.submission.screen import screen_folder
 
     folder = Path(request["submission_dir"])
-    report: dict = {"ok": False, "problems": [], "screen": screen_folder(folder)}
+    report: dict = {"ok": False, "problems": [], "warnings": [], "screen": screen_folder(folder)}
     try:
         module = import_submission_module(folder)
+        if isinstance(getattr(module, "CONFIG", None), dict):
+            report["warnings"] = config_warnings(module.CONFIG)
         sub, problems = inspect_submission(module, folder, request["vocab_size"])
         report["problems"] += [_problem(p) for p in problems]
         if sub is not None:

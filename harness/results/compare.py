@@ -9,13 +9,14 @@ curves of every run of every side.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
-from harness.results.records import iter_run_dirs, match_runs
+from harness.results.records import iter_run_dirs, match_runs, upgrade_record
 from harness.results.stats import is_finite, summarize, welch
 
 # (field, label, how differences are shown)
@@ -24,7 +25,7 @@ METRICS = [
     ("train_loss", "train_loss", "diff"),
     ("tokens_per_s", "tokens_per_s", "ratio"),
     ("mfu", "mfu", "diff"),
-    ("scaling_efficiency", "scaling_efficiency", "diff"),
+    ("comm_overlap_efficiency", "comm_overlap_efficiency", "diff"),
     ("steps", "steps", "diff"),
     ("tokens", "tokens", "diff"),
     ("train_time_s", "train_time_s", "diff"),
@@ -45,7 +46,7 @@ class Side:
 
 
 def _load(run_dir: Path) -> dict:
-    raw = json.loads((run_dir / "run.json").read_text())
+    raw = upgrade_record(json.loads((run_dir / "run.json").read_text()))
     raw["run_dir"] = str(run_dir)
     return raw
 
@@ -61,12 +62,17 @@ def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficia
     if len(by_id) == 1:
         raw = _load(by_id[0])
         return Side(f"{raw['team']}/{raw['run_id']}", [raw])
-    team_runs = [r for r in (_load(d) for d in dirs) if r.get("team") == key]
+    loaded = [_load(d) for d in dirs]
+    team_runs = [r for r in loaded if r.get("team") == key]
     if not team_runs:
         if len(by_id) > 1:
             raise LookupError(f"{key!r} matches {len(by_id)} runs: give more of the run id")
+        teams = sorted({str(r.get("team")) for r in loaded})
+        hint = difflib.get_close_matches(key, teams, n=1)
         raise LookupError(f"{key!r} is not a run directory, a run id or a team under {runs_root}"
-                          + (f" (track {track})" if track else ""))
+                          + (f" (track {track})" if track else "") + "."
+                          + (f" Did you mean: {hint[0]}?" if hint else "")
+                          + (f" Teams: {', '.join(teams)}." if teams and len(teams) <= 20 else ""))
     tracks = sorted({r["track_name"] for r in team_runs})
     if len(tracks) > 1:
         raise LookupError(f"team {key!r} has runs on tracks {', '.join(tracks)}: choose one with --track")
@@ -129,30 +135,39 @@ def verdict(sides: list[Side]) -> list[str]:
 
 
 def overlay_chart(sides: list[Side], path: Path) -> Path:
-    import pandas as pd
+    from harness.results.plots import save_png
 
-    from harness.results.plots import _colors, _save, plt
+    return save_png(overlay_figure(sides), path)
 
-    colors = _colors([s.label for s in sides])
-    fig, ax = plt.subplots(figsize=(10, 6))
-    floors = []
+
+def overlay_figure(sides: list[Side]):
+    """Every run's loss curve, each side in its team's colour (the same as on the leaderboard's charts); a
+    second side of the same team is dashed."""
+    from harness.results.loss_charts import fit_loss_axis, note_handles, plot_runs, read_curve
+    from harness.results.plots import legend_outside, plt, team_color
+    from harness.results.stats import is_finite
+
+    fig, ax = plt.subplots(figsize=(12, 6.5))
+    ys, handles, labels, floors, seen, top = [], [], [], [], [], None
     for side in sides:
-        for i, run in enumerate(side.runs):
-            if run.get("loss_floor") is not None:
-                floors.append(run["loss_floor"])
-            try:
-                frame = pd.read_csv(Path(run["run_dir"]) / "metrics.csv").dropna(subset=["train_loss"])
-            except (OSError, ValueError):
-                continue
-            ax.plot(frame["train_time_s"], frame["train_loss"], color=colors[side.label], alpha=0.8,
-                    label=f"{side.label} (train)" if i == 0 else None)
-            if run.get("val_loss") is not None and run.get("train_time_s") is not None:
-                ax.scatter([run["train_time_s"]], [run["val_loss"]], color=colors[side.label], marker="*", s=140,
-                           edgecolor="black", zorder=3, label=f"{side.label} (val)" if i == 0 else None)
-    if floors:
-        ax.axhline(min(floors), color="black", linestyle="--", linewidth=1.2, label=f"loss floor {min(floors):.3f}")
+        team = str(side.runs[0].get("team", side.label))
+        style = "--" if team in seen else "-"
+        seen.append(team)
+        runs = [(run, frame) for run in side.runs if (frame := read_curve(run)) is not None and len(frame)]
+        side_ys, handle = plot_runs(ax, team_color(team), runs, "train_time_s", linestyle=style)
+        ys += side_ys
+        floors += [r["loss_floor"] for r in side.runs if is_finite(r.get("loss_floor"))]
+        for _, frame in runs:
+            top = max(top or float("-inf"), float(frame["train_loss"].max()))
+        if handle:
+            handles.append(handle)
+            labels.append(f"{side.label} (n={len(side.runs)})")
+    best = min((float(r["val_loss"]) for s in sides for r in s.runs if is_finite(r.get("val_loss"))), default=None)
+    note_h, note_l = note_handles(fit_loss_axis(ax, ys, top, min(floors) if floors else None, best))
     ax.set(title="Loss curves: " + " vs ".join(s.label for s in sides), xlabel="training time (s)",
            ylabel="loss (nats per token)")
-    ax.legend(fontsize=10)
-    _save(fig, path)
-    return path
+    from matplotlib.legend_handler import HandlerTuple
+
+    legend_outside(ax, handles + note_h, labels + note_l, handler_map={tuple: HandlerTuple(ndivide=None, pad=0.8)},
+                   handlelength=3.0)
+    return fig

@@ -22,18 +22,24 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from harness.results.records import upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
+# One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
+# whether the order is evidence, then throughput, then identity; reasons last (they are long).
 COLUMNS = [
-    "rank", "team", "val_loss", "ci95", "n_runs", "tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens",
-    "steps", "train_time_s", "startup_s", "precision", "status", "run_id", "submission_sha256", "val_loss_std",
-    "vs_next", "p_vs_next", "tied_with", "reason",
+    "rank", "team", "val_loss", "ci95", "n_runs", "vs_next", "tied_with", "p_vs_next", "status",
+    "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s",
+    "precision", "val_loss_std", "run_id", "submission_sha256", "reason",
 ]
+INT_COLUMNS = ["rank", "n_runs", "params", "tokens", "steps"]  # counts: written as integers, never 425984.0
 # Which failure says the team got furthest: shown for teams without an ok run.
 STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running"]
-METRIC_COLUMNS = ["tokens_per_s", "mfu", "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s"]
+METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s",
+                  "startup_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
-          "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision"]
+          "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
+          "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version"]
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -42,7 +48,7 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
     pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
     for path in Path(root).glob(pattern):
         try:
-            raw = json.loads(path.read_text())
+            raw = upgrade_record(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
         row = {k: raw.get(k) for k in FIELDS}
@@ -93,7 +99,9 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
     _mark_ties(ranked, ranking)
     unranked.sort(key=lambda e: (STATUS_ORDER.index(e["status"]) if e["status"] in STATUS_ORDER else 99, e["team"]))
     frame = pd.DataFrame(ranked + unranked, columns=COLUMNS)
-    return frame.astype({"rank": "Int64", "n_runs": "Int64"})  # metric columns may be means: floats
+    for col in INT_COLUMNS:  # a mean of counts is rounded: a count of 291.67 steps means nothing to anyone
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").round().astype("Int64")
+    return frame
 
 
 def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:

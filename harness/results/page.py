@@ -1,101 +1,216 @@
-"""The leaderboard as Markdown and as a static HTML page (the table and the charts).
+"""The leaderboard as one self-contained HTML page: the table and the charts, for an event screen and a laptop.
 
-The page needs no server and no script: open leaderboard/<track>.html in any browser, or put
-it on a projector. Large type, high contrast, tied teams and non-finishers marked.
+- Self-contained: the charts are embedded (data URIs), so the file can be mailed, copied or served
+  from any folder. No script and no server; `--watch` adds a reload every few seconds.
+- The columns a room ranks by come first and fit a 1400 px screen (and an 800 px laptop window,
+  where the throughput columns give way); everything else is one click away in each team's details.
+- Ties, undetermined orders, and the status and reason of teams that did not finish are on the page.
 """
 
 from __future__ import annotations
 
+import base64
 import html
-import math
-import os
 from pathlib import Path
 
 import pandas as pd
 
-# Ranking first (what a room reads from the back), then throughput, then identity and reasons.
-SHOWN = ["rank", "team", "val_loss", "ci95", "n_runs", "status", "vs_next", "tied_with", "p_vs_next", "tokens_per_s", "mfu",
-         "scaling_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s", "precision", "run_id", "submission_sha256", "reason"]
+from harness.results.leaderboard import COLUMNS
+from harness.results.scale_records import measured, newest_per_team
+from harness.results.tables import fmt, missing
 
-
-def fmt(col: str, value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if col == "val_loss":
-        return f"{value:.4f}"
-    if col == "ci95":
-        return f"±{value:.4f}"
-    if col in ("mfu", "scaling_efficiency"):
-        return f"{100 * value:.1f}%"
-    if col == "tokens_per_s":
-        return f"{value:,.0f}"
-    if col in ("train_time_s", "startup_s"):
-        return f"{value:.1f}"
-    if col == "p_vs_next":
-        return "<0.001" if value < 0.001 else f"{value:.3f}"
-    if col in ("params", "tokens", "steps", "n_runs", "rank"):
-        return f"{round(value):,}"
-    return str(value)
-
-
-def to_markdown(table: pd.DataFrame, track: str, ranking: str) -> str:
-    lines = [f"# Leaderboard: {track}", "",
-             f"Ranked by validation loss ({ranking} over each team's official ok runs of its latest submission).", ""]
-    lines.append("| " + " | ".join(SHOWN) + " |")
-    lines.append("|" + "---|" * len(SHOWN))
-    for _, row in table.iterrows():
-        cells = [fmt(c, row[c]).replace("|", "\\|") for c in SHOWN]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
+# The main table: (column, header, header tooltip). Everything in COLUMNS is in each team's details.
+MAIN = [
+    ("rank", "#", "rank by validation loss"),
+    ("team", "team", "click a team for its details"),
+    ("val_loss", "val loss", "validation loss, nats per token (lower is better)"),
+    ("ci95", "± 95%", "half-width of the 95% t interval of the mean; none from a single run"),
+    ("n_runs", "runs", "official ok runs of the team's latest submission"),
+    ("vs_next", "vs next", "is the gap to the next team evidence? ahead = significant (p < 0.05)"),
+    ("tokens_per_s", "tokens/s", "training throughput, all devices"),
+    ("mfu", "MFU", "model FLOPs utilisation (n/a without a known peak, as on a CPU)"),
+    ("comm_overlap_efficiency", "comm overlap", "communication probe at the run's world size: compute-only / "
+                                                "synchronised step time (not weak scaling)"),
+]
+WIDE_ONLY = {"tokens_per_s", "mfu", "comm_overlap_efficiency"}  # give way on a narrow screen
+CHART_TITLES = {"loss_vs_time": "Loss against training time", "loss_vs_tokens": "Loss against tokens seen",
+                "val_loss": "Validation loss per team", "scaling": "Weak scaling (harness scale)",
+                "throughput": "Throughput, MFU and the communication probe"}
+FULL_WIDTH: set[str] = set()
 
 CSS = """
-body { font-family: system-ui, sans-serif; font-size: 20px; margin: 2em; background: #fff; color: #111; }
-h1 { font-size: 2.2em; margin-bottom: 0.2em; }
-p.meta { color: #444; }
-table { border-collapse: collapse; margin: 1em 0; }
-th, td { padding: 0.35em 0.7em; border-bottom: 1px solid #ccc; text-align: right; white-space: nowrap; }
-th { background: #222; color: #fff; position: sticky; top: 0; }
-td.team, td.status, td.reason, td.run_id { text-align: left; }
-td.reason { white-space: normal; min-width: 20em; max-width: 40em; font-size: 0.75em; }
-td.run_id, td.submission_sha256 { font-family: monospace; font-size: 0.75em; }
-tr.tied td.tied_with { font-weight: bold; color: #a40; }
-tr.undetermined td.vs_next, tr.tied td.vs_next { font-weight: bold; color: #a40; }
-tr.unranked td { color: #777; }
+:root { --ink: #111; --muted: #555; --line: #d8d8d8; --warn: #a64200; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; font-size: 20px; line-height: 1.35;
+       margin: 0 auto; padding: 1.2rem 1.6rem 3rem; max-width: 1600px; color: var(--ink); background: #fff; }
+h1 { font-size: 2.3em; margin: 0.1em 0 0.15em; }
+p.meta { color: var(--muted); margin: 0.2em 0; font-size: 0.9em; }
+p.key { font-size: 0.85em; color: var(--muted); }
+.badge { display: inline-block; padding: 0.05em 0.45em; border-radius: 0.35em; font-size: 0.85em; font-weight: 600; }
+.badge.ahead { background: #e3f3e3; color: #1d5e1d; }
+.badge.tied, .badge.undetermined { background: #fde8d7; color: var(--warn); }
+.board { position: relative; }
+table { border-collapse: collapse; width: 100%; margin: 0.8em 0; }
+th, td { padding: 0.38em 0.55em; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
+th { background: #222; color: #fff; font-weight: 600; position: sticky; top: 0; z-index: 1; }
+th.team, td.team, td.notice { text-align: left; }
+td.rank { font-weight: 700; font-size: 1.15em; }
+td.val_loss { font-weight: 700; font-size: 1.2em; font-variant-numeric: tabular-nums; }
+td { font-variant-numeric: tabular-nums; }
 tr.rank-1 td { background: #fff6cc; }
-.charts img { max-width: 48%; margin: 0.5em 1%; border: 1px solid #ddd; }
+tr.unranked td { color: #666; }
+td.notice { white-space: normal; font-size: 0.85em; }
+td.notice .status { font-weight: 700; color: var(--warn); margin-right: 0.4em; }
+td.notice .reason { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.9em; }
+details > summary { cursor: pointer; font-weight: 600; list-style: none; }
+details > summary::before { content: "▸ "; color: #888; font-size: 0.8em; }
+details[open] > summary::before { content: "▾ "; }
+details .panel { position: absolute; left: 0; right: 0; z-index: 2; margin-top: 0.3em; padding: 0.8em 1em;
+                 background: #fbfbfb; border: 1px solid #bbb; border-radius: 0.4em; box-shadow: 0 4px 14px #0002;
+                 white-space: normal; font-weight: 400; font-size: 0.8em; }
+.panel dl { display: grid; grid-template-columns: repeat(auto-fill, minmax(15em, 1fr)); gap: 0.3em 1.2em; margin: 0; }
+.panel dt { color: var(--muted); font-size: 0.85em; }
+.panel dd { margin: 0; font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
+.panel dd.reason { white-space: pre-wrap; }
+.panel .wide { grid-column: 1 / -1; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(600px, 1fr)); gap: 1.2em; margin-top: 1.5em;
+          align-items: start; }
+.charts figure { margin: 0; border: 1px solid #e2e2e2; border-radius: 0.4em; padding: 0.5em; }
+.charts figure.full { grid-column: 1 / -1; }
+.charts figcaption { font-weight: 600; margin-bottom: 0.3em; }
+.charts img { width: 100%; height: auto; display: block; }
+.charts .measured { font-size: 0.85em; margin: 0.5em 0.2em 0.2em; }
+.charts .measured ul { margin: 0.3em 0 0; padding-left: 1.2em; color: var(--warn); }
+@media (max-width: 1000px) {
+  body { font-size: 17px; padding: 0.8rem; }
+  .charts { grid-template-columns: 1fr; }
+  th.wide, td.wide { display: none; }
+}
 """
 
 
-def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Path], page_path: Path,
-            generated_at: str) -> str:
-    rows = []
-    for _, row in table.iterrows():
-        classes = ["ranked" if row["status"] == "ok" else "unranked"]
-        if pd.notna(row["rank"]) and int(row["rank"]) == 1:
-            classes.append("rank-1")
-        if row["tied_with"]:
-            classes.append("tied")
-        if row["vs_next"] == "undetermined":
-            classes.append("undetermined")
-        cells = "".join(f'<td class="{c}">{html.escape(fmt(c, row[c]))}</td>' for c in SHOWN)
-        rows.append(f'<tr class="{" ".join(classes)}" data-team="{html.escape(str(row["team"]))}">{cells}</tr>')
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in SHOWN)
-    charts = "".join(
-        f'<img src="{html.escape(os.path.relpath(p, page_path.parent))}" alt="{html.escape(p.stem)}">'
-        for p in chart_paths)
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+def _badge(row) -> str:
+    verdict = row["vs_next"]
+    if missing(verdict) or not verdict:
+        return ""
+    text = {"ahead": "ahead", "tied": "tied", "undetermined": "undetermined"}.get(verdict, verdict)
+    if verdict == "tied" and isinstance(row["tied_with"], str) and row["tied_with"]:
+        text = f"tied with {row['tied_with']}"
+    return f'<span class="badge {html.escape(verdict)}">{html.escape(text)}</span>'
+
+
+def _details(row) -> str:
+    items = []
+    for col in COLUMNS:
+        if col in ("team",):
+            continue
+        value = fmt(col, row[col])
+        if not value:
+            continue
+        cls = "wide reason" if col == "reason" else ""
+        items.append(f'<div class="{cls}"><dt>{html.escape(col)}</dt><dd class="{cls}">{html.escape(value)}</dd></div>')
+    return f'<div class="panel"><dl>{"".join(items)}</dl></div>'
+
+
+def _row(row) -> str:
+    team = html.escape(str(row["team"]))
+    ranked = row["status"] == "ok"
+    classes = ["ranked" if ranked else "unranked"]
+    if ranked and int(row["rank"]) == 1:
+        classes.append("rank-1")
+    if isinstance(row["tied_with"], str) and row["tied_with"]:
+        classes.append("tied")
+    if row["vs_next"] == "undetermined":
+        classes.append("undetermined")
+    cells = [f'<td class="rank">{html.escape(fmt("rank", row["rank"]))}</td>',
+             f'<td class="team"><details><summary>{team}</summary>{_details(row)}</details></td>']
+    if ranked:
+        for col, _, _ in MAIN[2:]:
+            text = _badge(row) if col == "vs_next" else html.escape(fmt(col, row[col]) or ("n/a" if col == "mfu" else ""))
+            wide = " wide" if col in WIDE_ONLY else ""
+            cells.append(f'<td class="{col}{wide}">{text}</td>')
+    else:
+        reason = str(row["reason"] or "")
+        cells.append(f'<td class="notice" colspan="{len(MAIN) - 2}"><span class="status">{html.escape(row["status"])}'
+                     f'</span><span class="reason">{html.escape(reason)}</span></td>')
+    return f'<tr class="{" ".join(classes)}" data-team="{team}">{"".join(cells)}</tr>'
+
+
+def scaling_caption(scale_records: list[dict]) -> str:
+    """The weak-scaling efficiency that was measured, in words under the chart: the figure the page states is the
+    measurement, never the model's prediction; and what the measurement itself says not to take at face value."""
+    parts, notes = [], []
+    for rec in newest_per_team(scale_records):
+        points = sorted((p for p in rec.get("points", []) if p.get("world_size", 1) > 1 and measured(p) is not None),
+                        key=lambda p: p["world_size"])
+        if not points:
+            continue
+        figures = ", ".join(f"{measured(p):.3f} at {p['world_size']} devices" for p in points)
+        when = (rec.get("created_at") or "")[:10]
+        parts.append(f"<b>{html.escape(str(rec.get('team', '?')))}</b> {html.escape(figures)} "
+                     f"({html.escape(str(rec.get('device_name') or '?'))}{', ' + html.escape(when) if when else ''})")
+        notes += [f"{rec.get('team', '?')}: {n}" for n in rec.get("notes", [])]
+    if not parts:
+        return ""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return (f'<div class="measured">Measured weak-scaling efficiency: {"; ".join(parts)}. The dashed line is the '
+            f'model\'s prediction, not a measurement.{"<ul>" + items + "</ul>" if items else ""}</div>')
+
+
+def machine_summary(rows: list[dict]) -> str:
+    """Which machine(s) produced the figures, from the newest ok run (records are self-contained)."""
+    ok = [r for r in rows if r.get("status") == "ok"] or rows
+    if not ok:
+        return ""
+    newest = max(ok, key=lambda r: r.get("started_at") or "")
+    machine = newest.get("machine") or {}
+    versions = newest.get("versions") or {}
+    parts = []
+    if machine.get("cpu"):
+        parts.append(f"{machine['cpu']} ({machine.get('cores', '?')} cores)")
+    if newest.get("world_size"):
+        parts.append(f"{newest['world_size']} x {newest.get('device_name') or 'device'} ranks")
+    torch = versions.get("torch") or newest.get("torch_version")
+    if torch:
+        parts.append(f"torch {torch}")
+    return "; ".join(parts)
+
+
+def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Path], generated_at: str,
+            rows: list[dict] | None = None, refresh_s: float | None = None,
+            scale_records: list[dict] | None = None) -> str:
+    head = "".join(f'<th class="{c}{" wide" if c in WIDE_ONLY else ""}" title="{html.escape(tip)}">{html.escape(h)}</th>'
+                   for c, h, tip in MAIN)
+    body = "\n".join(_row(row) for _, row in table.iterrows())
+    figures = []
+    for p in chart_paths:
+        cls = ' class="full"' if p.stem in FULL_WIDTH else ""
+        title = html.escape(CHART_TITLES.get(p.stem, p.stem))
+        caption = scaling_caption(scale_records or []) if p.stem == "scaling" else ""
+        figures.append(f'<figure{cls}><figcaption>{title}</figcaption><img src="{data_uri(p)}" alt="{html.escape(p.stem)}">'
+                       f"{caption}</figure>")
+    ranked = int((table["status"] == "ok").sum())
+    machine = machine_summary(rows or [])
+    rule = "mean over" if ranking == "mean" else "the best of"
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Leaderboard: {html.escape(track)}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
+<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}<style>{CSS}</style></head>
 <body>
 <h1>Leaderboard: {html.escape(track)}</h1>
-<p class="meta">Ranked by validation loss ({html.escape(ranking)} over each team's official ok runs of its latest
-submission). <b>vs_next</b> compares each team with the next one down: <i>ahead</i> (significant,
-p &lt; 0.05), <i>tied</i> (not significantly different) or <i>undetermined</i> (one run on a side:
-nothing can be tested); only <i>ahead</i> is evidence of the order. Generated {html.escape(generated_at)} from the run records.</p>
-<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
-{chr(10).join(rows)}
-</tbody></table>
-<div class="charts">{charts}</div>
+<p class="meta">{ranked} ranked of {len(table)} teams, by validation loss ({rule} each team's official ok runs of its
+latest submission). Generated {html.escape(generated_at)} from the run records{"; produced on " + html.escape(machine) if machine else ""}.</p>
+<p class="key"><span class="badge ahead">ahead</span> significantly better than the next team (p &lt; 0.05).
+<span class="badge tied">tied</span> not significantly different: the order between them is not evidence.
+<span class="badge undetermined">undetermined</span> one run on a side: nothing can be tested. Click a team for
+every figure.</p>
+<div class="board"><table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
+{body}
+</tbody></table></div>
+<div class="charts">{"".join(figures)}</div>
 </body></html>
 """

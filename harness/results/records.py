@@ -20,11 +20,12 @@ import os
 import secrets
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the probe's figure is `comm_overlap_efficiency` (was `scaling_efficiency`), `comm_probe`
 STATUSES = ("running", "evaluating", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
 FINAL_STATUSES = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")  # a record says when it is done
 METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s", "grad_norm")
@@ -75,8 +76,10 @@ class RunRecord:
     flops_per_token: float | None = None  # measured: FLOP counter over one training step
     peak_flops_per_device: float | None = None
     mfu: float | None = None  # None where the device's peak is unknown (a CPU)
-    scaling_efficiency: float | None = None  # compute-only / synchronised step time, after training
-    scaling: dict[str, Any] = field(default_factory=dict)  # the probe's k, medians and spread
+    # The communication probe after training, at this run's world size: compute-only step time / synchronised
+    # step time (1 = no exposed communication). Not weak-scaling efficiency: that is `harness scale`'s figure.
+    comm_overlap_efficiency: float | None = None
+    comm_probe: dict[str, Any] = field(default_factory=dict)  # steps, both medians, the spread, comm_s
     peak_mem_gib: float | None = None
     data_wait_s: float | None = None
     # setup
@@ -89,8 +92,11 @@ class RunRecord:
     torch_version: str | None = None
     python_version: str | None = None
     harness_version: str | None = None
+    versions: dict[str, Any] = field(default_factory=dict)  # torch, cuda, nccl, numpy, python, harness, git commit
     hostname: str | None = None
+    machine: dict[str, Any] = field(default_factory=dict)  # cpu model, cores, gpus: what produced the figures
     command: list[str] = field(default_factory=list)
+    submission_dir: str | None = None  # the team's folder on the machine that ran it (provenance, never shown)
     submission_sha256: str | None = None
     checkpoint_sha256: str | None = None
     data_fingerprint: str | None = None
@@ -108,6 +114,7 @@ class RunRecord:
     traceback: str | None = None
     killed_pids: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # things a team should fix that do not stop the run
     # time
     timings: dict[str, float] = field(default_factory=dict)  # launcher-measured phase durations, seconds
     started_at: str = field(default_factory=utc_now)
@@ -126,21 +133,57 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        d = upgrade_record(d)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names}
         return cls(**known, extra=extra)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename: readers see old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+# Schema 1 called the communication probe's figure "scaling efficiency", which it is not (README, Results).
+_PROBE_KEYS_V1 = {"scaling_probe_steps": "steps", "scaling_synced_step_s": "synced_step_s",
+                  "scaling_compute_step_s": "compute_step_s", "scaling_efficiency_min": "efficiency_min",
+                  "scaling_efficiency_max": "efficiency_max", "comm_s": "comm_s"}
+
+
+def upgrade_record(d: dict[str, Any]) -> dict[str, Any]:
+    """A run.json of any schema as the current one (old records stay readable; nothing is rewritten on disk)."""
+    if "scaling_efficiency" not in d and "scaling" not in d:
+        return d
+    d = dict(d)
+    old = d.pop("scaling_efficiency", None)
+    probe = d.pop("scaling", None) or {}
+    d.setdefault("comm_overlap_efficiency", old)
+    d.setdefault("comm_probe", {new: probe[k] for k, new in _PROBE_KEYS_V1.items() if k in probe})
+    return d
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (/proc), else set and restored."""
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: Path, suffix: str = "") -> Iterator[tuple[int, Path]]:
+    """A temporary file beside `path` (its descriptor and path), renamed onto `path` when the block ends
+    without an error, removed otherwise: readers see the old file or the new one, never half of one.
+
+    mkstemp creates files readable by their owner only; outputs get the mode any other new file of the user
+    gets (0666 less the umask), so a leaderboard can be served or shared like the rest of the folder.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        yield fd, Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -148,6 +191,15 @@ def write_atomic(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename (see atomic_path)."""
+    with atomic_path(path) as (fd, _):
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def save_record(run_dir: Path, record: RunRecord) -> Path:

@@ -7,13 +7,21 @@ gives the same files.
 
 from __future__ import annotations
 
+import difflib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from harness.results.leaderboard import build_table, current_runs, load_rows, scored
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
+from harness.results.scale_records import load_scale_records
+
+
+class UnknownTrack(LookupError):
+    """A track with no run records under the runs folder; the message suggests the near name."""
 
 
 @dataclass
@@ -40,11 +48,24 @@ def track_ranking(rows: list[dict]) -> str:
     return (newest or {}).get("ranking") or "mean"
 
 
+def check_tracks(runs_root: Path, tracks: list[str]) -> None:
+    """Every track asked for has records: a typo must not write empty files and empty charts."""
+    known = tracks_in(runs_root)
+    for track in tracks:
+        if track not in known:
+            hint = difflib.get_close_matches(track, known, n=1)
+            raise UnknownTrack(f"no run records for track {track!r} under {runs_root}."
+                               + (f" Did you mean: {hint[0]}?" if hint else "")
+                               + (f" Tracks with records: {', '.join(known)}." if known else ""))
+
+
 def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool = False,
-            ranking: str | None = None, charts: bool = True) -> Outputs:
-    from harness.results.page import to_html, to_markdown
+            ranking: str | None = None, charts: bool = True, refresh_s: float | None = None) -> Outputs:
+    from harness.results.page import to_html
+    from harness.results.tables import to_csv, to_markdown
 
     rows = load_rows(runs_root, track)
+    scale_records = load_scale_records(runs_root, track)
     ranking = ranking or track_ranking(rows)
     table = build_table(rows, ranking, include_unofficial)
     suffix = "-all" if include_unofficial else ""
@@ -52,18 +73,46 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     chart_paths: list[Path] = []
     with leaderboard_lock(leaderboard_dir):
         if charts:
-            from harness.results.plots import draw_track, load_scale_records
+            from harness.results.plots import draw_track
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}
-            chart_paths = draw_track(track, table, counted, load_scale_records(runs_root, track),
-                                     plots_dir / f"{track}{suffix}")
+            chart_paths = draw_track(track, table, counted, scale_records,
+                                     plots_dir / f"{track}{suffix}", ranking)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
-        write_atomic(csv_path, table.to_csv(index=False))
+        write_atomic(csv_path, to_csv(table))
         write_atomic(md_path, to_markdown(table, track, ranking))
-        write_atomic(html_path, to_html(table, track, ranking, chart_paths, html_path, utc_now()))
+        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows,
+                                          refresh_s=refresh_s, scale_records=scale_records))
     return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()))
 
 
 def tracks_in(runs_root: Path) -> list[str]:
     return sorted({p.parent.parent.parent.name for p in Path(runs_root).glob("*/*/*/run.json")})
+
+
+def records_signature(runs_root: Path, tracks: list[str]) -> tuple:
+    """What changes when a run record or a scale record is written: their paths and modification times."""
+    found = []
+    for track in tracks:
+        for pattern in (f"{track}/*/*/run.json", f"{track}/*/scale-*/scale.json"):
+            for path in Path(runs_root).glob(pattern):
+                try:
+                    found.append((str(path), path.stat().st_mtime_ns))
+                except OSError:
+                    continue
+    return tuple(sorted(found))
+
+
+def watch(runs_root: Path, tracks: list[str], rebuild_all: Callable[[], None], every_s: float = 10.0,
+          keep_going: Callable[[], bool] = lambda: True, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Rebuild whenever the records change, checking every `every_s` seconds, while keep_going(); returns the
+    number of rebuilds. The page reloads itself on the same period (views.rebuild(refresh_s=...))."""
+    seen, rebuilds = None, 0
+    while keep_going():
+        current = records_signature(runs_root, tracks)
+        if current != seen:
+            rebuild_all()
+            seen, rebuilds = current, rebuilds + 1
+        sleep(every_s)
+    return rebuilds

@@ -20,6 +20,7 @@ Every error names the file, the wrong piece and the fix (docs/submission.md has 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -109,7 +110,9 @@ def find_submission(path: str | Path) -> Path:
     if p.is_file() and p.name in ("submission.py", "train.py"):
         p = p.parent
     if not p.exists():
-        raise SubmissionError(p, "does not exist.", "pass the folder that holds your submission.py")
+        near = _near_folders(p)
+        raise SubmissionError(p, "does not exist." + (f" Did you mean: {', '.join(near)}?" if near else ""),
+                              "pass the folder that holds your submission.py")
     if not p.is_dir():
         raise SubmissionError(p, "is not a folder.", "pass the folder that holds your submission.py")
     if not (p / "submission.py").is_file() and not (p / "train.py").is_file() \
@@ -120,6 +123,17 @@ def find_submission(path: str | Path) -> Path:
             f"add submission.py defining CONFIG and get_model (see {DOCS})",
         )
     return p.resolve()
+
+
+def _near_folders(path: Path) -> list[str]:
+    """Sibling folders whose name is close to a mistyped one (submissions/newcomr -> submissions/newcomer)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        names = sorted(d.name for d in parent.iterdir() if d.is_dir() and not d.name.startswith("."))
+    except OSError:
+        return []
+    return [str(path.parent / n) if str(path.parent) != "." else n
+            for n in difflib.get_close_matches(path.name, names, n=2, cutoff=0.7)]
 
 
 def submission_files(folder: Path) -> list[Path]:
@@ -183,6 +197,16 @@ def read_team(folder: Path) -> TeamInfo:
     return TeamInfo(name=name.strip(), members=members, description=str(team.get("description", "")))
 
 
+def relative_paths(text: str, copies: list[Path]) -> str:
+    """Paths into a copy of the submission written relative to the submission folder ("submission.py:5"),
+    whichever machine or private folder ran it: what a team can open in its own checkout."""
+    for copy in copies:
+        forms = {str(Path(copy).resolve()), str(copy)}
+        for form in sorted(forms, key=len, reverse=True):  # the longer (absolute) form first: it contains the other
+            text = text.replace(form.rstrip("/") + "/", "")
+    return text
+
+
 def team_slug(name: str) -> str:
     """A file-system-safe form of a team name (the records' directory)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip()).strip("-.")
@@ -210,7 +234,7 @@ def import_submission_module(folder: Path, entry: str = "submission.py") -> type
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else str(path)
-        raise SubmissionError(where, f"syntax error: {exc.msg}.", "fix the line shown") from exc
+        raise SubmissionError(where, f"syntax error: {exc.msg}. Fix the line shown:\n{show_line(exc)}") from exc
     except ImportError as exc:
         raise SubmissionError(
             path, f"import failed: {exc}.",
@@ -220,6 +244,39 @@ def import_submission_module(folder: Path, entry: str = "submission.py") -> type
         raise SubmissionError(path, f"raised {type(exc).__name__} while importing: {exc}.",
                               f"importing {entry} must not fail") from exc
     return module
+
+
+def show_line(exc: SyntaxError) -> str:
+    """The offending line and a caret under the column Python points at (indentation trimmed, tabs expanded)."""
+    text = (exc.text or "").rstrip("\n").expandtabs(4)
+    if not text.strip():
+        return "    (Python gave no source line)"
+    stripped = text.lstrip()
+    offset = max(1, (exc.offset or 1) - (len(text) - len(stripped)))
+    width = max(1, ((exc.end_offset or 0) - (exc.offset or 0))) if exc.end_lineno in (None, exc.lineno) else 1
+    return f"    {stripped}\n    {' ' * (min(offset, len(stripped) + 1) - 1)}{'^' * min(width, 40)}"
+
+
+# CONFIG keys the harness itself reads (contract and default optimizer). Any other key belongs to the team's
+# model, but a near miss of one of these is almost always a typo that silently leaves the default in force.
+HARNESS_CONFIG_KEYS = ("micro_batch_size", "seq_len", "grad_accum_steps", "vocab_size", "learning_rate",
+                       "weight_decay", "betas")
+DEFAULTED_CONFIG_KEYS = {"grad_accum_steps": "1", "vocab_size": "the track's", "learning_rate": "1e-3",
+                         "weight_decay": "0.1", "betas": "[0.9, 0.95]"}
+
+
+def config_warnings(config: dict) -> list[str]:
+    """Keys of CONFIG that resemble a key the harness reads but are not it (`learnig_rate`, `micro_batchsize`)."""
+    out = []
+    for key in config:
+        if not isinstance(key, str) or key in HARNESS_CONFIG_KEYS:
+            continue
+        near = difflib.get_close_matches(key, HARNESS_CONFIG_KEYS, n=1, cutoff=0.8)
+        if near and near[0] not in config:
+            default = DEFAULTED_CONFIG_KEYS.get(near[0])
+            out.append(f"CONFIG key {key!r} is not one the harness reads; did you mean {near[0]!r}?"
+                       + (f" As written, {near[0]} keeps its default ({default})." if default else ""))
+    return out
 
 
 def _positive_int(config: dict, key: str, path: Path, problems: list, default: int | None = None) -> int | None:

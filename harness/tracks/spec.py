@@ -112,6 +112,31 @@ class EvalSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InterconnectSpec:
+    """The links gradients cross, per device and per direction: what `harness scale` predicts beyond what one
+    node can measure (harness/launcher/comm_model.py). Defaults: an HGX B300 node (docs/tracks.md, sources)."""
+
+    intra_node_gb_per_s: float = 900.0  # NVLink 5: 1.8 TB/s per GPU counting both directions
+    inter_node_gb_per_s: float = 100.0  # one 800 Gb/s ConnectX-8 NIC per GPU
+    intra_node_efficiency: float = 0.8  # achievable share of the link rate (NVLink: 128 B payloads, ~20 of 25 GB/s)
+    inter_node_efficiency: float = 0.96  # InfiniBand: 24 of 25 GB/s (HDR), 192 of 200 GB/s (8 x HDR)
+    intra_node_latency_us: float = 3.4  # NCCL's tuner: a ring step over NVLink (Simple protocol)
+    inter_node_latency_us: float = 14.0  # NCCL's tuner: a ring step over the network (Simple protocol)
+    launch_latency_us: float = 8.4  # NCCL's tuner: the base latency of an all-reduce (ring, Simple)
+
+    def __post_init__(self) -> None:
+        where = "[interconnect]"
+        for name in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+            _positive(name, getattr(self, name), where)
+        for name in ("intra_node_efficiency", "inter_node_efficiency"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise TrackError(f"{where}: `{name}` must be in (0, 1], got {getattr(self, name)!r}")
+        for name in ("intra_node_latency_us", "inter_node_latency_us", "launch_latency_us"):
+            if getattr(self, name) < 0:
+                raise TrackError(f"{where}: `{name}` must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Track:
     """The fixed setup of an event. Resolved copies (with overrides) are saved in every run record."""
 
@@ -127,12 +152,12 @@ class Track:
     clock_start: str = "first_forward"
     startup_timeout_s: float = 600.0  # from launch to the first training step (rendezvous included)
     startup_allowance_s: float = 120.0  # from the process group being up to the first step: the team's start-up
-    save_allowance_s: float = 120.0  # after training: checkpoint, scaling probe, teardown; never extends the clock
+    save_allowance_s: float = 120.0  # after training: checkpoint, communication probe, teardown; never extends the clock
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
     log_interval_s: float = 5.0
-    scaling_probe_steps: int = 5  # after training: k synchronised vs k compute-only steps (0: off)
+    comm_probe_steps: int = 5  # after training: k synchronised vs k compute-only steps (0: off)
     cpu_threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
     peak_flops_per_device: float = 0.0  # 0: no peak known (MFU is then null, not invented)
     device_peak: str = ""  # a GPU name (B300, H100, ...) or "auto" to look the device up
@@ -142,6 +167,7 @@ class Track:
     sandbox: str = "auto"  # Landlock for processes that run team code: auto (where available), required, off
     data: DataSpec
     eval: EvalSpec
+    interconnect: InterconnectSpec = field(default_factory=InterconnectSpec)
     source: str = ""  # where the track came from (a path); not part of its identity
 
     def __post_init__(self) -> None:
@@ -175,8 +201,8 @@ class Track:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
         if not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise TrackError(f"{where}: `max_steps` must be an integer >= 0, got {self.max_steps!r}")
-        if self.scaling_probe_steps < 0:
-            raise TrackError(f"{where}: `scaling_probe_steps` must be >= 0")
+        if self.comm_probe_steps < 0:
+            raise TrackError(f"{where}: `comm_probe_steps` must be >= 0")
         if self.peak_flops_per_device < 0:
             raise TrackError(f"{where}: `peak_flops_per_device` must be >= 0")
         if self.data.val_tokens % self.eval.seq_len:
@@ -199,6 +225,7 @@ _TOP_KEYS = {f.name for f in dataclasses.fields(Track)} - {"source"}
 _DATA_KEYS = {f.name for f in dataclasses.fields(DataSpec)}
 _SYNTH_KEYS = {f.name for f in dataclasses.fields(SyntheticSpec)}
 _EVAL_KEYS = {f.name for f in dataclasses.fields(EvalSpec)}
+_INTERCONNECT_KEYS = {f.name for f in dataclasses.fields(InterconnectSpec)}
 
 
 def builtin_track_names() -> list[str]:
@@ -221,9 +248,16 @@ def _as_globs(value: Any, key: str, path: str) -> tuple[str, ...]:
     raise TrackError(f"{path}: [data] `{key}` must be a glob string or a list of them")
 
 
+# Keys renamed since: tracks saved in older run records (and organisers' older files) still load.
+RENAMED_KEYS = {"scaling_probe_steps": "comm_probe_steps"}
+
+
 def track_from_dict(raw: dict[str, Any], path: str) -> Track:
     """Build a Track from parsed TOML, naming `path` in every error."""
     raw = dict(raw)
+    for old, new in RENAMED_KEYS.items():
+        if old in raw and new not in raw:
+            raw[new] = raw.pop(old)
     _check_keys(raw, _TOP_KEYS, "the top level", path)
     for required in ("name", "budget_s", "data", "eval"):
         if required not in raw:
@@ -240,8 +274,11 @@ def track_from_dict(raw: dict[str, Any], path: str) -> Track:
             data_raw[key] = _as_globs(data_raw[key], key, path)
     eval_raw = dict(raw.pop("eval"))
     _check_keys(eval_raw, _EVAL_KEYS, "[eval]", path)
+    links_raw = dict(raw.pop("interconnect", None) or {})
+    _check_keys(links_raw, _INTERCONNECT_KEYS, "[interconnect]", path)
     try:
-        return Track(data=DataSpec(synthetic=synthetic, **data_raw), eval=EvalSpec(**eval_raw), source=path, **raw)
+        return Track(data=DataSpec(synthetic=synthetic, **data_raw), eval=EvalSpec(**eval_raw),
+                     interconnect=InterconnectSpec(**links_raw), source=path, **raw)
     except TrackError as exc:
         raise TrackError(f"{path}: {exc}") from None
     except TypeError as exc:  # a value of the wrong type reaching a comparison

@@ -1,0 +1,75 @@
+"""What a person reads from `harness run`: progress in a terminal and in a log, and the record's provenance."""
+
+import io
+import subprocess
+from pathlib import Path
+
+from conftest import ROOT
+from harness.launcher.console import ConsoleReporter, progress_text
+
+
+class _Log(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_log_gets_one_line_per_phase_and_one_per_progress_report():
+    log = _Log()
+    reporter = ConsoleReporter(log)
+    for _ in range(3):
+        reporter.progress("starting ranks (rendezvous, model build)...", key="starting")
+    for elapsed in (0.5, 1.0, 1.5):  # ticks before rank 0's first report: one line
+        reporter.progress(progress_text(elapsed, 30, None, None, None, 5.0), key=("train", None))
+    for step, elapsed in ((10, 5.0), (10, 5.5), (10, 6.0), (20, 10.0), (20, 10.5)):
+        reporter.progress(progress_text(elapsed, 30, step, 2.5, 1000.0, 5.0), key=("train", step))
+    for _ in range(7):
+        reporter.progress("training done; finishing (checkpoint, communication probe)...", key="finishing")
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 5, lines
+    assert lines[0].startswith("starting ranks") and "step 10 " in lines[2] and "step 20 " in lines[3]
+    assert lines[4].startswith("training done")
+
+
+def test_before_the_first_report_the_line_says_when_it_comes():
+    text = progress_text(3.2, 30, None, None, None, 5.0)
+    assert "step -" not in text and "loss -" not in text
+    assert "first steps running" in text and "first log interval (every 5s)" in text and "26.8s left" in text
+
+
+def test_a_terminal_line_is_redrawn_in_place():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    reporter = ConsoleReporter(tty)
+    reporter.progress("a", key=1)
+    reporter.progress("a", key=1)
+    reporter.end_progress()
+    assert tty.getvalue() == "\ra\ra\n"
+
+
+def test_versions_name_the_software_and_the_commit_of_the_checkout():
+    from harness.launcher.provenance import machine, versions
+
+    v = versions()
+    assert {"torch", "cuda", "nccl", "numpy", "python", "harness", "harness_git_commit"} <= set(v)
+    assert v["torch"] and v["numpy"] and v["python"] and v["harness"]
+    if (ROOT / ".git").exists():
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        assert v["harness_git_commit"].split("+")[0] == head
+    m = machine()
+    assert m["cores"] >= 1 and m["cpu"]
+
+
+def test_reasons_name_the_teams_files_relative_to_the_submission(tmp_path):
+    from harness.launcher.assemble import name_team_files
+    from harness.results.records import RunRecord
+
+    snapshot, private = tmp_path / "runs" / "local" / "t" / "r" / "submission", Path("/tmp/harness-train-x/submission")
+    record = RunRecord(run_id="r", team="t", track_name="local", status="invalid",
+                       reason=f"{snapshot}/submission.py:5: syntax error", traceback=f'File "{private}/model.py", line 3')
+    record.extra["problems"] = [{"file": f"{snapshot}/submission.py:5", "problem": "syntax error"}]
+    name_team_files(record, [snapshot, private, tmp_path / "team_x"])
+    assert record.reason == "submission.py:5: syntax error"
+    assert record.traceback == 'File "model.py", line 3' and record.extra["problems"][0]["file"] == "submission.py:5"
