@@ -40,10 +40,17 @@ def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddin
     return total
 
 
+def flop_counter():
+    """torch's FLOP counter with the grouped-convolution correction above (a context manager)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop})
+
+
 def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, batch: int, seq_len: int) -> dict:
     """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     def one_step(device: str, b: int) -> int:
         with torch.device(device):
@@ -53,8 +60,7 @@ def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, ba
             idx = torch.empty(b, seq_len, dtype=torch.long, device="meta")
         else:
             idx = torch.randint(0, vocab_size, (b, seq_len))
-        corrected = {torch.ops.aten.convolution_backward: conv_backward_flop}
-        with FlopCounterMode(display=False, custom_mapping=corrected) as counter:
+        with flop_counter() as counter:
             _, loss = model(idx, idx)
             loss.backward()
         return counter.get_total_flops()
