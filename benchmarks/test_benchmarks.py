@@ -98,3 +98,18 @@ def test_gpu_check_says_plainly_when_there_is_no_gpu(tmp_path):
     proc = subprocess.run([sys.executable, str(Path(__file__).parent / "gpu_check.py")], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "needs a GPU" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_check_size_script_runs(tmp_path):
+    """benchmarks/check_size.py end to end on a small submission (the 124M figure is in docs/performance.md)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "check_size.py"), "--submission",
+                           str(Path(__file__).parent.parent / "submissions" / "minimal"), "--track", "local",
+                           "--json", str(out)], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())
+    assert runs[0]["accepted"] and runs[0]["timings_s"]["step_s"] > 0 and "median" in proc.stdout

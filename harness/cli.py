@@ -363,6 +363,38 @@ def check_cmd(submission, track, as_json, runs_dir):
 
 
 
+@main.group("data")
+def data_group() -> None:
+    """Token data: make shards like the event's from text."""
+
+
+@data_group.command("prepare")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A `tokenizers` JSON file (tokenizer.json).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder for the shards.")
+@click.option("--format", "fmt", type=click.Choice(["raw_uint16", "llmc_uint16"]), default="raw_uint16",
+              show_default=True, help="raw_uint16: Paris 2026 (no header); llmc_uint16: llm.c's header.")
+@click.option("--shard-tokens", type=click.IntRange(min=1), default=100_000_000, show_default=True,
+              help="Tokens per shard (the last one holds the rest).")
+def data_prepare(inputs, tokenizer, out_dir, fmt, shard_tokens):
+    """Tokenize INPUTS (.txt/.md files, or .parquet with a `text` column) into shards chunk_0001.bin, ..."""
+    from pathlib import Path
+
+    from harness.data.from_text import ShardPlan, prepare_shards
+    from harness.data.shards import DataError, inspect_shard
+
+    total = sum(Path(p).stat().st_size for p in inputs)
+    try:
+        plan = ShardPlan(out_dir=Path(out_dir), fmt=fmt, shard_tokens=shard_tokens)
+        with click.progressbar(length=total, label="tokenizing", file=sys.stderr) as bar:
+            shards = prepare_shards(inputs, tokenizer, plan, progress=bar.update)
+    except DataError as exc:
+        raise SetupError(str(exc)) from None
+    tokens = sum(inspect_shard(s).num_tokens for s in shards)
+    click.echo(f"wrote {len(shards)} shard(s), {tokens:,} tokens, {fmt}, to {out_dir}")
+
+
 @main.command("slurm")
 @click.argument("submission")
 @click.option("--track", "-t", default="paris2026", show_default=True, help="Track name or path to a track TOML file.")

@@ -20,7 +20,7 @@ def test_a_good_submission_is_accepted_with_its_figures(cli):
     assert result.code == 0, result.out + result.err
     out = result.out
     assert "ACCEPTED" in out and "32 ranks x 8 x 256 x 1 = 65,536" in out
-    assert "logits [2, 256, 32000]" in out and "causality         ok" in out
+    assert "logits [8, 256, 32000]" in out and "causality         ok" in out
     assert "FLOPs per token" in out and "static screen     nothing to review" in out
     assert f"harness run {ROOT / 'submissions' / 'baseline'} --track paris2026" in out
     assert result.seconds < 60
@@ -98,3 +98,45 @@ def test_a_team_name_used_by_another_folder_is_a_warning_in_check_and_run(cli, t
     assert record["status"] == "invalid" and any("already used by another submission folder" in w
                                                   for w in record["warnings"])
     assert record["submission_dir"] == str(copy.resolve())
+
+
+def _small_gpt(tmp_path, name: str, forward_patch: str = "") -> str:
+    """The benchmark's GPT (benchmarks/gpt_event_size) at a smaller width, at the event's vocabulary and length."""
+    src = (ROOT / "benchmarks" / "gpt_event_size" / "submission.py").read_text()
+    src = src.replace('"n_layer": 12, "n_head": 12, "n_embd": 768', '"n_layer": 2, "n_head": 4, "n_embd": 128')
+    if forward_patch:  # a model that needs real values: it cannot run on the meta device
+        src = src.replace("        T = idx.size(1)\n", "        T = idx.size(1)\n" + forward_patch)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "submission.py").write_text(src)
+    return str(folder)
+
+
+def test_the_check_at_the_events_sizes_does_its_arithmetic_small(cli, tmp_path):
+    """Shapes at the real micro-batch and FLOPs on the meta device; for real only batch 1 and a short
+    causality window (benchmarks/check_size.py times the 124M version)."""
+    from harness.ranks.flops import count_training_flops_per_token
+    from harness.ranks.preflight import CAUSALITY_WINDOW
+
+    result = cli("check", _small_gpt(tmp_path, "gpt_small"), "--track", "paris2026", "--json")
+    assert result.code == 0, result.out + result.err
+    r = json.loads(result.out)
+    assert r["shapes_on"] == "meta" and r["logits_shape"] == [16, 1024, 32768] and r["real_batch"] == 1
+    assert r["causality"]["positions"] == [0, CAUSALITY_WINDOW // 4, CAUSALITY_WINDOW // 2, CAUSALITY_WINDOW - 2]
+    assert set(r["check_timings_s"]) == {"meta_s", "build_s", "step_s", "eval_length_s", "causality_s"}
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpt_small", tmp_path / "gpt_small" / "submission.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    counted = count_training_flops_per_token(lambda: mod.get_model(dict(mod.CONFIG)), 32768, 16, 1024)
+    assert r["flops_method"] == "meta" and r["flops_per_token"] == counted["flops_per_token"]
+
+
+def test_a_model_that_needs_real_values_is_checked_for_real_at_batch_2(cli, tmp_path):
+    folder = _small_gpt(tmp_path, "gpt_item", "        assert int(idx.max().item()) < self.wte.num_embeddings\n")
+    result = cli("check", folder, "--track", "paris2026", "--json")
+    assert result.code == 0, result.out + result.err
+    r = json.loads(result.out)
+    assert r["shapes_on"].startswith("cpu (") and r["real_batch"] == 2 and r["logits_shape"] == [2, 1024, 32768]
+    assert r["flops_method"].startswith("cpu batch 1")

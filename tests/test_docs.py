@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 from harness.cli import main
 from harness.ranks.preflight import run_checks
-from harness.tracks.spec import DataSpec, EvalSpec, InterconnectSpec, SyntheticSpec, Track
+from harness.tracks.spec import DataSpec, EvalSpec, InterconnectSpec, SyntheticSpec, TextSpec, Track
 
 
 def test_the_minimal_submission_in_the_docs_passes_the_contract_checks(tmp_path):
@@ -23,22 +23,36 @@ def test_the_minimal_submission_in_the_docs_passes_the_contract_checks(tmp_path)
     assert shipped.endswith(code), "submissions/minimal/submission.py differs from the docs' example"
 
 
-@pytest.mark.parametrize("command", sorted(main.commands))
+def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    """Every command, a group's subcommands included (`data prepare`)."""
+    found = {}
+    for name, cmd in group.commands.items():
+        found[prefix + name] = cmd
+        if isinstance(cmd, click.Group):
+            found.update(_commands(cmd, prefix + name + " "))
+    return found
+
+
+COMMANDS = _commands(main)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_cli_option_is_in_the_readme_or_docs(command):
     docs = (ROOT / "README.md").read_text() + "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
-    for param in main.commands[command].params:
+    assert f"harness {command}" in docs, f"`harness {command}` is not documented"
+    for param in COMMANDS[command].params:
         if isinstance(param, click.Option):
             assert any(opt in docs for opt in param.opts), f"`harness {command} {param.opts[0]}` is not documented"
 
 
 @pytest.mark.parametrize("cls, heading", [(Track, "## Top-level keys"), (DataSpec, "## `[data]`"),
-                                          (SyntheticSpec, "## `[data.synthetic]`"), (EvalSpec, "## `[eval]`"),
-                                          (InterconnectSpec, "## `[interconnect]`")])
+                                          (SyntheticSpec, "## `[data.synthetic]`"), (TextSpec, "## `[data.text]`"),
+                                          (EvalSpec, "## `[eval]`"), (InterconnectSpec, "## `[interconnect]`")])
 def test_every_track_key_is_in_the_track_reference(cls, heading):
     text = (ROOT / "docs" / "tracks.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     for f in dataclasses.fields(cls):
         if f.name in ("source", "data", "eval", "synthetic", "interconnect") and cls is not DataSpec:
             continue
-        if cls is DataSpec and f.name == "synthetic":
+        if cls is DataSpec and f.name in ("synthetic", "text"):
             continue
         assert f"`{f.name}`" in text, f"track key {f.name} is not in docs/tracks.md under {heading}"

@@ -69,14 +69,3 @@ def test_a_model_that_cannot_be_built_on_meta_is_counted_on_the_cpu_and_says_why
     assert note.startswith("the model could not be counted on the meta device (") and "Error" in note
     assert f"counted on the CPU at batch 1 and scaled by the micro-batch ({B})" in note
     assert abs(cpu["flops_per_token"] - meta["flops_per_token"]) / meta["flops_per_token"] < 1e-9
-
-
-def test_a_model_already_built_is_counted_as_it_is_without_building_another():
-    """The check process counts the model it built: the same figure as the meta count, and no second build
-    (building on meta first imported torch._dynamo, most of `harness check`'s time)."""
-    built = DepthwiseLM()
-    got = count_training_flops_per_token(lambda: (_ for _ in ()).throw(AssertionError("built again")), V, B, T,
-                                         built=built)
-    assert got["flops_per_token"] == hand_count(groups=C)
-    assert got["flops_method"] == f"built model batch 1 x {B}" and "the model the check built (cpu)" in got["flops_note"]
-    assert all(p.grad is None for p in built.parameters())  # the counting step leaves no gradient behind

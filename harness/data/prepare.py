@@ -40,6 +40,14 @@ def prepare_data(track: Track, cli_root: str | None = None, say: Callable[[str],
             unigram_entropy=meta["unigram_entropy_nats"], entropy_rate=meta["entropy_rate_nats"],
             location=str(corpus),
         )
+    elif data.source == "text":
+        from harness.data.text import build_text
+
+        corpus = build_text(data, progress=say)
+        meta = json.loads((corpus / "meta.json").read_text())
+        train, val = [inspect_shard(corpus / "train.bin")], [inspect_shard(corpus / "val.bin")]
+        prepared = PreparedData(train=train, val=val, fingerprint=fingerprint(train + val),
+                                unigram_entropy=meta["unigram_entropy_nats"], location=str(corpus))
     else:
         root = data_root(track, cli_root)
         train, val = resolve_shards(root, data.train, data.val, data.format)

@@ -1,9 +1,10 @@
 """`harness check SUBMISSION [--track T]`: what the organisers' harness will say, in seconds on a CPU.
 
-The same checks as before every run (in a throw-away process): import, the contract, the model
-built from CONFIG, one forward and backward at batch 2, output shapes and dtypes, a finite
-loss, the causality probe, parameter count, FLOPs per token; plus the static screen and the
-exact command the organisers will run. Every problem is listed at once.
+The same checks as before every run (in a throw-away process): import, the contract, output
+shapes at the run's micro-batch, parameter count and FLOPs per token on the meta device, then the
+model built from CONFIG and one forward and backward at batch 1 for real (dtypes, a finite loss),
+the evaluation length, the causality probe; plus the static screen and the exact command the
+organisers will run. Every problem is listed at once.
 """
 
 from __future__ import annotations
@@ -98,8 +99,13 @@ def render(result: CheckResult) -> list[str]:
         row("tokens per step", f"{world} ranks x {B} x {T} x {A} = {tokens}")
     if "params" in r:
         row("model", f"ok: {r['params']:,} parameters ({r['trainable_params']:,} trainable)")
-        row("forward/backward", f"ok: logits {r['logits_shape']} {r['logits_dtype']}, loss {r['loss_dtype']}, "
-                                f"initial loss {r['initial_loss']:.3f} (ln vocab = {math.log(t.data.vocab_size):.3f})")
+        on = "on the meta device" if r.get("shapes_on") == "meta" else r.get("shapes_on", "")
+        row("forward/backward", f"ok: logits {r['logits_shape']} ({on}) {r['logits_dtype']}, loss {r['loss_dtype']}, "
+                                f"initial loss {r['initial_loss']:.3f} at batch {r.get('real_batch')} "
+                                f"(ln vocab = {math.log(t.data.vocab_size):.3f})")
+        timings = r.get("check_timings_s") or {}
+        if timings:
+            row("check time", ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in timings.items()))
     if r.get("causality"):
         row("causality", f"ok: logits unchanged at positions <= t when later tokens change "
                          f"(t in {r['causality']['positions']})")

@@ -40,12 +40,17 @@ def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddin
     return total
 
 
-def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, batch: int, seq_len: int,
-                                   built: Any = None) -> dict:
-    """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted. `built`: a
-    model already built (and placed on its device) to count instead of building one; its gradients are reset."""
+def flop_counter():
+    """torch's FLOP counter with the grouped-convolution correction above (a context manager)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop})
+
+
+def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, batch: int, seq_len: int) -> dict:
+    """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted."""
+    import torch
 
     def count(model, idx) -> int:
         corrected = {torch.ops.aten.convolution_backward: conv_backward_flop}
@@ -62,16 +67,10 @@ def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, ba
             idx = torch.empty(b, seq_len, dtype=torch.long, device="meta")
         else:
             idx = torch.randint(0, vocab_size, (b, seq_len))
-        return count(model, idx)
-
-    if built is not None:
-        device = next(built.parameters()).device
-        built.train()
-        total = count(built, torch.randint(0, vocab_size, (1, seq_len), device=device)) * batch
-        built.zero_grad(set_to_none=True)
-        return {"flops_per_token": total / (batch * seq_len), "flops_method": f"built model batch 1 x {batch}",
-                "flops_note": (f"counted on the model the check built ({device.type}), at batch 1 and scaled by "
-                               f"the micro-batch ({batch}): FLOPs are linear in the batch")}
+        with flop_counter() as counter:
+            _, loss = model(idx, idx)
+            loss.backward()
+        return counter.get_total_flops()
 
     try:
         total = one_step("meta", batch)

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Tokens the quick causality probe runs on: enough for a missing mask to show at every probed cut,
+# an eighth of a Paris 2026 window. Evaluation checks causality again on the full scoring windows.
+CAUSALITY_WINDOW = 128
+
 
 def _problem(exc: BaseException) -> dict:
     from harness.submission.contract import SubmissionError
@@ -28,18 +32,74 @@ def _problem(exc: BaseException) -> dict:
             "traceback": "".join(traceback.format_exception(exc))}
 
 
+def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
+    """The contract's shapes at full size with no arithmetic: the model built on the meta device (no
+    memory, no values), one training forward and backward at the run's own micro-batch under the FLOP
+    counter, a forward without targets, and one at the evaluation length. A SubmissionError here is
+    the submission's; any other error means the model needs real values (the caller falls back)."""
+    import torch
+
+    from harness.ranks.flops import flop_counter
+    from harness.submission.contract import check_forward_output
+
+    B, T, V = sub.micro_batch_size, sub.seq_len, int(sub.config["vocab_size"])
+    with torch.device("meta"):
+        model = sub.get_model(dict(sub.config))
+    if not isinstance(model, torch.nn.Module):
+        return {}  # reported by the real build, with its message
+    model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
+    idx = torch.empty(B, T, dtype=torch.long, device="meta")
+    with flop_counter() as counter:
+        out = model(idx, idx)
+        check_forward_output(out, B, T, V, True, file)
+        out[1].backward()
+    shapes = {"logits_shape": list(out[0].shape), "flops_per_token": counter.get_total_flops() / (B * T),
+              "flops_method": "meta"}
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        check_forward_output(model(idx), B, T, V, False, file)
+        long = torch.empty(2, eval_seq_len, dtype=torch.long, device="meta")
+        check_forward_output(model(long), 2, eval_seq_len, V, False, file)
+    return shapes
+
+
 def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None,
                 precision: str = "bfloat16") -> dict:
-    """Build the model and run one training step's worth of forward and backward at a tiny batch."""
+    """The model's contract at the submission's real size, in as little arithmetic as honesty allows.
+
+    Shapes at the run's micro-batch, parameter count and FLOPs on the meta device (free at any size);
+    then for real, once each: the model built, one forward and backward at batch 1 (a finite loss, a
+    gradient for every parameter), one forward at the evaluation length where it differs from the
+    training length, and the causality probe on a short window. On a CPU this is float32 (bf16 there
+    may be emulated, ~45x slower). benchmarks/check_size.py times it for a 124M GPT at the Paris 2026
+    sizes. A model that cannot run on the meta device (it needs real values) is checked for real at
+    batch 2, with FLOPs counted as flops.py does.
+    """
+    import time
+
     import torch
 
     from harness.submission.contract import SubmissionError, check_forward_output
 
     file = str(sub.file)
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    T, V = sub.seq_len, sub.vocab_out
+    eval_len = eval_seq_len or T
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    try:
+        meta = _shapes_on_meta(sub, eval_len, file)
+        meta_why = ""
+    except SubmissionError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (data-dependent code: shapes are checked for real below)
+        meta, meta_why = {}, f"{type(exc).__name__} on the meta device"
+    timings["meta_s"] = time.perf_counter() - t0
+
     torch.manual_seed(seed)
     autocast = lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,  # noqa: E731
                                       enabled=precision == "bfloat16")
+    t0 = time.perf_counter()
     model = sub.get_model(dict(sub.config))
     if not isinstance(model, torch.nn.Module):
         raise SubmissionError(file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
@@ -48,14 +108,20 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
-    batch, T, V = 2, sub.seq_len, sub.vocab_out
+    timings["build_s"] = time.perf_counter() - t0
+
+    # Batch 1 when the meta pass saw the real micro-batch's shapes; 2 otherwise, so that a batch
+    # dimension mixed up with another is still caught.
+    t0 = time.perf_counter()
+    batch = 1 if meta else 2
     idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
     x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
     with autocast():
         out = model(x, y)
     check_forward_output(out, batch, T, V, True, file)
-    shapes = {"logits_shape": list(out[0].shape), "logits_dtype": str(out[0].dtype).replace("torch.", ""),
-              "loss_dtype": str(out[1].dtype).replace("torch.", "")}
+    shapes = {"logits_dtype": str(out[0].dtype).replace("torch.", ""), "loss_dtype": str(out[1].dtype).replace("torch.", ""),
+              "logits_shape": meta.get("logits_shape", list(out[0].shape)), "real_batch": batch,
+              "shapes_on": "meta" if meta else f"cpu ({meta_why})"}
     loss = out[1]
     if not torch.isfinite(loss.detach()).item():
         raise SubmissionError(file, f"the loss of the freshly built model is {loss.item()}.",
@@ -67,37 +133,81 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
         raise SubmissionError(file, f"{len(unused)} trainable parameter(s) get no gradient: {shown}.",
                               "DDP needs every trainable parameter used in forward: remove them or set requires_grad=False")
     model.zero_grad(set_to_none=True)
-    with torch.no_grad(), autocast():
-        out = model(x)
-    check_forward_output(out, batch, T, V, False, file)
-    if eval_seq_len and eval_seq_len != T:  # evaluation scores windows of the track's length, not CONFIG's
-        long = torch.randint(0, vocab_size, (1, eval_seq_len), device=device)
-        try:
-            with torch.no_grad(), autocast():
-                out = model(long)
-        except Exception as exc:
-            raise SubmissionError(
-                file, f"forward fails on a window of {eval_seq_len} tokens, the track's evaluation length "
-                f"({type(exc).__name__}: {exc}).", f"accept sequences up to {eval_seq_len} tokens (size position "
-                "tables for the evaluation length, not only CONFIG's seq_len)") from exc
-        check_forward_output(out, 1, eval_seq_len, V, False, file)
-    from harness.ranks.causality import describe, probe_causality
+    if not meta:  # the shapes without targets, for real
+        with torch.no_grad(), autocast():
+            check_forward_output(model(x), batch, T, V, False, file)
+    timings["step_s"] = time.perf_counter() - t0
 
-    causality = probe_causality(model, idx[0, :T].cpu(), vocab_size, device, seed=seed)
-    if not causality["causal"]:
-        raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
-    from harness.ranks.flops import count_training_flops_per_token
+    # The evaluation length, for real, once: a position table too short shows only on real values. At
+    # the training length the step above was that check.
+    t0 = time.perf_counter()
+    if eval_len != T:
+        model.eval()
+        with torch.inference_mode(), autocast():
+            check_forward_output(_at_eval_length(model, vocab_size, eval_len, device, file), 1, eval_len, V, False, file)
+        model.train()
+    timings["eval_length_s"] = time.perf_counter() - t0
 
-    flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
-                                           sub.micro_batch_size, T, built=model)  # no second build
+    t0 = time.perf_counter()
+    causality = _probe(model, vocab_size, eval_len, device, seed, file)
+    timings["causality_s"] = time.perf_counter() - t0
+
+    if meta:
+        flops = {"flops_per_token": meta["flops_per_token"], "flops_method": meta["flops_method"]}
+    else:
+        from harness.ranks.flops import count_training_flops_per_token
+
+        flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
+                                               sub.micro_batch_size, T)
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
         "initial_loss": float(loss.item()),
         "causality": causality,
+        "check_timings_s": timings,
         **shapes,
         **flops,
     }
+
+
+def _probe(model, vocab_size: int, eval_len: int, device, seed: int, file: str) -> dict:
+    """The quick causality probe on the first CAUSALITY_WINDOW tokens of an evaluation window (five
+    forwards; at 1024 tokens they cost a 124M model more than the training step). A model that refuses
+    the shorter window is probed at the full length."""
+    import torch
+
+    from harness.ranks.causality import describe, probe_causality
+    from harness.submission.contract import SubmissionError
+
+    window = torch.randint(0, vocab_size, (eval_len,), generator=torch.Generator().manual_seed(seed))
+    try:
+        causality = probe_causality(model, window[:CAUSALITY_WINDOW], vocab_size, device, seed=seed)
+    except Exception:  # noqa: BLE001  (a model built for exactly its lengths: probe at the full one)
+        try:
+            causality = probe_causality(model, window, vocab_size, device, seed=seed)
+        except Exception as exc:
+            raise _eval_length_error(file, eval_len, exc) from exc
+    if not causality["causal"]:
+        raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
+    return causality
+
+
+def _eval_length_error(file: str, eval_len: int, exc: BaseException):
+    from harness.submission.contract import SubmissionError
+
+    return SubmissionError(
+        file, f"forward fails on a window of {eval_len} tokens, the track's evaluation length "
+        f"({type(exc).__name__}: {exc}).", f"accept sequences up to {eval_len} tokens (size position "
+        "tables for the evaluation length, not only CONFIG's seq_len)")
+
+
+def _at_eval_length(model, vocab_size: int, eval_len: int, device, file: str):
+    import torch
+
+    try:
+        return model(torch.randint(0, vocab_size, (1, eval_len), device=device))
+    except Exception as exc:
+        raise _eval_length_error(file, eval_len, exc) from exc
 
 
 def run_checks(request: dict) -> dict:

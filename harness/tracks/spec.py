@@ -58,11 +58,33 @@ class SyntheticSpec:
         _positive("train_tokens", self.train_tokens, where)
 
 
+TEXT_CORPORA = ("python-stdlib",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextSpec:
+    """Real text built on first use, without a download (see harness.data.text)."""
+
+    corpus: str = "python-stdlib"  # the .py files of the running Python's standard library (tests excluded)
+    val_every: int = 10  # a file is held out for validation when the hash of its path is 0 modulo this
+    train_bytes: int = 4_000_000  # text taken for training (files in a fixed pseudo-random order)
+    val_bytes: int = 1_000_000  # text taken for validation, from the held-out files
+
+    def __post_init__(self) -> None:
+        where = "[data.text]"
+        if self.corpus not in TEXT_CORPORA:
+            raise TrackError(f"{where}: `corpus` must be one of {', '.join(TEXT_CORPORA)}, got {self.corpus!r}")
+        if not isinstance(self.val_every, int) or self.val_every < 2:
+            raise TrackError(f"{where}: `val_every` must be an integer >= 2, got {self.val_every!r}")
+        _positive("train_bytes", self.train_bytes, where)
+        _positive("val_bytes", self.val_bytes, where)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
     """Where the tokens come from. Training processes only ever see the `train` part."""
 
-    source: str  # "synthetic" (built on first use into a cache) or "shards" (files on disk)
+    source: str  # "synthetic" or "text" (built on first use into a cache), or "shards" (files on disk)
     vocab_size: int
     val_tokens: int  # evaluation scores exactly this many target tokens
     root: str = ""  # shard globs are relative to it; HARNESS_DATA_ROOT or --data-root replace it
@@ -70,11 +92,12 @@ class DataSpec:
     val: tuple[str, ...] = ()
     format: str = "auto"
     synthetic: SyntheticSpec | None = None
+    text: TextSpec | None = None
 
     def __post_init__(self) -> None:
         where = "[data]"
-        if self.source not in ("synthetic", "shards"):
-            raise TrackError(f"{where}: `source` must be 'synthetic' or 'shards', got {self.source!r}")
+        if self.source not in ("synthetic", "text", "shards"):
+            raise TrackError(f"{where}: `source` must be 'synthetic', 'text' or 'shards', got {self.source!r}")
         _positive("vocab_size", self.vocab_size, where)
         _positive("val_tokens", self.val_tokens, where)
         if self.format not in SHARD_FORMATS:
@@ -86,6 +109,12 @@ class DataSpec:
                 raise TrackError(f"{where}: a 'synthetic' source needs a [data.synthetic] table")
             if self.vocab_size > 65535:
                 raise TrackError(f"{where}: a synthetic vocabulary must fit uint16 (<= 65535)")
+        if self.source == "text":
+            if self.text is None:
+                raise TrackError(f"{where}: a 'text' source needs a [data.text] table")
+            if not 257 <= self.vocab_size <= 65536:
+                raise TrackError(f"{where}: a 'text' vocabulary (its BPE tokenizer's) must be in [257, 65536] "
+                                 "(256 bytes and the end-of-text token; uint16 shards)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +253,7 @@ class Track:
 _TOP_KEYS = {f.name for f in dataclasses.fields(Track)} - {"source"}
 _DATA_KEYS = {f.name for f in dataclasses.fields(DataSpec)}
 _SYNTH_KEYS = {f.name for f in dataclasses.fields(SyntheticSpec)}
+_TEXT_KEYS = {f.name for f in dataclasses.fields(TextSpec)}
 _EVAL_KEYS = {f.name for f in dataclasses.fields(EvalSpec)}
 _INTERCONNECT_KEYS = {f.name for f in dataclasses.fields(InterconnectSpec)}
 
@@ -269,6 +299,14 @@ def track_from_dict(raw: dict[str, Any], path: str) -> Track:
     if synth_raw is not None:
         _check_keys(synth_raw, _SYNTH_KEYS, "[data.synthetic]", path)
         synthetic = SyntheticSpec(**synth_raw)
+    text_raw = data_raw.pop("text", None)
+    text = None
+    if text_raw is not None:
+        _check_keys(text_raw, _TEXT_KEYS, "[data.text]", path)
+        try:
+            text = TextSpec(**text_raw)
+        except (TrackError, TypeError) as exc:
+            raise TrackError(f"{path}: {exc}") from None
     for key in ("train", "val"):
         if key in data_raw:
             data_raw[key] = _as_globs(data_raw[key], key, path)
@@ -277,7 +315,7 @@ def track_from_dict(raw: dict[str, Any], path: str) -> Track:
     links_raw = dict(raw.pop("interconnect", None) or {})
     _check_keys(links_raw, _INTERCONNECT_KEYS, "[interconnect]", path)
     try:
-        return Track(data=DataSpec(synthetic=synthetic, **data_raw), eval=EvalSpec(**eval_raw),
+        return Track(data=DataSpec(synthetic=synthetic, text=text, **data_raw), eval=EvalSpec(**eval_raw),
                      interconnect=InterconnectSpec(**links_raw), source=path, **raw)
     except TrackError as exc:
         raise TrackError(f"{path}: {exc}") from None
