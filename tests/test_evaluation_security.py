@@ -107,13 +107,31 @@ def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_p
 
 
 def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
-    """The re-run batch goes to another model process that never saw the original and cannot reach the
-    first one: no shared file, no socket."""
+    """The re-run batch goes to another model process that never saw the original and starts only after
+    the first one and everything it started are dead (its private folder removed): nothing to read."""
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "memo_peek")
     assert result.code == 1
     for log in ("eval-check-rank0.log", "eval-model-rank0.log"):
         assert "read another process's memory" not in _log(run_dir, log), f"{log}: the model processes reached each other"
     assert_caught_looking_ahead(record)
+
+
+@pytest.mark.parametrize("fixture", ["sibling_watch", "udp_peek"])
+def test_the_scoring_process_is_gone_before_the_check_process_starts(cli, tmp_path, fixture):
+    """Two ways a scoring process could learn of the check: watching its sibling in /proc (busy means
+    this batch is being re-run: answer honestly) and talking to it (UDP on loopback and unix sockets
+    by path are not Landlock's). The check process starts only after the scoring process and all it
+    started are dead, on every rank: no forged low score passes the check."""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / fixture)
+    assert result.code == 1
+    c = record["eval"]["causality"]
+    assert not (c["causal"] is True and record["val_loss"] is not None), "a forged score passed the check"
+    assert_caught_looking_ahead(record)
+    model_log, check_log = _log(run_dir, "eval-model-rank0.log"), _log(run_dir, "eval-check-rank0.log")
+    if fixture == "sibling_watch":
+        assert "SIBLING-WATCH siblings 0 busy False" in model_log and "busy True" not in model_log
+    else:
+        assert "UDP-PEEK heard from 0 other" in check_log and "UDP-PEEK heard from 1" not in check_log + model_log
 
 
 def test_patching_what_an_evaluator_would_call_changes_nothing(cli, tmp_path, cache_dir):
