@@ -196,3 +196,23 @@ def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, rank
     assert out["status"] == "ok" and out["world_size"] == ranks
     assert out["val_loss"] == pytest.approx(record["val_loss"], abs=1e-6)
     assert out["causality"]["causal"] is True and out["causality"]["worst_deviation"] <= out["causality"]["tolerance"]
+
+
+def test_masked_vocabulary_entries_at_minus_infinity_agree():
+    """An honest model that masks a padded vocabulary with -inf gives -inf log-probabilities on both
+    runs: -inf - -inf is NaN, which must count as agreement, not as an infinite deviation; a NaN or
+    -inf on one side only is still the largest disagreement."""
+    from harness.scoring import plan
+
+    logits = torch.randn(2, 8, 16)
+    logits[..., 12:] = float("-inf")
+    cuts = [3, 5]
+    assert plan.deviation(logits, logits.clone(), cuts)[0] == 0.0
+    assert plan.deviation_kept(plan.keep_for_check(logits, cuts), logits.clone(), cuts)[0] == 0.0
+    other = logits.clone()
+    other[0, 2, 12] = 0.0  # a masked entry unmasked before the cut: a real difference
+    assert plan.deviation(logits, other, cuts)[0] > 1e30
+    other = logits.clone()
+    other[1, 4, 0] = float("nan")
+    assert plan.deviation_kept(plan.keep_for_check(logits, cuts), other, cuts)[0] > 1e30
+    assert plan.deviation(logits, other, cuts)[1] == 1

@@ -117,11 +117,12 @@ def keep_for_check(original, cuts, window: int | None = None) -> list:
 
 
 def _logprob_diff(lo, lp):
-    """|lo - lp| elementwise over log-probabilities, NaN on both sides counting as agreement and NaN
-    on one side only as the largest disagreement."""
+    """|lo - lp| elementwise over log-probabilities: equal values (-inf on both sides included: a
+    masked, padded vocabulary entry, where lo - lp would be NaN) agree, NaN on both sides counts as
+    agreement and NaN on one side only as the largest disagreement."""
     import torch
 
-    diff = (lo - lp).abs()
+    diff = torch.where(lo == lp, torch.zeros((), device=lo.device), (lo - lp).abs())
     diff = torch.where(lo.isnan() & lp.isnan(), torch.zeros((), device=diff.device), diff)  # the same non-answer
     return torch.nan_to_num(diff, nan=float("inf"))  # NaN on one side only is not agreement
 
