@@ -216,3 +216,26 @@ def test_masked_vocabulary_entries_at_minus_infinity_agree():
     other[1, 4, 0] = float("nan")
     assert plan.deviation_kept(plan.keep_for_check(logits, cuts), other, cuts)[0] > 1e30
     assert plan.deviation(logits, other, cuts)[1] == 1
+
+
+@pytest.mark.parametrize("claimed, status", [("invalid", "invalid"), ("crashed", "crashed"), ("ok", "crashed"),
+                                             ("timeout", "crashed"), ("oom", "crashed"), (None, "crashed"),
+                                             (["ok"], "crashed")])
+def test_a_model_process_cannot_choose_its_own_status(claimed, status):
+    """The model process runs team code, so its error report is the team's word: only `invalid` or
+    `crashed` is taken from it; anything else (ok, timeout, a list...) is a crash."""
+    import os
+
+    from harness.ranks.wire import ERROR, send
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    worker = object.__new__(ModelWorker)
+    worker.replies, w = os.pipe()
+    try:
+        send(w, ERROR, payload=json.dumps({"status": claimed, "reason": "because"}).encode())
+        with pytest.raises(WorkerFailed) as caught:
+            worker.wait_ready()
+        assert caught.value.harness_status == status
+    finally:
+        os.close(worker.replies)
+        os.close(w)

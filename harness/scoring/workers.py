@@ -27,6 +27,7 @@ from harness.ranks import sandbox
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SETUP, receive, send
 
 PR_SET_CHILD_SUBREAPER = 36
+MODEL_STATUSES = ("invalid", "crashed")  # the only statuses taken from a model process's own report
 
 
 def become_subreaper() -> bool:
@@ -174,8 +175,15 @@ class ModelWorker:
             raise WorkerFailed("crashed", f"the model process died (exit code {code}) without a report; "
                                           f"see logs/{self.log_path.name}") from None
         if got == ERROR:
-            report = json.loads(payload)
-            raise WorkerFailed(report.get("status", "crashed"), report.get("reason", ""), report.get("traceback", ""))
+            try:
+                report = json.loads(payload)
+            except ValueError:
+                report = None
+            if not isinstance(report, dict):
+                raise WorkerFailed("crashed", "the model process sent an unreadable error report")
+            status = report.get("status")  # the team's word: it may only say which of its own failures it was
+            raise WorkerFailed(status if status in MODEL_STATUSES else "crashed", str(report.get("reason", "")),
+                               str(report.get("traceback", "")))
         if got != kind:
             raise WorkerFailed("crashed", f"the model process answered message {got}, expected {kind}")
         return (a, b, c), (json.loads(payload) if payload else {})
