@@ -239,3 +239,32 @@ def test_a_model_process_cannot_choose_its_own_status(claimed, status):
     finally:
         os.close(worker.replies)
         os.close(w)
+
+
+def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
+    """The sandbox report travels in its own message right after the sandbox is entered, before any team
+    code is imported; a `ready` that claims another report (rewritten by the submission through frames
+    or gc) is not what is recorded, and a `ready` without the early report is refused."""
+    import os
+
+    from harness.ranks.wire import READY, SANDBOX, send
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    def worker(*messages, required=False):
+        w = object.__new__(ModelWorker)
+        w.setup = {"sandbox": "required" if required else "auto"}
+        w.replies, end = os.pipe()
+        for kind, body in messages:
+            send(end, kind, payload=json.dumps(body).encode())
+        os.close(end)
+        return w
+
+    honest = {"active": False, "why": "no Landlock here"}
+    forged = {"active": True, "why": "Landlock ABI 7"}
+    w = worker((SANDBOX, honest), (READY, {"sandbox": forged, "params": 3}))
+    assert w.wait_ready() == {"sandbox": honest, "params": 3}
+    with pytest.raises(WorkerFailed):
+        worker((READY, {"sandbox": forged, "params": 3})).wait_ready()
+    with pytest.raises(WorkerFailed) as caught:
+        worker((SANDBOX, honest), (READY, {"sandbox": forged}), required=True).wait_ready()
+    assert "requires the sandbox" in str(caught.value)

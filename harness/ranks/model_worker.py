@@ -21,7 +21,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SETUP, receive, send
+from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SANDBOX, SETUP, receive, send
 
 
 def load_model(checkpoint: str, submission_dir: str, device):
@@ -63,6 +63,9 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
 
     report = sandbox.apply(sandbox.Policy.from_dict(setup["policy"])) if setup.get("policy") else \
         sandbox.SandboxReport(False, "the track turns the sandbox off")  # before numpy, torch, the submission
+    # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
+    # change what the scorer records.
+    send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())
     if not report.active and setup.get("sandbox") == "required":
         raise RuntimeError(f"the track requires the sandbox and it is not available here: {report.why}")
 
@@ -77,8 +80,8 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     model = load_model(setup["checkpoint"], setup["submission_dir"], device)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
     vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], "submission.py")
-    send(replies, READY, payload=json.dumps({"sandbox": report.to_dict(),
-                                             "params": sum(p.numel() for p in model.parameters())}).encode())
+    del report
+    send(replies, READY, payload=json.dumps({"params": sum(p.numel() for p in model.parameters())}).encode())
     codes = {v: k for k, v in DTYPES.items()}
     while True:
         kind, rows, seq_len, _, payload = receive(requests)

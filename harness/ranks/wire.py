@@ -6,7 +6,9 @@ could run code.
 
 - scorer -> model process: `setup` (JSON: checkpoint, submission folder, device, precision,
   threads, the sandbox policy), `batch` (rows, seq_len; int64 tokens), `quit`;
-- model process -> scorer: `ready` (JSON: the sandbox report, parameters), `logits` (rows,
+- model process -> scorer: `sandbox` (JSON: the sandbox report, sent right after the sandbox is
+  entered, before numpy, torch or any team code is imported: the one the scorer records), `ready`
+  (JSON: parameters), `logits` (rows,
   seq_len, dtype code; the values are in the shared buffer), `error` (JSON: status, reason,
   traceback).
 """
@@ -19,7 +21,7 @@ import struct
 MAGIC = b"HRNS"
 HEADER = struct.Struct("<4sIIIIQ")  # magic, kind, a, b, c, payload bytes
 SETUP, BATCH, QUIT = 1, 2, 3
-READY, LOGITS, ERROR = 11, 12, 13
+READY, LOGITS, ERROR, SANDBOX = 11, 12, 13, 14
 DTYPES = {1: "float32", 2: "bfloat16", 3: "float16"}
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from harness.ranks import sandbox
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SETUP, receive, send
+from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
 PR_SET_CHILD_SUBREAPER = 36
 MODEL_STATUSES = ("invalid", "crashed")  # the only statuses taken from a model process's own report
@@ -147,7 +147,13 @@ class ModelWorker:
         self.ready: dict = {}
 
     def wait_ready(self) -> dict:
-        self.ready = self._expect(READY)[1]
+        """The model process's `ready`, with the sandbox report it sent before any team code ran (the
+        only one taken: a report sent later could have been rewritten by the submission)."""
+        report = self._expect(SANDBOX)[1]
+        if self.setup.get("sandbox") == "required" and not report.get("active"):
+            raise WorkerFailed("crashed", f"the track requires the sandbox and it is not active: {report.get('why')}")
+        ready = self._expect(READY)[1]
+        self.ready = {**ready, "sandbox": report}
         return self.ready
 
     def submit(self, x) -> None:
