@@ -268,3 +268,35 @@ def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
     with pytest.raises(WorkerFailed) as caught:
         worker((SANDBOX, honest), (READY, {"sandbox": forged}), required=True).wait_ready()
     assert "requires the sandbox" in str(caught.value)
+
+
+def test_a_model_process_cannot_announce_a_payload_of_any_size():
+    """A header from the model process names the payload's size; the scorer would have read (and held)
+    whatever it said. Each kind of message has a cap, checked before a byte of the payload is read."""
+    import os
+
+    from harness.ranks import wire
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    for kind, size in ((wire.READY, 1 << 40), (wire.ERROR, 1 << 30), (wire.LOGITS, 1), (wire.SANDBOX, 1 << 24), (99, 0)):
+        r, w = os.pipe()
+        os.write(w, wire.HEADER.pack(wire.MAGIC, kind, 0, 0, 0, size) + b"x" * min(size, 16))
+        os.close(w)
+        with pytest.raises(ValueError, match="message"):
+            wire.receive(r)
+        os.close(r)
+    r, w = os.pipe()
+    wire.send(w, wire.READY, payload=json.dumps({"params": 3}).encode())
+    os.close(w)
+    assert wire.receive(r)[0] == wire.READY
+    os.close(r)
+
+    worker = object.__new__(ModelWorker)
+    worker.setup, worker.log_path = {}, __import__("pathlib").Path("eval-model-rank0.log")
+    worker.replies, w = os.pipe()
+    os.write(w, wire.HEADER.pack(wire.MAGIC, wire.SANDBOX, 0, 0, 0, 1 << 40))
+    os.close(w)
+    with pytest.raises(WorkerFailed) as caught:
+        worker.wait_ready()
+    assert caught.value.harness_status == "crashed"
+    os.close(worker.replies)

@@ -180,6 +180,8 @@ class ModelWorker:
             code = self._exit_code()
             raise WorkerFailed("crashed", f"the model process died (exit code {code}) without a report; "
                                           f"see logs/{self.log_path.name}") from None
+        except ValueError as exc:  # a malformed or oversized message
+            raise WorkerFailed("crashed", f"the model process sent {exc}") from None
         if got == ERROR:
             try:
                 report = json.loads(payload)
