@@ -5,8 +5,9 @@
 Started by a scorer (harness/scoring/scorer.py), which holds the validation tokens and computes
 the score. This process never holds a target: it gets the inputs of one batch at a time over a
 pipe, runs forward, writes the logits into a shared buffer and says so. Before it imports
-anything of the submission it enters the sandbox (no validation data, no runs tree, no network,
-no way to reach the other model process of its scorer), and it is told nothing about which
+anything of the submission it enters the sandbox (no validation data, no runs tree, no TCP;
+it never runs at the same time as the other model process of its scorer: the
+scoring one is killed, with all it started, before the check one starts), and it is told nothing about which
 batch is which: a batch that is scored and a batch that checks causality look the same.
 
 The messages are harness/ranks/wire.py's.
