@@ -107,13 +107,31 @@ def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_p
 
 
 def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
-    """The re-run batch goes to another model process that never saw the original and cannot reach the
-    first one: no shared file, no socket."""
+    """The re-run batch goes to another model process that never saw the original and starts only after
+    the first one and everything it started are dead (its private folder removed): nothing to read."""
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "memo_peek")
     assert result.code == 1
     for log in ("eval-check-rank0.log", "eval-model-rank0.log"):
         assert "read another process's memory" not in _log(run_dir, log), f"{log}: the model processes reached each other"
     assert_caught_looking_ahead(record)
+
+
+@pytest.mark.parametrize("fixture", ["sibling_watch", "udp_peek"])
+def test_the_scoring_process_is_gone_before_the_check_process_starts(cli, tmp_path, fixture):
+    """Two ways a scoring process could learn of the check: watching its sibling in /proc (busy means
+    this batch is being re-run: answer honestly) and talking to it (UDP on loopback and unix sockets
+    by path are not Landlock's). The check process starts only after the scoring process and all it
+    started are dead, on every rank: no forged low score passes the check."""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / fixture)
+    assert result.code == 1
+    c = record["eval"]["causality"]
+    assert not (c["causal"] is True and record["val_loss"] is not None), "a forged score passed the check"
+    assert_caught_looking_ahead(record)
+    model_log, check_log = _log(run_dir, "eval-model-rank0.log"), _log(run_dir, "eval-check-rank0.log")
+    if fixture == "sibling_watch":
+        assert "SIBLING-WATCH siblings 0 busy False" in model_log and "busy True" not in model_log
+    else:
+        assert "UDP-PEEK heard from 0 other" in check_log and "UDP-PEEK heard from 1" not in check_log + model_log
 
 
 def test_patching_what_an_evaluator_would_call_changes_nothing(cli, tmp_path, cache_dir):
@@ -178,3 +196,107 @@ def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, rank
     assert out["status"] == "ok" and out["world_size"] == ranks
     assert out["val_loss"] == pytest.approx(record["val_loss"], abs=1e-6)
     assert out["causality"]["causal"] is True and out["causality"]["worst_deviation"] <= out["causality"]["tolerance"]
+
+
+def test_masked_vocabulary_entries_at_minus_infinity_agree():
+    """An honest model that masks a padded vocabulary with -inf gives -inf log-probabilities on both
+    runs: -inf - -inf is NaN, which must count as agreement, not as an infinite deviation; a NaN or
+    -inf on one side only is still the largest disagreement."""
+    from harness.scoring import plan
+
+    logits = torch.randn(2, 8, 16)
+    logits[..., 12:] = float("-inf")
+    cuts = [3, 5]
+    assert plan.deviation(logits, logits.clone(), cuts)[0] == 0.0
+    assert plan.deviation_kept(plan.keep_for_check(logits, cuts), logits.clone(), cuts)[0] == 0.0
+    other = logits.clone()
+    other[0, 2, 12] = 0.0  # a masked entry unmasked before the cut: a real difference
+    assert plan.deviation(logits, other, cuts)[0] > 1e30
+    other = logits.clone()
+    other[1, 4, 0] = float("nan")
+    assert plan.deviation_kept(plan.keep_for_check(logits, cuts), other, cuts)[0] > 1e30
+    assert plan.deviation(logits, other, cuts)[1] == 1
+
+
+@pytest.mark.parametrize("claimed, status", [("invalid", "invalid"), ("crashed", "crashed"), ("ok", "crashed"),
+                                             ("timeout", "crashed"), ("oom", "crashed"), (None, "crashed"),
+                                             (["ok"], "crashed")])
+def test_a_model_process_cannot_choose_its_own_status(claimed, status):
+    """The model process runs team code, so its error report is the team's word: only `invalid` or
+    `crashed` is taken from it; anything else (ok, timeout, a list...) is a crash."""
+    import os
+
+    from harness.ranks.wire import ERROR, send
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    worker = object.__new__(ModelWorker)
+    worker.replies, w = os.pipe()
+    try:
+        send(w, ERROR, payload=json.dumps({"status": claimed, "reason": "because"}).encode())
+        with pytest.raises(WorkerFailed) as caught:
+            worker.wait_ready()
+        assert caught.value.harness_status == status
+    finally:
+        os.close(worker.replies)
+        os.close(w)
+
+
+def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
+    """The sandbox report travels in its own message right after the sandbox is entered, before any team
+    code is imported; a `ready` that claims another report (rewritten by the submission through frames
+    or gc) is not what is recorded, and a `ready` without the early report is refused."""
+    import os
+
+    from harness.ranks.wire import READY, SANDBOX, send
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    def worker(*messages, required=False):
+        w = object.__new__(ModelWorker)
+        w.setup = {"sandbox": "required" if required else "auto"}
+        w.replies, end = os.pipe()
+        for kind, body in messages:
+            send(end, kind, payload=json.dumps(body).encode())
+        os.close(end)
+        return w
+
+    honest = {"active": False, "why": "no Landlock here"}
+    forged = {"active": True, "why": "Landlock ABI 7"}
+    w = worker((SANDBOX, honest), (READY, {"sandbox": forged, "params": 3}))
+    assert w.wait_ready() == {"sandbox": honest, "params": 3}
+    with pytest.raises(WorkerFailed):
+        worker((READY, {"sandbox": forged, "params": 3})).wait_ready()
+    with pytest.raises(WorkerFailed) as caught:
+        worker((SANDBOX, honest), (READY, {"sandbox": forged}), required=True).wait_ready()
+    assert "requires the sandbox" in str(caught.value)
+
+
+def test_a_model_process_cannot_announce_a_payload_of_any_size():
+    """A header from the model process names the payload's size; the scorer would have read (and held)
+    whatever it said. Each kind of message has a cap, checked before a byte of the payload is read."""
+    import os
+
+    from harness.ranks import wire
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    for kind, size in ((wire.READY, 1 << 40), (wire.ERROR, 1 << 30), (wire.LOGITS, 1), (wire.SANDBOX, 1 << 24), (99, 0)):
+        r, w = os.pipe()
+        os.write(w, wire.HEADER.pack(wire.MAGIC, kind, 0, 0, 0, size) + b"x" * min(size, 16))
+        os.close(w)
+        with pytest.raises(ValueError, match="message"):
+            wire.receive(r)
+        os.close(r)
+    r, w = os.pipe()
+    wire.send(w, wire.READY, payload=json.dumps({"params": 3}).encode())
+    os.close(w)
+    assert wire.receive(r)[0] == wire.READY
+    os.close(r)
+
+    worker = object.__new__(ModelWorker)
+    worker.setup, worker.log_path = {}, __import__("pathlib").Path("eval-model-rank0.log")
+    worker.replies, w = os.pipe()
+    os.write(w, wire.HEADER.pack(wire.MAGIC, wire.SANDBOX, 0, 0, 0, 1 << 40))
+    os.close(w)
+    with pytest.raises(WorkerFailed) as caught:
+        worker.wait_ready()
+    assert caught.value.harness_status == "crashed"
+    os.close(worker.replies)

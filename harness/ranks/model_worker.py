@@ -5,8 +5,9 @@
 Started by a scorer (harness/scoring/scorer.py), which holds the validation tokens and computes
 the score. This process never holds a target: it gets the inputs of one batch at a time over a
 pipe, runs forward, writes the logits into a shared buffer and says so. Before it imports
-anything of the submission it enters the sandbox (no validation data, no runs tree, no network,
-no way to reach the other model process of its scorer), and it is told nothing about which
+anything of the submission it enters the sandbox (no validation data, no runs tree, no TCP;
+it never runs at the same time as the other model process of its scorer: the
+scoring one is killed, with all it started, before the check one starts), and it is told nothing about which
 batch is which: a batch that is scored and a batch that checks causality look the same.
 
 The messages are harness/ranks/wire.py's.
@@ -21,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SETUP, receive, send
+from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SANDBOX, SETUP, receive, send
 
 
 def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "submission.py"):
@@ -69,6 +70,9 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
 
     report = sandbox.apply(sandbox.Policy.from_dict(setup["policy"])) if setup.get("policy") else \
         sandbox.SandboxReport(False, "the track turns the sandbox off")  # before numpy, torch, the submission
+    # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
+    # change what the scorer records.
+    send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())
     if not report.active and setup.get("sandbox") == "required":
         raise RuntimeError(f"the track requires the sandbox and it is not available here: {report.why}")
 
@@ -84,8 +88,8 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     model = load_model(setup["checkpoint"], setup["submission_dir"], device, model_file)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
     vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], model_file)
-    send(replies, READY, payload=json.dumps({"sandbox": report.to_dict(),
-                                             "params": sum(p.numel() for p in model.parameters())}).encode())
+    del report
+    send(replies, READY, payload=json.dumps({"params": sum(p.numel() for p in model.parameters())}).encode())
     codes = {v: k for k, v in DTYPES.items()}
     while True:
         kind, rows, seq_len, _, payload = receive(requests)

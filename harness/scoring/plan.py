@@ -8,7 +8,10 @@ validation tokens, the track's sizes and a secret seed.
   follows which. The figure is a sum over tokens: it does not depend on the order or on the
   number of ranks (beyond float64 rounding).
 - A secret sample of the batches is re-run with every row's tokens after a secret cut replaced
-  by other real validation tokens; a causal model gives the same logits up to the cut.
+  by other real validation tokens; a causal model gives the same logits up to the cut. The re-run
+  happens after the process that scored is gone: the scorer keeps, of each checked row, only the
+  log-probabilities the comparison needs (`keep_for_check`: positions up to the cut, at most
+  `window` of them) and compares them with the re-run's (`deviation_kept`).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def perturb(x: np.ndarray, tokens: np.ndarray, seed: int, batch: int) -> tuple[n
     rng = _rng(seed, 3, batch)
     rows, T = x.shape
     out, cuts = x.copy(), rng.integers(0, T - 1, size=rows)  # cut in [0, T-2]: at least one token replaced
+    # (check_cuts draws the same cuts without the inputs)
     for r in range(rows):
         c = int(cuts[r])
         n = T - 1 - c
@@ -88,6 +92,55 @@ def perturb(x: np.ndarray, tokens: np.ndarray, seed: int, batch: int) -> tuple[n
     return out, cuts
 
 
+def check_cuts(seed: int, batch: int, rows: int, seq_len: int) -> np.ndarray:
+    """The cuts `perturb` draws for this batch (its first draw), known before the inputs are."""
+    return _rng(seed, 3, batch).integers(0, seq_len - 1, size=rows)
+
+
+def kept_positions(cuts, window: int | None) -> list[tuple[int, int]]:
+    """Per row, the positions [start, cut] whose log-probabilities are kept for the comparison: all
+    of them up to the cut, or the last `window` (the cut's own position, where any look-ahead
+    that reaches past the cut shows, is always kept)."""
+    return [(0 if window is None else max(0, int(c) + 1 - window), int(c)) for c in cuts]
+
+
+def keep_for_check(original, cuts, window: int | None = None) -> list:
+    """What the comparison needs of the scoring logits [rows, T, V]: each row's log-probabilities
+    (float32, on the CPU) at its kept positions. About half the logits with no window; bounded by
+    rows x window x V with one."""
+    import torch
+
+    out = []
+    for r, (start, cut) in enumerate(kept_positions(cuts, window)):
+        out.append(torch.log_softmax(original[r, start:cut + 1].float(), -1).cpu())
+    return out
+
+
+def _logprob_diff(lo, lp):
+    """|lo - lp| elementwise over log-probabilities: equal values (-inf on both sides included: a
+    masked, padded vocabulary entry, where lo - lp would be NaN) agree, NaN on both sides counts as
+    agreement and NaN on one side only as the largest disagreement."""
+    import torch
+
+    diff = torch.where(lo == lp, torch.zeros((), device=lo.device), (lo - lp).abs())
+    diff = torch.where(lo.isnan() & lp.isnan(), torch.zeros((), device=diff.device), diff)  # the same non-answer
+    return torch.nan_to_num(diff, nan=float("inf"))  # NaN on one side only is not agreement
+
+
+def deviation_kept(kept: list, perturbed, cuts, window: int | None = None) -> tuple[float, int, int]:
+    """`deviation`, with the scoring side given by `keep_for_check` (the same cuts and window)."""
+    import torch
+
+    worst, at = -1.0, (0, 0)
+    for r, (start, cut) in enumerate(kept_positions(cuts, window)):
+        lp = torch.log_softmax(perturbed[r, start:cut + 1].float(), -1)
+        d = _logprob_diff(kept[r].to(lp.device), lp).amax(-1)
+        i = int(torch.argmax(d))
+        if float(d[i]) > worst:
+            worst, at = float(d[i]), (r, start + i)
+    return worst, at[0], at[1]
+
+
 def deviation(original, perturbed, cuts) -> tuple[float, int, int]:
     """(largest |log p_original - log p_perturbed| over each row's positions up to its cut and the whole
     vocabulary, its row, its position). Both are float tensors [rows, T, V] on one device."""
@@ -96,9 +149,7 @@ def deviation(original, perturbed, cuts) -> tuple[float, int, int]:
     rows, T = original.shape[:2]
     keep = torch.arange(T, device=original.device)[None, :] <= torch.as_tensor(cuts, device=original.device)[:, None]
     lo, lp = torch.log_softmax(original.float(), -1), torch.log_softmax(perturbed.float(), -1)
-    diff = (lo - lp).abs()
-    diff = torch.where(lo.isnan() & lp.isnan(), torch.zeros((), device=diff.device), diff)  # the same non-answer
-    diff = torch.nan_to_num(diff, nan=float("inf")).amax(-1)  # NaN on one side only is not agreement
+    diff = _logprob_diff(lo, lp).amax(-1)
     diff = torch.where(keep, diff, torch.zeros((), device=diff.device))
     flat = int(torch.argmax(diff))
     return float(diff.reshape(-1)[flat]), flat // T, flat % T

@@ -6,11 +6,15 @@ Started by torch elastic after every training process is gone:
 
 This process never imports the submission (its result says so: `scorer_clean`). It checks the
 checkpoint's sha256 against the record, reads the validation tokens, draws a secret seed (shared
-by the scorer ranks, recorded only in the result), and starts two model processes. For each of
-its batches (harness/scoring/plan.py) it hands the inputs to the first, takes the logits back and
-computes the cross-entropy of the targets itself, in float32 on its own device, summed in float64.
-For the batches drawn for the causality check it hands the second process the same batch with
-every row's tokens after a secret cut replaced, and compares the log-probabilities up to the cut.
+by the scorer ranks, recorded only in the result), and starts a model process. For each of its
+batches (harness/scoring/plan.py) it hands the inputs over, takes the logits back and computes the
+cross-entropy of the targets itself, in float32 on its own device, summed in float64; of the
+batches drawn for the causality check it keeps the log-probabilities up to each row's cut. Then it
+kills that process and everything it started, waits until every scorer rank has done so (a
+barrier), and only then starts the check process, which gets the checked batches with every row's
+tokens after a secret cut replaced; the scorer compares its log-probabilities up to the cut with
+the kept ones. The two model processes never exist at the same time, on any rank: the scoring one
+cannot see whether a batch is being checked, nor talk to the one that checks.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from harness.ranks.process import (
     release_and_exit,
     setup_device,
 )
+
+
+KEEP_BYTES = 4 << 30  # per scorer rank: the scoring log-probabilities kept for the checked rows
 
 
 def shared_seed(env: RankEnv, device) -> int:
@@ -51,7 +58,7 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
 
     from harness.ranks.checkpoint import file_sha256
     from harness.scoring import plan
-    from harness.scoring.workers import ModelWorker
+    from harness.scoring.workers import ModelWorker, become_subreaper
 
     t_start = perf_counter()
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
@@ -75,42 +82,66 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
              "model_file": job.model_file}
     size = job.batch_size * T * V * 4
     logs = Path(job.log_dir)
-    scorer = ModelWorker(name="model", setup=setup, buffer_bytes=size, log_path=logs / f"eval-model-rank{env.rank}.log",
-                         protected=job.protected)
-    holders.append(scorer)
-    checker = None
-    if any(b in checks for b in mine):
-        checker = ModelWorker(name="check", setup=setup, buffer_bytes=size,
-                              log_path=logs / f"eval-check-rank{env.rank}.log", protected=job.protected)
-        holders.append(checker)
-    ready = {"model": scorer.wait_ready(), **({"check": checker.wait_ready()} if checker else {})}
+    become_subreaper()
 
+    def start(name: str) -> ModelWorker:  # the one way a model process is started, on every rank
+        worker = ModelWorker(name=name, setup=setup, buffer_bytes=size, log_path=logs / f"eval-{name}-rank{env.rank}.log",
+                             protected=job.protected)
+        holders.append(worker)
+        return worker
+
+    def end(worker: ModelWorker) -> None:
+        worker.close()
+        holders.remove(worker)
+
+    # What the comparison needs of the scoring logits, bounded: every position up to each cut if it fits
+    # KEEP_BYTES, else the last `window` positions up to each cut (the cut's own position always).
+    mine_checked = [b for b in mine if b in checks]
+    cuts_of = {b: plan.check_cuts(seed, b, batches[b][1], T) for b in mine_checked}
+    need = sum(int(c) + 1 for cuts in cuts_of.values() for c in cuts) * V * 4
+    rows_checked = sum(len(cuts) for cuts in cuts_of.values())
+    window = None if need <= KEEP_BYTES else max(1, KEEP_BYTES // max(1, rows_checked * V * 4))
+
+    # 1. The scoring process answers every batch of this rank; it is then ended with all it started.
+    scorer = start("model")
+    ready = {"model": scorer.wait_ready()}
     total = torch.zeros((), dtype=torch.float64, device=device)
-    count, worst, worst_at, checked = 0, 0.0, None, 0
+    count, kept = 0, {}
     t_score = perf_counter()
     for b in mine:
         first, n = batches[b]
         x, y = plan.window_batch(tokens, order[first:first + n], T)
         scorer.submit(x)
-        cuts = None
-        if b in checks:
-            xp, cuts = plan.perturb(x, tokens, seed, b)
-            checker.submit(xp)
         logits = scorer.logits(V).to(device)
         target = torch.from_numpy(y).to(device)
         losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
         total += losses.double().sum()
         count += losses.numel()
-        if cuts is not None:
-            dev, row, pos = plan.deviation(logits, checker.logits(V).to(device), cuts)
-            checked += 1
-            if dev > worst or worst_at is None:
-                worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
+        if b in cuts_of:
+            kept[b] = plan.keep_for_check(logits, cuts_of[b], window)
+        del logits
     elapsed = perf_counter() - t_score
-    for worker in (scorer, checker):
-        if worker is not None:
-            worker.close()
-            holders.remove(worker)
+    end(scorer)
+
+    # 2. No rank's check process starts while any rank's scoring process is alive.
+    if env.world_size > 1:
+        dist.barrier()
+
+    # 3. The check process re-runs the checked batches with the tokens after each cut replaced.
+    worst, worst_at, checked = 0.0, None, 0
+    checker = start("check")
+    ready["check"] = checker.wait_ready()
+    exposed = set(scorer.exposed) | set(checker.exposed)
+    for b in mine_checked:
+        first, n = batches[b]
+        x, _ = plan.window_batch(tokens, order[first:first + n], T)
+        xp, cuts = plan.perturb(x, tokens, seed, b)
+        checker.submit(xp)
+        dev, row, pos = plan.deviation_kept(kept.pop(b), checker.logits(V).to(device), cuts, window)
+        checked += 1
+        if dev > worst or worst_at is None:
+            worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
+    end(checker)
 
     sums = torch.tensor([0.0, float(count), float(checked)], dtype=torch.float64, device=device)
     sums[0] = total
@@ -131,9 +162,10 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
             "fraction": int(sums[2].item()) / len(batches), "worst_deviation": worst_all,
             "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
+            "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
         },
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
-        "sandbox_exposed": sorted({p for w in (scorer, checker) if w is not None for p in w.exposed}),
+        "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
     }
 

@@ -4,8 +4,10 @@ take its logits out of the shared buffer, end it.
 Each model process gets a private folder of its own (its working directory, HOME and TMPDIR),
 an environment that names nothing of the harness's files, two pipes and the shared buffer as
 inherited file descriptors, and its stdout and stderr as a log file the scorer opened: it never
-needs a path into the runs tree. Both model processes of a scorer are started the same way; only
-the scorer knows which one scores and which one checks.
+needs a path into the runs tree. Both model processes of a scorer are started the same way, each in
+a session of its own, and never at the same time: the scorer ends the scoring process, and every
+process it started, before the check process exists (`kill_tree`; the scorer is a child subreaper,
+so a process that leaves its session or is orphaned is still the scorer's descendant and is found).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +24,89 @@ import time
 from pathlib import Path
 
 from harness.ranks import sandbox
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SETUP, receive, send
+from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
+
+PR_SET_CHILD_SUBREAPER = 36
+MODEL_STATUSES = ("invalid", "crashed")  # the only statuses taken from a model process's own report
+
+
+def become_subreaper() -> bool:
+    """Orphans of this process's descendants are re-parented to it, not to init: a process a model
+    process starts cannot leave the scorer's tree by double-forking or calling setsid (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, session id) from /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1]), int(fields[3])
+
+
+def descendants(root: int) -> set[int]:
+    """Every live (not zombie) process below `root`, found by parent pid in /proc."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _proc_stat(int(d))
+            if st and st[0] not in ("Z", "X"):
+                children.setdefault(st[1], []).append(int(d))
+    found, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = frozenset(), timeout_s: float = 10.0) -> None:
+    """SIGKILL the process `leader`, its session, and every descendant of this process except `keep`,
+    until none is left (a process forking as fast as it can is killed in later rounds); raises
+    RuntimeError if some survive `timeout_s`. Children are reaped, so none lingers as a zombie."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        targets = {leader} | (descendants(me) - set(keep))
+        if session is not None:
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        alive = set()
+        for pid in targets:
+            st = _proc_stat(pid)
+            if st is None or st[0] in ("Z", "X"):
+                continue
+            alive.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _reap()
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes the model started could not be ended: {sorted(alive)}")
+        time.sleep(0.02)
+
 
 class WorkerFailed(RuntimeError):
     """The model process failed; `harness_status` is the status its failure maps to."""
@@ -48,19 +133,27 @@ class ModelWorker:
         self.replies, rep_w = os.pipe()
         env = sandbox.private_environment(self.dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._closed = False
+        self._others = descendants(os.getpid()) if sys.platform.startswith("linux") else set()
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
                  str(self.buffer_fd), str(max(1, buffer_bytes))],
                 pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=self.dir, env=env, close_fds=True)
+                cwd=self.dir, env=env, close_fds=True, start_new_session=True)
         os.close(req_r)
         os.close(rep_w)
         send(self.requests, SETUP, payload=json.dumps(self.setup).encode())
         self.ready: dict = {}
 
     def wait_ready(self) -> dict:
-        self.ready = self._expect(READY)[1]
+        """The model process's `ready`, with the sandbox report it sent before any team code ran (the
+        only one taken: a report sent later could have been rewritten by the submission)."""
+        report = self._expect(SANDBOX)[1]
+        if self.setup.get("sandbox") == "required" and not report.get("active"):
+            raise WorkerFailed("crashed", f"the track requires the sandbox and it is not active: {report.get('why')}")
+        ready = self._expect(READY)[1]
+        self.ready = {**ready, "sandbox": report}
         return self.ready
 
     def submit(self, x) -> None:
@@ -87,9 +180,18 @@ class ModelWorker:
             code = self._exit_code()
             raise WorkerFailed("crashed", f"the model process died (exit code {code}) without a report; "
                                           f"see logs/{self.log_path.name}") from None
+        except ValueError as exc:  # a malformed or oversized message
+            raise WorkerFailed("crashed", f"the model process sent {exc}") from None
         if got == ERROR:
-            report = json.loads(payload)
-            raise WorkerFailed(report.get("status", "crashed"), report.get("reason", ""), report.get("traceback", ""))
+            try:
+                report = json.loads(payload)
+            except ValueError:
+                report = None
+            if not isinstance(report, dict):
+                raise WorkerFailed("crashed", "the model process sent an unreadable error report")
+            status = report.get("status")  # the team's word: it may only say which of its own failures it was
+            raise WorkerFailed(status if status in MODEL_STATUSES else "crashed", str(report.get("reason", "")),
+                               str(report.get("traceback", "")))
         if got != kind:
             raise WorkerFailed("crashed", f"the model process answered message {got}, expected {kind}")
         return (a, b, c), (json.loads(payload) if payload else {})
@@ -101,24 +203,30 @@ class ModelWorker:
             return None
 
     def close(self) -> None:
+        """End the model process and everything it started (its session, and any descendant of this
+        process that it left behind), then remove its private folder: nothing it wrote or started
+        outlives it. It is not asked to quit: it runs no code of its choosing on the way out."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            send(self.requests, QUIT)
-        except OSError:
-            pass
-        deadline = time.monotonic() + 10
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for fd in (self.requests, self.replies):
+            if sys.platform.startswith("linux"):
+                kill_tree(self.proc.pid, self.proc.pid, keep=self._others)
+            elif self.proc.poll() is None:
+                self.proc.kill()
+        finally:
             try:
-                os.close(fd)
-            except OSError:
+                self.proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, ChildProcessError):
                 pass
-        self.buffer.close()
-        os.close(self.buffer_fd)
-        shutil.rmtree(self.dir, ignore_errors=True)
+            for fd in (self.requests, self.replies):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.buffer.close()
+            os.close(self.buffer_fd)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _anon_file(folder: Path) -> int:
