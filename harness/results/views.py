@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.results.leaderboard import build_table, current_runs, load_rows, scored
+from harness.results.leaderboard import UNREADABLE, build_table, current_runs, load_rows, scored
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 
@@ -24,6 +24,7 @@ class Outputs:
     charts: list[Path]
     teams: int
     ranked: int
+    unreadable: list[str]  # reasons of the run.json files that could not be read (listed, never dropped)
 
 
 def leaderboard_root(cli_value: str | None = None) -> Path:
@@ -62,7 +63,8 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
         write_atomic(csv_path, table.to_csv(index=False))
         write_atomic(md_path, to_markdown(table, track, ranking))
         write_atomic(html_path, to_html(table, track, ranking, chart_paths, html_path, utc_now()))
-    return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()))
+    return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()),
+                   [r["reason"] for r in rows if r["status"] == UNREADABLE])
 
 
 def tracks_in(runs_root: Path) -> list[str]:
