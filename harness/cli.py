@@ -171,6 +171,8 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
                           charts=not no_charts, refresh_s=watch_s)
             click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
                        + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
+            for reason in out.unreadable:
+                click.echo(f"warning: {reason}", err=True)
 
     if watch_s is None:
         rebuild_all()

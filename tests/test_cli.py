@@ -4,10 +4,15 @@ from conftest import ROOT
 
 
 def test_help_lists_the_commands(cli):
+    """Every command, each on its own line of the help with its one-line summary."""
+    import re
+
+    from harness.cli import main
+
     result = cli("--help")
     assert result.code == 0
-    for command in ("run", "eval"):
-        assert command in result.out
+    listed = re.findall(r"^  (\S+)\s{2,}\S", result.out.split("Commands:", 1)[1], re.M)
+    assert sorted(listed) == sorted(main.commands), result.out
 
 
 def test_unknown_track_is_one_clear_line_and_no_record(cli, tmp_path):

@@ -42,7 +42,10 @@ def test_every_cli_option_is_in_the_readme_or_docs(command):
     assert f"harness {command}" in docs, f"`harness {command}` is not documented"
     for param in COMMANDS[command].params:
         if isinstance(param, click.Option):
-            assert any(opt in docs for opt in param.opts), f"`harness {command} {param.opts[0]}` is not documented"
+            # The long name as a whole word: a short alias (-t) or a prefix (--out of --output) proves nothing.
+            longs = [opt for opt in param.opts + param.secondary_opts if opt.startswith("--")]
+            assert longs and any(re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", docs) for opt in longs), \
+                f"`harness {command} {param.opts[0]}` is not documented"
 
 
 @pytest.mark.parametrize("cls, heading", [(Track, "## Top-level keys"), (DataSpec, "## `[data]`"),
@@ -56,3 +59,20 @@ def test_every_track_key_is_in_the_track_reference(cls, heading):
         if cls is DataSpec and f.name in ("synthetic", "text"):
             continue
         assert f"`{f.name}`" in text, f"track key {f.name} is not in docs/tracks.md under {heading}"
+
+
+def test_every_test_named_in_the_testing_table_exists():
+    """docs/testing.md says where each promise is tested: each name there must be a test of that file."""
+    import ast
+
+    text = (ROOT / "docs" / "testing.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| promise", "|---"))]
+    assert len(rows) >= 20, "the table of docs/testing.md is gone"
+    for row in rows:
+        named = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", row)
+        assert named, f"a promise without a test in docs/testing.md: {row[:80]}"
+        for path, name in named:
+            assert (ROOT / path).is_file(), f"docs/testing.md names {path}, which does not exist"
+            tree = ast.parse((ROOT / path).read_text())
+            tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            assert name in tests, f"docs/testing.md names {path}::{name}, which is not a test of that file"

@@ -155,10 +155,14 @@ def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path)
     assert "torch._dynamo" not in _log(run_dir, "eval-model-rank0.log")
 
 
+PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13
+
+
 @pytest.fixture(scope="module")
 def honest_run(tmp_path_factory, cache_dir):
     """The team-like model (depthwise convolution, rotary attention, dropout, a 0-dim parameter), trained
-    once on `tiny`; re-scored below at 1, 2 and 3 ranks."""
+    once on `tiny`; re-scored below at 1, 2 and 3 ranks. --val-tokens 8000: 125 windows of 64, so the
+    last batch holds 13 windows, not 16."""
     import os
     import subprocess
     import sys
@@ -166,7 +170,8 @@ def honest_run(tmp_path_factory, cache_dir):
     work = tmp_path_factory.mktemp("honest")
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
     proc = subprocess.run([sys.executable, "-m", "harness", "run", str(FIXTURES / "team_like"), "--track",
-                           str(TINY_TRACK)], capture_output=True, text=True, env=env, cwd=work, timeout=600)
+                           str(TINY_TRACK), "--val-tokens", str(PARTIAL_VAL_TOKENS)], capture_output=True, text=True,
+                          env=env, cwd=work, timeout=600)
     run_dir, record = only_record(work / "runs")
     assert proc.returncode == 0, record["reason"]
     return run_dir, record, env, work
@@ -177,14 +182,17 @@ def test_an_honest_model_is_scored_as_computed_independently(honest_run, cache_d
     assert record["status"] == "ok" and not record["flagged"]
     c = record["eval"]["causality"]
     assert c["causal"] is True and c["worst_deviation"] <= c["tolerance"] and c["checked_batches"] >= 2
-    assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir), abs=1e-6)
+    assert record["track"]["data"]["val_tokens"] == PARTIAL_VAL_TOKENS
+    assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir, val_tokens=PARTIAL_VAL_TOKENS),
+                                               abs=1e-6)
     assert record["eval"]["scorer_clean"] is True
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, ranks):
     """The same figure (within 1e-6) and a passed causality check at 1, 2 and 3 scorer ranks (3 ranks
-    with a partial last round: 8 batches over 3 ranks)."""
+    with a partial last round: 8 batches over 3 ranks, the last of them partial), and each equal to the
+    figure computed here without the harness."""
     import subprocess
     import sys
 
@@ -195,6 +203,7 @@ def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, rank
     out = json.loads(proc.stdout)
     assert out["status"] == "ok" and out["world_size"] == ranks
     assert out["val_loss"] == pytest.approx(record["val_loss"], abs=1e-6)
+    assert out["val_tokens"] == PARTIAL_VAL_TOKENS
     assert out["causality"]["causal"] is True and out["causality"]["worst_deviation"] <= out["causality"]["tolerance"]
 
 

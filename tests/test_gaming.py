@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, TINY_TRACK, processes_of_run
+from conftest import FIXTURES, TINY_TRACK, processes_of_run, tiny_track_with
 from records_factory import make_run
 
 
@@ -31,12 +31,15 @@ def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_p
 
 
 def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_path):
-    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(TINY_TRACK))
+    """The cheat's clocks run at 0.6: it trains a 4 s budget in about 6.7 s. The grace (20 s here, not
+    tiny's 3) keeps the hard limit far from that on a slow machine: the run ends ok, and flagged."""
+    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(tiny_track_with(tmp_path, grace_s=20.0)))
     record = _record(tmp_path / "runs", "clock_cheat")
+    assert record["status"] == "ok", record["reason"]
     assert record["flagged"] is True and "clock disagreement" in record["flag_reason"]
     budget = record["budget_s"]
     assert record["train_time_s"] <= budget + record["max_step_s"]  # what the cheated ranks believed
-    assert record["launcher_train_time_s"] > budget + 1.0  # what really happened
+    assert record["launcher_train_time_s"] > budget / 0.6 * 0.9  # what really happened: the slowdown, less 10%
     assert record["tokens_per_s"] == record["tokens"] / record["launcher_train_time_s"]  # the enforced window
     assert "FLAGGED" in result.err
     board = (tmp_path / "leaderboard" / "tiny.csv").read_text().splitlines()
@@ -78,7 +81,7 @@ def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_pat
     # The ranks were told nothing about where results or data live, and worked in a private folder.
     line = next(l for l in log.read_text().splitlines() if l.startswith("SEEN-ENV"))
     seen = json.loads(line.split("SEEN-ENV ", 1)[1].split(" CWD ")[0])
-    assert set(seen) <= {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"}, seen
+    assert set(seen) == {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"} and seen["HARNESS_RUN_ID"] == record["run_id"], seen
     cwd = line.split(" CWD ")[1]
     assert str(tmp_path) not in cwd and "harness-train-" in cwd
 

@@ -143,3 +143,26 @@ def test_the_page_reloads_itself_when_watched(tmp_path):
     assert '<meta http-equiv="refresh" content="15">' in out.html.read_text()
     out = rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots", charts=False)
     assert "http-equiv" not in out.html.read_text()
+
+
+def test_an_unreadable_record_is_listed_not_dropped(tmp_path, cli):
+    """A run.json cut off mid-write, or garbage, may hide a team's best run or its only one: the
+    leaderboard lists it (status `unreadable`, the file in the reason) instead of acting as if the run
+    never happened."""
+    import csv
+
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0, seed=1)
+    cut = make_run(runs, "alpha", 1.5, seed=2) / "run.json"
+    cut.write_text(cut.read_text()[:40])
+    garbage = make_run(runs, "charlie", 2.5) / "run.json"
+    garbage.write_bytes(b"\xff\xfe\x00 not json")
+    make_run(runs, "bravo", 2.2)
+    result = cli("leaderboard", "--runs-dir", str(runs), "--no-charts")
+    assert result.code == 0, result.err
+    rows = {r["team"]: r for r in csv.DictReader((tmp_path / "leaderboard" / "local.csv").open())}
+    assert [rows[t]["rank"] for t in ("alpha", "bravo")] == ["1", "2"]
+    assert str(cut) in rows["alpha"]["reason"] and "unreadable" in rows["alpha"]["reason"]
+    assert rows["charlie"]["status"] == "unreadable" and rows["charlie"]["rank"] == ""
+    assert str(garbage) in rows["charlie"]["reason"]
+    assert str(cut) in result.err and str(garbage) in result.err  # said when the leaderboard is built, too

@@ -72,3 +72,78 @@ def test_one_host_read_per_step():
     extra = {k: long["reads"].get(k, 0) - short["reads"].get(k, 0) for k in {*short["reads"], *long["reads"]}}
     assert extra.pop("loop.py:vote") == 5, (short, long)
     assert extra.pop("torch.optim", 0) <= 5 and not any(extra.values()), (short, long)
+
+
+ACCUM_SUBMISSION = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+CONFIG = {"micro_batch_size": MICRO, "seq_len": 32, "grad_accum_steps": ACCUM}
+
+
+class Bigram(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.table = nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.table(idx)
+        loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def get_model(config):
+    return Bigram(config["vocab_size"])
+
+
+def build_optimizers(model, ctx):  # plain SGD: the step is the gradient itself, its scale included
+    return torch.optim.SGD(model.parameters(), lr=10.0)
+
+
+def lr_schedule(progress):
+    return 1.0
+'''
+
+ONE_STEP = r"""
+import os, socket, sys, tempfile
+import numpy as np
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+from harness.data.shards import inspect_shard, write_shard
+from harness.ranks.channel import ChannelClient
+from harness.ranks.jobs import TrainJob
+from harness.ranks.loop import train
+from harness.ranks.process import RankEnv
+
+folder = tempfile.mkdtemp()
+write_shard(f"{folder}/train.bin", np.random.default_rng(0).integers(0, 256, 50_000), "raw_uint16")
+job = TrainJob(run_id="t", track="t", submission_dir=sys.argv[1], seed=1, budget_s=600.0, clock_start="first_forward",
+               backend="gloo", device="cpu", dtype="float32", log_interval_s=1e9, collective_timeout_s=60.0,
+               cpu_threads_per_rank=1, vocab_size=256, train_shards=[inspect_shard(f"{folder}/train.bin")],
+               max_steps=1, scaling_probe_steps=0, staging_dir=sys.argv[2])
+train(job, RankEnv.from_environ(), ChannelClient(None, 0), [])
+"""
+
+
+def test_accumulated_gradients_equal_one_large_batch(tmp_path):
+    """One optimizer step over 8 sequences, as 1 x 8 or as 4 x 2 micro-batches (the same windows of the
+    stream): the update is the same; accumulation averages, it does not sum."""
+    import torch
+
+    weights = {}
+    for micro, accum in ((8, 1), (2, 4)):
+        sub, out = tmp_path / f"sub{accum}", tmp_path / f"out{accum}"
+        sub.mkdir()
+        out.mkdir()
+        (sub / "submission.py").write_text(ACCUM_SUBMISSION.replace("MICRO", str(micro)).replace("ACCUM", str(accum)))
+        proc = subprocess.run([sys.executable, "-c", ONE_STEP, str(sub), str(out)], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+        assert ckpt["step"] == 1 and ckpt["tokens"] == 8 * 32
+        weights[accum] = ckpt["model"]["table.weight"]
+    torch.manual_seed(1)  # the initial weights: every rank builds the model from the run's seed
+    start = torch.nn.Embedding(256, 256).weight.detach()
+    step = weights[1] - start
+    assert step.abs().max() > 1e-3, "the step did not move the weights: nothing was compared"
+    torch.testing.assert_close(weights[4] - start, step, rtol=1e-4, atol=1e-6)

@@ -139,7 +139,12 @@ def test_record_directory_is_self_contained(baseline_run):
     assert set(ckpt) == {"config", "model", "step", "tokens"}
     assert ckpt["step"] == record["steps"] and ckpt["config"]["vocab_size"] == 256
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"]), "a wrapper leaked into the state dict"
-    for log in ("rank0.log", "rank1.log", "eval-rank0.log", "launcher.log", "preflight.log"):
+    for rank in (0, 1):  # each rank's own output, under its own name
+        text = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"[harness] rank {rank}: training starts" in text and f"rank {1 - rank}:" not in text, rank
+    assert "[harness] world 2 on cpu" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "rendezvous" in (run_dir / "logs" / "launcher.log").read_text()  # torch elastic's own messages
+    for log in ("eval-rank0.log", "preflight.log"):
         assert (run_dir / "logs" / log).is_file(), log
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert rows and list(rows[0]) == ["step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s",
@@ -199,3 +204,230 @@ def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):
     assert record["train_time_s"] <= record["budget_s"] + record["max_step_s"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert list(ckpt["model"]) == ["table.weight"]
+
+
+# ------------------------------------------------------------------ the event's data path: shard files
+SHARD_TRACK = """\
+name = "shards"
+description = "Tests: the event's data layout (shard files) at the smallest scale"
+nproc_per_node = 2
+backend = "gloo"
+device = "cpu"
+dtype = "float32"  # the figure is recomputed below in float32
+budget_s = 60.0
+grace_s = 30.0
+clock_start = "model_build"
+startup_timeout_s = 120.0
+startup_allowance_s = 30.0
+save_allowance_s = 30.0
+collective_timeout_s = 30.0
+shutdown_timeout_s = 2.0
+log_interval_s = 0.5
+scaling_probe_steps = 2
+max_steps = 30  # steps, not seconds: what is learned does not depend on the machine's speed
+
+[data]
+source = "shards"
+vocab_size = 256
+val_tokens = 4096
+train = "train_*.bin"
+val = "val_*.bin"
+
+[eval]
+seq_len = 64
+batch_size = 16
+nproc_per_node = 1
+timeout_s = 120.0
+"""
+BUILD_SLEEP_S = 2.5  # linear_lm's get_model in the ranks: on the clock with clock_start = "model_build"
+
+
+def make_token_files(folder, seed: int = 0):
+    """The event's layout: three raw uint16 train shards and one llm.c-headered (uint16) val shard of a
+    noisy affine bigram source (next = 5 * token + 1 + noise, noise in 0..3), learnable by linear_lm."""
+    import numpy as np
+
+    from harness.data.shards import write_shard
+
+    rng = np.random.default_rng(seed)
+
+    def tokens(n):
+        noise = rng.integers(0, 4, n)
+        out = [int(rng.integers(256))]
+        for i in range(1, n):
+            out.append((5 * out[-1] + 1 + int(noise[i])) % 256)
+        return np.array(out, dtype=np.int64)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(3):
+        write_shard(folder / f"train_{k:04d}.bin", tokens(20_000), "raw_uint16")
+    write_shard(folder / "val_0000.bin", tokens(5_000), "llmc_uint16")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shard_runs(tmp_path_factory, cache_dir):
+    """`harness run --repeat 2` of linear_lm on a shard-file track (--data-root), shared below."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from conftest import FIXTURES, run_dirs
+
+    work = tmp_path_factory.mktemp("shards")
+    data = make_token_files(work / "data")
+    (work / "shards.toml").write_text(SHARD_TRACK)
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs"),
+           "LINEAR_LM_BUILD_SLEEP_S": str(BUILD_SLEEP_S)}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(FIXTURES / "linear_lm"), "--track",
+                           str(work / "shards.toml"), "--data-root", str(data), "--repeat", "2"],
+                          capture_output=True, text=True, env=env, cwd=work, timeout=900)
+    wall_s = time.monotonic() - t0
+    records = sorted(((d, json.loads((d / "run.json").read_text())) for d in run_dirs(work / "runs")),
+                     key=lambda dr: dr[1]["seed"])
+    return proc, records, wall_s, data, env, work
+
+
+def linear_lm_val_loss(run_dir, val_file, val_tokens: int, seq_len: int) -> float:
+    """The figure recomputed here, without the harness and without the submission's code: logits =
+    emb[x] @ head.T from checkpoint.pt, the first val_tokens + 1 tokens after the llm.c header."""
+    import numpy as np
+
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    emb, head = ckpt["model"]["emb.weight"], ckpt["model"]["head.weight"]
+    tokens = torch.from_numpy(np.fromfile(val_file, dtype=np.uint16)[512:].astype(np.int64))[: val_tokens + 1]
+    x, y = tokens[:-1].view(-1, seq_len), tokens[1:].view(-1, seq_len)
+    logits = emb[x] @ head.t()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").double().item() / val_tokens
+
+
+def test_shard_files_train_and_are_scored_as_computed_independently(shard_runs):
+    """Raw train shards and a headered val shard, found under --data-root, through `harness run --repeat 2`:
+    consecutive seeds, both ok, the summary's mean, and each figure equal to one computed here."""
+    import math
+    import re
+
+    proc, records, _, data, _, _ = shard_runs
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["seed"] for _, r in records] == [1, 2] and all(r["status"] == "ok" for _, r in records)
+    run_dir, r = records[0]
+    assert r["data"]["train_shards"] == ["train_0000.bin", "train_0001.bin", "train_0002.bin"]
+    assert r["data"]["format"] == "raw_uint16" and r["data"]["train_tokens"] == 60_000
+    assert records[1][1]["data_fingerprint"] == r["data_fingerprint"]
+    for d, rec in records:
+        assert rec["val_loss"] == pytest.approx(linear_lm_val_loss(d, data / "val_0000.bin", 4096, 64), abs=1e-5)
+        assert rec["val_loss"] < math.log(256) - 0.5, "it learned nothing from the train shards"
+    assert records[0][1]["val_loss"] != records[1][1]["val_loss"], "two seeds, the same run"
+    mean = re.search(r"2 runs \(seeds 1\.\.2\): 2 ok, val_loss mean (\d+\.\d+) ± (\d+\.\d+)", proc.stderr)
+    assert mean, proc.stderr[-2000:]
+    assert float(mean.group(1)) == pytest.approx((records[0][1]["val_loss"] + records[1][1]["val_loss"]) / 2, abs=1e-4)
+
+
+def test_the_record_holds_the_measured_figures(shard_runs):
+    """The docs' list of what every run records (docs/leaderboard.md), read from a real run."""
+    import psutil
+
+    proc, records, wall_s, _, _, _ = shard_runs
+    _, r = records[0]
+    assert r["flops_per_token"] == 6 * 16 * 256 and r["flops_method"] == "meta"  # head: 2DV forward, 4DV backward
+    assert r["mfu"] is None  # a CPU: no peak known, none invented
+    assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / r["world_size"])
+    assert 0.1 < r["peak_mem_gib"] < psutil.virtual_memory().total / 2**30  # a process that imported torch
+    s = r["scaling"]
+    assert s["scaling_probe_steps"] == 2
+    assert r["scaling_efficiency"] == pytest.approx(s["scaling_compute_step_s"] / s["scaling_synced_step_s"])
+    assert s["scaling_efficiency_min"] <= r["scaling_efficiency"] <= s["scaling_efficiency_max"]
+    assert 0.0 <= r["data_wait_s"] <= r["train_time_s"]
+    t = r["timings"]
+    assert t["train_s"] == pytest.approx(r["launcher_train_time_s"]) and t["startup_s"] == pytest.approx(r["startup_s"])
+    phases = t["preflight_s"] + t["launch_to_train_s"] + t["train_s"] + t["save_and_teardown_s"] + t["eval_s"]
+    assert phases <= t["total_s"] <= wall_s / 2  # one of two runs in one command
+
+
+def test_clock_start_model_build_puts_get_model_on_the_clock(shard_runs):
+    """clock_start = "model_build": get_model's 2.5 s are training time, measured by the ranks and by
+    the launcher, and not the team's start-up."""
+    _, records, _, _, _, _ = shard_runs
+    for run_dir, r in records:
+        assert r["track"]["clock_start"] == "model_build"
+        first = next(csv.DictReader((run_dir / "metrics.csv").open()))
+        assert float(first["train_time_s"]) >= BUILD_SLEEP_S  # before the first step, already on the clock
+        assert r["train_time_s"] >= BUILD_SLEEP_S and r["launcher_train_time_s"] >= BUILD_SLEEP_S
+        assert r["startup_s"] < BUILD_SLEEP_S
+
+
+def test_eval_of_a_shard_run_and_its_refusals(shard_runs, tmp_path):
+    """`harness eval` re-scores with the run's data (--data-root), at another number of ranks; it refuses
+    data whose fingerprint differs and a checkpoint that changed after training."""
+    import shutil
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    _, records, _, data, env, work = shard_runs
+    run_dir, r = records[0]
+
+    def harness_eval(target, root):
+        return subprocess.run([sys.executable, "-m", "harness", "eval", str(target), "--data-root", str(root),
+                               "--nproc-per-node", "2", "--json"], capture_output=True, text=True, env=env, cwd=work,
+                              timeout=300)
+
+    same = harness_eval(run_dir, data)
+    assert same.returncode == 0, same.stderr[-2000:]
+    out = json.loads(same.stdout)
+    assert out["world_size"] == 2 and out["val_tokens"] == 4096
+    assert out["val_loss"] == pytest.approx(r["val_loss"], abs=1e-6)
+
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    val = np.fromfile(other / "val_0000.bin", dtype=np.uint16)
+    val[600] = (int(val[600]) + 1) % 256  # one token of the val shard
+    val.tofile(other / "val_0000.bin")
+    refused = harness_eval(run_dir, other)
+    assert refused.returncode == 2 and "is not the data this run used" in refused.stderr, refused.stderr[-2000:]
+
+    changed = tmp_path / "runs" / "shards" / "linear_lm" / r["run_id"]
+    shutil.copytree(run_dir, changed)
+    ckpt = torch.load(changed / "checkpoint.pt", weights_only=True)
+    ckpt["model"]["head.weight"][0, 0] += 1.0
+    torch.save(ckpt, changed / "checkpoint.pt")
+    tampered = harness_eval(changed, data)
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr[-2000:]
+    assert "the checkpoint was changed after training" in tampered.stdout + tampered.stderr
+
+
+@pytest.mark.parametrize("spoil, message", [
+    ("token", r"token id 300 >= vocab_size 256"),
+    ("header", r"val_0000.bin: header says 5000 tokens but the file holds 4000"),
+    ("glob", r"train globs match validation file.*val_0000.bin"),
+])
+def test_bad_shard_files_are_refused_before_anything_runs(cli, tmp_path, spoil, message):
+    """A setup error (exit 2, no record) that names the file: a token outside the vocabulary, a header
+    that disagrees with the file's size, a train glob that matches the val shard."""
+    import re
+
+    import numpy as np
+
+    from conftest import FIXTURES
+    from harness.data.shards import HEADER_BYTES
+
+    data = make_token_files(tmp_path / "data")
+    track = SHARD_TRACK
+    if spoil == "token":
+        tokens = np.fromfile(data / "train_0001.bin", dtype=np.uint16)
+        tokens[0] = 300
+        tokens.tofile(data / "train_0001.bin")
+    elif spoil == "header":
+        with open(data / "val_0000.bin", "r+b") as fh:
+            fh.truncate(HEADER_BYTES + 4000 * 2)
+    else:
+        track = track.replace('train = "train_*.bin"', 'train = "*.bin"')
+    (tmp_path / "shards.toml").write_text(track)
+    result = cli("run", str(FIXTURES / "linear_lm"), "--track", str(tmp_path / "shards.toml"), "--data-root", str(data))
+    assert result.code == 2 and re.search(message, result.err), result.err[-2000:]
+    if spoil == "token":
+        assert "train_0001.bin" in result.err
+    assert not (tmp_path / "runs").exists(), "a refused run must leave no record"

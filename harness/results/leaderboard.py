@@ -11,6 +11,8 @@ Rules (docs/leaderboard.md):
   or undetermined (fewer than 2 runs on a side); tied and undetermined pairs are marked, never
   silently ordered.
 - Teams without an `ok` run are listed below, with their best status and its reason.
+- A run.json that cannot be read is never dropped: its run is listed as `unreadable` with the file
+  in the reason (on its team's entry, or as the team's only status).
 - Unofficial runs (command-line overrides) are left out unless `include_unofficial`.
 """
 
@@ -34,7 +36,9 @@ COLUMNS = [
 ]
 INT_COLUMNS = ["rank", "n_runs", "params", "tokens", "steps"]  # counts: written as integers, never 425984.0
 # Which failure says the team got furthest: shown for teams without an ok run.
-STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running"]
+UNREADABLE = "unreadable"  # a run.json that cannot be parsed: not a record status, a finding about the file
+STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running",
+                UNREADABLE]
 METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s",
                   "startup_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
@@ -43,19 +47,33 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
-    """The fields the views need from every run.json under root (unreadable records are skipped)."""
+    """The fields the views need from every run.json under root; one that cannot be read becomes a
+    row with status `unreadable` (a cut-off write may hide a team's best run: never silently dropped)."""
     rows = []
     pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
     for path in Path(root).glob(pattern):
         try:
-            raw = upgrade_record(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            raw = json.loads(path.read_text())
+            if not isinstance(raw, dict):
+                raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+            raw = upgrade_record(raw)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            rows.append(unreadable_row(path, exc))
             continue
         row = {k: raw.get(k) for k in FIELDS}
         row["run_dir"] = str(path.parent)
         row["ranking"] = (raw.get("track") or {}).get("ranking")
         rows.append(row)
     return rows
+
+
+def unreadable_row(path: Path, exc: Exception) -> dict[str, Any]:
+    """What the path says of an unreadable record: runs/<track>/<team>/<run_id>/run.json."""
+    row: dict[str, Any] = {k: None for k in FIELDS}
+    row.update(run_id=path.parent.name, team=path.parent.parent.name, track_name=path.parent.parent.parent.name,
+               status=UNREADABLE, official=True, flagged=False, run_dir=str(path.parent), ranking=None,
+               reason=f"{path}: unreadable run record ({type(exc).__name__}: {exc})")
+    return row
 
 
 def _effective_status(row: dict) -> str:
@@ -75,9 +93,14 @@ def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
         by_team.setdefault(row["team"], []).append(row)
     out = {}
     for team, runs in by_team.items():
-        latest = max(runs, key=lambda r: (r.get("started_at") or "", r["run_id"]))
+        unreadable = [r for r in runs if r.get("status") == UNREADABLE]  # of no known submission: always kept
+        readable = [r for r in runs if r.get("status") != UNREADABLE]
+        if not readable:
+            out[team] = unreadable
+            continue
+        latest = max(readable, key=lambda r: (r.get("started_at") or "", r["run_id"]))
         sha = latest.get("submission_sha256")
-        out[team] = [r for r in runs if r.get("submission_sha256") == sha] if sha else [latest]
+        out[team] = ([r for r in readable if r.get("submission_sha256") == sha] if sha else [latest]) + unreadable
     return out
 
 
@@ -89,10 +112,11 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
     ranked, unranked = [], []
     for team, runs in current_runs(eligible).items():
         ok = [r for r in runs if scored(r)]
-        if ok:
-            ranked.append(_ranked_entry(team, ok, ranking))
-        else:
-            unranked.append(_unranked_entry(team, runs))
+        entry = _ranked_entry(team, ok, ranking) if ok else _unranked_entry(team, runs)
+        (ranked if ok else unranked).append(entry)
+        lost = [r["reason"] for r in runs if r.get("status") == UNREADABLE]
+        if lost and entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
+            entry["reason"] = "; ".join([entry["reason"], *lost] if entry["reason"] else lost)
     ranked.sort(key=lambda e: (finite_first(e["val_loss"]), e["team"]))
     for i, entry in enumerate(ranked):
         entry["rank"] = i + 1

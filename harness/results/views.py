@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.results.leaderboard import build_table, current_runs, load_rows, scored
+from harness.results.leaderboard import UNREADABLE, build_table, current_runs, load_rows, scored
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 from harness.results.scale_records import load_scale_records
@@ -32,6 +32,7 @@ class Outputs:
     charts: list[Path]
     teams: int
     ranked: int
+    unreadable: list[str]  # reasons of the run.json files that could not be read (listed, never dropped)
 
 
 def leaderboard_root(cli_value: str | None = None) -> Path:
@@ -84,7 +85,8 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
         write_atomic(md_path, to_markdown(table, track, ranking))
         write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows,
                                           refresh_s=refresh_s, scale_records=scale_records))
-    return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()))
+    return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()),
+                   [r["reason"] for r in rows if r["status"] == UNREADABLE])
 
 
 def tracks_in(runs_root: Path) -> list[str]:
