@@ -166,3 +166,38 @@ def test_an_unreadable_record_is_listed_not_dropped(tmp_path, cli):
     assert rows["charlie"]["status"] == "unreadable" and rows["charlie"]["rank"] == ""
     assert str(garbage) in rows["charlie"]["reason"]
     assert str(cut) in result.err and str(garbage) in result.err  # said when the leaderboard is built, too
+
+
+def test_divisions_are_shown_and_ranked_together_or_apart(tmp_path):
+    """Open-division runs (a team's own train.py) sit on the same leaderboard with a division column,
+    or are ranked on their own when the track says divisions = "separate"; their throughput is
+    marked as reported on the page."""
+    from harness.results.views import rebuild
+
+    runs = tmp_path / "runs"
+    for seed, loss in ((1, 2.0), (2, 2.01)):
+        make_run(runs, "fixed-a", loss, seed=seed)
+    for seed, loss in ((1, 1.5), (2, 1.51)):
+        make_run(runs, "open-b", loss, seed=seed, division="open", throughput_source="reported")
+    for seed, loss in ((1, 3.0), (2, 3.01)):
+        make_run(runs, "open-c", loss, seed=seed, division="open", throughput_source="reported")
+    rows = load_rows(runs, "local")
+    together = build_table(rows)
+    assert list(together["team"]) == ["open-b", "fixed-a", "open-c"] and list(together["rank"]) == [1, 2, 3]
+    assert list(together["division"]) == ["open", "fixed", "open"]
+    apart = build_table(rows, divisions="separate")
+    assert list(zip(apart["team"], apart["rank"])) == [("fixed-a", 1), ("open-b", 1), ("open-c", 2)]
+    assert apart.loc[apart["team"] == "fixed-a", "vs_next"].isna().all()  # nothing to be compared with in its division
+    page = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False).html.read_text()
+    assert page.count('class="badge division"') == 2 and page.count("(reported)") == 2
+    assert "division" in (tmp_path / "lb" / "local.csv").read_text().splitlines()[0]
+
+
+def test_compare_works_across_divisions(tmp_path, cli):
+    runs = tmp_path / "runs"
+    for seed, loss in ((1, 2.0), (2, 2.02), (3, 2.01)):
+        make_run(runs, "fixed-a", loss, seed=seed)
+        make_run(runs, "open-b", loss + 0.5, seed=seed, division="open", throughput_source="reported")
+    result = cli("compare", "fixed-a", "open-b", "--runs-dir", str(runs))
+    assert result.code == 0, result.text
+    assert "fixed-a" in result.out and "open-b" in result.out and "significant" in result.out.lower()

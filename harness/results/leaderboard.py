@@ -30,7 +30,7 @@ from harness.results.stats import ALPHA, best_permutation, finite_first, is_fini
 # One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
 # whether the order is evidence, then throughput, then identity; reasons last (they are long).
 COLUMNS = [
-    "rank", "team", "val_loss", "ci95", "n_runs", "vs_next", "tied_with", "p_vs_next", "status",
+    "rank", "team", "division", "val_loss", "ci95", "n_runs", "vs_next", "tied_with", "p_vs_next", "status",
     "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s",
     "precision", "val_loss_std", "run_id", "submission_sha256", "reason",
 ]
@@ -43,7 +43,8 @@ METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "t
                   "startup_s"]
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
-          "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version"]
+          "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
+          "throughput_source"]
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -63,6 +64,8 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row = {k: raw.get(k) for k in FIELDS}
         row["run_dir"] = str(path.parent)
         row["ranking"] = (raw.get("track") or {}).get("ranking")
+        row["divisions"] = (raw.get("track") or {}).get("divisions")
+        row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows
 
@@ -104,10 +107,14 @@ def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: bool = False) -> pd.DataFrame:
-    """The leaderboard as a DataFrame with COLUMNS, ranked teams first, in order."""
+def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: bool = False,
+                divisions: str = "together") -> pd.DataFrame:
+    """The leaderboard as a DataFrame with COLUMNS, ranked teams first, in order. With divisions
+    "separate", each division (fixed loop, open) is ranked on its own: ranks and ties within it."""
     if ranking not in ("mean", "best"):
         raise ValueError(f"ranking must be 'mean' or 'best', got {ranking!r}")
+    if divisions not in ("together", "separate"):
+        raise ValueError(f"divisions must be 'together' or 'separate', got {divisions!r}")
     eligible = [r for r in rows if r.get("official") or include_unofficial]
     ranked, unranked = [], []
     for team, runs in current_runs(eligible).items():
@@ -117,10 +124,16 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
         lost = [r["reason"] for r in runs if r.get("status") == UNREADABLE]
         if lost and entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
             entry["reason"] = "; ".join([entry["reason"], *lost] if entry["reason"] else lost)
-    ranked.sort(key=lambda e: (finite_first(e["val_loss"]), e["team"]))
-    for i, entry in enumerate(ranked):
-        entry["rank"] = i + 1
-    _mark_ties(ranked, ranking)
+    groups: dict[str, list[dict]] = {}
+    for entry in ranked:
+        groups.setdefault(entry["division"] if divisions == "separate" else "", []).append(entry)
+    ranked = []
+    for _, group in sorted(groups.items()):  # "fixed" before "open": the harness's loop first
+        group.sort(key=lambda e: (finite_first(e["val_loss"]), e["team"]))
+        for i, entry in enumerate(group):
+            entry["rank"] = i + 1
+        _mark_ties(group, ranking)
+        ranked += group
     unranked.sort(key=lambda e: (STATUS_ORDER.index(e["status"]) if e["status"] in STATUS_ORDER else 99, e["team"]))
     frame = pd.DataFrame(ranked + unranked, columns=COLUMNS)
     for col in INT_COLUMNS:  # a mean of counts is rounded: a count of 291.67 steps means nothing to anyone
@@ -132,7 +145,8 @@ def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
     losses = [float(r["val_loss"]) for r in ok]
     best = min(ok, key=lambda r: finite_first(r["val_loss"]))
     s = summarize(losses)
-    entry = {"team": team, "n_runs": len(ok), "status": "ok", "run_id": best["run_id"], "reason": "",
+    entry = {"team": team, "division": _division(ok), "n_runs": len(ok), "status": "ok", "run_id": best["run_id"],
+             "reason": "",
              "precision": "/".join(sorted({r.get("precision") or "?" for r in ok})),
              "submission_sha256": (best.get("submission_sha256") or "")[:12], "_losses": losses}
     if ranking == "mean":
@@ -146,11 +160,16 @@ def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
     return entry
 
 
+def _division(runs: list[dict]) -> str:
+    return "/".join(sorted({r.get("division") or "fixed" for r in runs if r.get("status") != UNREADABLE})) or "fixed"
+
+
 def _unranked_entry(team: str, runs: list[dict]) -> dict:
     best = min(runs, key=lambda r: STATUS_ORDER.index(_effective_status(r)) if _effective_status(r) in STATUS_ORDER else 99)
     status = _effective_status(best)
     reason = best.get("flag_reason") if status == "flagged" else best.get("reason")
-    return {"team": team, "n_runs": len(runs), "status": status, "reason": reason or "", "run_id": best["run_id"],
+    return {"team": team, "division": _division(runs), "n_runs": len(runs), "status": status, "reason": reason or "",
+            "run_id": best["run_id"],
             "submission_sha256": (best.get("submission_sha256") or "")[:12],
             **{col: best.get(col) for col in ("params", "steps", "tokens", "train_time_s", "precision")}}
 

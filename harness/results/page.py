@@ -49,6 +49,8 @@ p.key { font-size: 0.85em; color: var(--muted); }
 .badge { display: inline-block; padding: 0.05em 0.45em; border-radius: 0.35em; font-size: 0.85em; font-weight: 600; }
 .badge.ahead { background: #e3f3e3; color: #1d5e1d; }
 .badge.tied, .badge.undetermined { background: #fde8d7; color: var(--warn); }
+.badge.division { background: #e4ecf7; color: #1f3f6e; font-size: 0.7em; vertical-align: middle; }
+.reported { color: var(--muted); font-size: 0.75em; }
 .board { position: relative; }
 table { border-collapse: collapse; width: 100%; margin: 0.8em 0; }
 th, td { padding: 0.38em 0.55em; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
@@ -126,11 +128,16 @@ def _row(row) -> str:
         classes.append("tied")
     if row["vs_next"] == "undetermined":
         classes.append("undetermined")
+    open_division = row.get("division") == "open"
+    tag = ' <span class="badge division" title="open division: the team\'s own train.py">open</span>' if open_division else ""
     cells = [f'<td class="rank">{html.escape(fmt("rank", row["rank"]))}</td>',
-             f'<td class="team"><details><summary>{team}</summary>{_details(row)}</details></td>']
+             f'<td class="team"><details><summary>{team}{tag}</summary>{_details(row)}</details></td>']
     if ranked:
         for col, _, _ in MAIN[2:]:
             text = _badge(row) if col == "vs_next" else html.escape(fmt(col, row[col]) or ("n/a" if col == "mfu" else ""))
+            if col == "tokens_per_s" and open_division and text:  # the script's own count, not measured
+                text += ' <span class="reported" title="reported by the team\'s script, not measured">(reported)</span>'
+
             wide = " wide" if col in WIDE_ONLY else ""
             cells.append(f'<td class="{col}{wide}">{text}</td>')
     else:
@@ -196,6 +203,9 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
     ranked = int((table["status"] == "ok").sum())
     machine = machine_summary(rows or [])
     rule = "mean over" if ranking == "mean" else "the best of"
+    ranks = table.loc[table["status"] == "ok", "rank"].tolist()
+    if len(ranks) != len(set(ranks)):  # ranks restart: the track ranks its divisions apart
+        rule = "each division (the harness's loop, then open: a team's own train.py) ranked on its own; " + rule
     refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Leaderboard: {html.escape(track)}</title>

@@ -49,6 +49,12 @@ def track_ranking(rows: list[dict]) -> str:
     return (newest or {}).get("ranking") or "mean"
 
 
+def track_divisions(rows: list[dict]) -> str:
+    """Whether the track ranks the divisions together or apart, from its newest record."""
+    newest = max(rows, key=lambda r: r.get("started_at") or "", default=None)
+    return (newest or {}).get("divisions") or "together"
+
+
 def check_tracks(runs_root: Path, tracks: list[str]) -> None:
     """Every track asked for has records: a typo must not write empty files and empty charts."""
     known = tracks_in(runs_root)
@@ -68,7 +74,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     rows = load_rows(runs_root, track)
     scale_records = load_scale_records(runs_root, track)
     ranking = ranking or track_ranking(rows)
-    table = build_table(rows, ranking, include_unofficial)
+    table = build_table(rows, ranking, include_unofficial, track_divisions(rows))
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
