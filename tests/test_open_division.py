@@ -17,6 +17,10 @@ from harness.submission.contract import SubmissionError
 from harness.submission.open_division import FIXED, OPEN, division_of, read_open_spec, script_argv
 
 TINY_TOTAL_S = 20.0 + 4.0 + 3.0  # tiny.toml: start-up allowance + budget + grace, from the ranks' start
+# Runs that end on their own use a track whose allowance holds on a loaded machine: the open division's
+# one limit counts start-up (importing torch, the process group, DDP), which load stretches most.
+ROOMY_TRACK = TINY_TRACK.with_name("tiny-open.toml")
+ROOMY_TOTAL_S = 60.0 + 4.0 + 3.0
 
 
 def open_submission(tmp_path: Path, mode: str, extra_toml: str = "") -> Path:
@@ -99,14 +103,14 @@ def test_team_checkpoints_are_normalised_and_bad_ones_named(tmp_path):
 
 def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_path):
     folder = open_submission(tmp_path, "ok")
-    result = cli("run", str(folder), "--track", str(TINY_TRACK))
+    result = cli("run", str(folder), "--track", str(ROOMY_TRACK))
     assert result.code == 0, result.text
     run_dir, record = only_record(tmp_path / "runs")
     assert record["status"] == "ok" and record["division"] == "open", record["reason"]
     assert record["val_loss"] < 5.0  # ln(256) = 5.55 untrained: the script's training reached the scoring
     assert record["eval"]["causality"]["causal"] and record["eval"]["causality"]["checked_batches"] >= 1
     assert record["throughput_source"] == "reported" and record["tokens"] == record["steps"] * 2 * 4 * 32
-    assert record["launcher_train_time_s"] <= TINY_TOTAL_S
+    assert record["launcher_train_time_s"] <= ROOMY_TOTAL_S
     assert record["flops_per_token"] == 0.0 and record["params"] == 256 * 256  # a lookup table: no matmul FLOPs
     assert any("prefixes were removed" in n for n in record["notes"])  # torch.compile's _orig_mod. keys
     assert not record["flagged"], record["flag_reason"]
@@ -130,7 +134,8 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
     ("exit_code", "crashed", "exited with code 3"),
 ])
 def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode, status, reason):
-    result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(TINY_TRACK))
+    track = TINY_TRACK if status == "timeout" else ROOMY_TRACK  # killed either way / must not be, even loaded
+    result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(track))
     assert result.code == 1, result.text
     _, record = only_record(tmp_path / "runs")
     assert (record["status"], record["division"]) == (status, "open"), record["reason"]

@@ -49,7 +49,8 @@ def build_open_job(spec: OpenSpec, track: Track, data: PreparedData, area: WorkA
     record.extra["script_argv"] = [a.replace(str(area.dir), "<private>") for a in argv]
     return OpenJob(run_id=record.run_id, submission_dir=str(area.submission), script=spec.script, argv=argv,
                    device=track.device, log_dir=str(area.logs), work_dir=str(area.dir), sandbox=track.sandbox,
-                   sandbox_policy=policy, budget_s=track.budget_s, max_steps=track.max_steps)
+                   sandbox_policy=policy, budget_s=track.budget_s, max_steps=track.max_steps,
+                   log_interval_s=track.log_interval_s)
 
 
 def open_deadlines(track: Track) -> Deadlines:

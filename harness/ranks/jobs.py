@@ -122,6 +122,7 @@ class OpenJob:
     work_dir: str
     budget_s: float = 0.0  # for the launcher's progress line; the script gets it as --time_limit_min
     max_steps: int = 0
+    log_interval_s: float = 1.0  # how often the progress line may change (the script reports when it likes)
     channel_path: str = ""
     sandbox: str = "auto"
     sandbox_policy: dict = field(default_factory=dict)
