@@ -25,3 +25,46 @@ def test_collecting_logs_never_follows_a_link_the_ranks_left(tmp_path):
         assert b"validation tokens" not in copied
     finally:
         area.cleanup()
+
+
+def test_a_logs_folder_swapped_for_a_link_gives_nothing(tmp_path):
+    secrets = tmp_path / "val"
+    secrets.mkdir()
+    (secrets / "val_000000.bin").write_bytes(b"validation tokens")
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        area.logs.rename(area.dir / "old_logs")  # what a rank may do inside its private folder
+        area.logs.symlink_to(secrets, target_is_directory=True)
+        dest = tmp_path / "record_logs"
+        area.collect_logs(dest)
+        assert not any(p.is_file() for p in dest.rglob("*"))
+    finally:
+        area.cleanup()
+
+
+def test_the_checkpoint_is_taken_only_as_a_regular_file_never_through_a_link(tmp_path):
+    """Rank 0 could leave staging/checkpoint.pt -> another run's checkpoint, or staging -> that run's
+    folder: the record would score (and the fixed loop once moved) someone else's file."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "checkpoint.pt").write_bytes(b"VICTIM-CHECKPOINT")
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        assert area.take_staged("checkpoint.pt", tmp_path / "a.pt") is None  # nothing saved yet
+        (area.staging / "checkpoint.pt").symlink_to(victim / "checkpoint.pt")
+        assert area.take_checkpoint(tmp_path / "b.pt") is False and not (tmp_path / "b.pt").exists()
+        (area.staging / "checkpoint.pt").unlink()
+        area.staging.rmdir()
+        area.staging.symlink_to(victim, target_is_directory=True)
+        assert area.take_checkpoint(tmp_path / "c.pt") is False and not (tmp_path / "c.pt").exists()
+        assert (victim / "checkpoint.pt").read_bytes() == b"VICTIM-CHECKPOINT"  # never moved out of its run
+        area.staging.unlink()
+        area.staging.mkdir()
+        (area.staging / "checkpoint.pt").write_bytes(b"MINE")
+        assert area.take_checkpoint(tmp_path / "d.pt") is True and (tmp_path / "d.pt").read_bytes() == b"MINE"
+    finally:
+        area.cleanup()

@@ -19,7 +19,7 @@ from harness.data.prepare import PreparedData
 from harness.launcher.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.phases import PhaseResult, run_preflight
 from harness.launcher.watch import Deadlines
-from harness.launcher.workarea import WorkArea, copy_regular_file
+from harness.launcher.workarea import WorkArea
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
 from harness.results.metrics import mfu, peak_flops_per_device
@@ -161,13 +161,13 @@ def finish_open_training(record: RunRecord, snapshot: Path, spec: OpenSpec, trac
     """The script's checkpoint into the record, once every process of the job is gone: taken as a
     regular file only (a link could point at the validation data), normalised by harness code alone,
     hashed, then its model checked in a sandbox that may only read it. False (outcome set) if not."""
-    staged = area.staging / "checkpoint.pt"
-    if not staged.exists() and not staged.is_symlink():
+    taken = checkpoint.with_name("team-checkpoint.pt")
+    got = area.take_staged("checkpoint.pt", taken)
+    if got is None:
         set_outcome(record, "crashed", "the script finished without saving a checkpoint at --checkpoint_path "
                                        "(rank 0 must torch.save {'model': state_dict, 'config': dict} there)")
         return False
-    taken = checkpoint.with_name("team-checkpoint.pt")
-    if not copy_regular_file(staged, taken):
+    if not got:
         set_outcome(record, "invalid", "the file at --checkpoint_path is not a regular file (a link?); save the "
                                        "checkpoint itself there")
         return False

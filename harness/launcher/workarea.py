@@ -36,11 +36,12 @@ def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ..
                 os.environ[key] = value
 
 
-def copy_regular_file(src: Path, dest: Path) -> bool:
-    """Copy src if it is a regular file, opened without following a link (O_NOFOLLOW); False if not."""
+def copy_regular_file(name: str, dest: Path, dir_fd: int) -> bool:
+    """Copy `name` (in the folder open as dir_fd) if it is a regular file, opened without following a
+    link (O_NOFOLLOW); False if it is anything else (a link, a FIFO, a device) or gone."""
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError:  # a link, or gone
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
         return False
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # a FIFO or a device: never read
@@ -64,6 +65,10 @@ class WorkArea:
         shutil.copytree(snapshot, self.submission)
         self.logs.mkdir()
         self.staging.mkdir()
+        # Opened now, before any rank exists: the folder itself cannot be swapped for a link later (the
+        # ranks may write inside it, not in /tmp), and everything taken back is reached through this fd,
+        # one component at a time, never following a link the ranks left (`logs` or `staging` included).
+        self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
 
     def hidden_environment(self):
         return patched_environ(unset=HIDDEN_ENV)
@@ -88,29 +93,50 @@ class WorkArea:
             if not link.exists() and not link.is_symlink():
                 link.symlink_to(self.logs / name)
 
+    def _subfolder_fd(self, name: str) -> int | None:
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        except OSError:  # replaced by a link or a file, or removed
+            return None
+
     def collect_logs(self, dest: Path) -> None:
         """The logs become plain files of the record (links replaced by copies). Only regular files are
-        copied, never through a link: the ranks wrote this folder, and a link they left in it could
-        otherwise make the launcher copy any file it can read (the validation shards) into the record."""
+        copied, reached without following any link: the ranks wrote this folder, and a link they left
+        (a file, or the logs folder itself) could otherwise make the launcher copy any file it can read
+        (the validation shards) into the record."""
         dest.mkdir(parents=True, exist_ok=True)
-        for folder, dirs, files in os.walk(self.logs):  # does not descend into linked folders
+        for folder, _dirs, files, folder_fd in os.fwalk("logs", dir_fd=self._dir_fd, follow_symlinks=False):
             for name in files:
-                path = Path(folder) / name
-                target = dest / path.relative_to(self.logs)
+                target = dest / Path(folder).relative_to("logs") / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if target.is_symlink():
                     target.unlink()
-                copy_regular_file(path, target)
+                copy_regular_file(name, target, folder_fd)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
-            if link.is_symlink() and Path(link.resolve()).is_relative_to(self.dir):
+            if link.is_symlink() and Path(os.path.abspath(os.path.join(link.parent, os.readlink(link)))).is_relative_to(self.dir):
                 link.unlink()
 
+    def take_staged(self, name: str, dest: Path) -> bool | None:
+        """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
+        a link; None when there is nothing there, False when what is there is not a regular file."""
+        fd = self._subfolder_fd("staging")
+        if fd is None:
+            return False if os.path.lexists(self.staging) else None
+        try:
+            try:
+                os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            return copy_regular_file(name, dest, fd)
+        finally:
+            os.close(fd)
+
     def take_checkpoint(self, dest: Path) -> bool:
-        staged = self.staging / "checkpoint.pt"
-        if not staged.is_file():
-            return False
-        shutil.move(str(staged), str(dest))  # the staging folder may be on another file system
-        return True
+        return bool(self.take_staged("checkpoint.pt", dest))
 
     def cleanup(self) -> None:
+        try:
+            os.close(self._dir_fd)
+        except OSError:
+            pass
         shutil.rmtree(self.dir, ignore_errors=True)
