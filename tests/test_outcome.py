@@ -60,3 +60,5 @@ def test_a_forged_error_report_cannot_claim_success_over_a_kill():
     o = decide(forged, kill_status="timeout", kill_reason="hard limit")
     assert o.status == "crashed"
     assert decide([msg("error", 1, rank=0, status="running", reason="", cause="rule")]).status == "crashed"
+    # "aborted" means "run it again": a rank that says so before a bad ending must not get a free re-run
+    assert decide([msg("error", 1, rank=0, status="aborted", reason="", cause="rule")]).status == "crashed"

@@ -36,7 +36,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     if results:
         record.peak_mem_gib = max(r.get("peak_mem_gib") or 0.0 for r in results.values())
         record.data_wait_s = max(r.get("data_wait_s") or 0.0 for r in results.values())
-    record.sandbox["training"] = r0.get("sandbox") or {}
+    record.sandbox["training"] = phase.sandbox_report(0)
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
     record.startup_s = phase.watch.startup_s
     check_replicas(record, results)

@@ -101,10 +101,10 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, a
         record.train_time_s = record.launcher_train_time_s  # the only clock of an open run the harness trusts
         record.startup_s = start - w.setup_start_s
         record.timings.update(train_s=record.launcher_train_time_s, startup_s=record.startup_s)
+    record.sandbox["training"] = phase.sandbox_report(0)
     results = phase.reports("result")
     if results:
         record.peak_mem_gib = max((r.get("peak_mem_gib") or 0.0) for r in results.values()) or None
-        record.sandbox["training"] = results.get(min(results), {}).get("sandbox") or {}
     reports = [m.body for m in phase.messages if m.body.get("rank") == 0 and m.kind in ("progress", "train_end")]
     last = reports[-1] if reports else {}
     record.steps, record.tokens = last.get("step"), last.get("tokens")

@@ -15,7 +15,8 @@ from harness.launcher.channel import Message
 
 # What a rank's error report may say. Reports come from processes that run team code: a forged
 # error saying "ok" must not turn a killed or failed job into a score.
-FAILURE_STATUSES = ("crashed", "invalid", "diverged", "aborted")
+# "aborted" (a re-run, not the team's failure) is the launcher's to decide, never a rank's.
+FAILURE_STATUSES = ("crashed", "invalid", "diverged")
 
 
 @dataclass

@@ -87,6 +87,14 @@ class PhaseResult:
     leftover_pids: list[int] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # reports the channel turned away, and why
 
+    def sandbox_report(self, rank: int = 0) -> dict[str, Any]:
+        """What a rank said of its sandbox right after entering it, before any team code ran (the first
+        such report: later ones could be the team's)."""
+        for m in self.messages:
+            if m.kind == "sandbox" and m.body.get("rank") == rank:
+                return {k: v for k, v in m.body.items() if k not in ("kind", "rank")}
+        return {}
+
     def reports(self, kind: str) -> dict[int, dict[str, Any]]:
         """The last message of a kind from each rank."""
         out: dict[int, dict[str, Any]] = {}

@@ -266,6 +266,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
+        if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:
+            record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
         record.extra["cause"] = o.cause
         if o.status == "ok" and phase.leftover_pids:
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")

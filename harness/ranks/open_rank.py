@@ -74,6 +74,7 @@ def main(argv: list[str]) -> None:
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\")")
+    channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     code = 0
     try:
         if not box.active and job.get("sandbox") == "required":
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> None:
         run_script(job)
         open_api._ended = True  # nothing the script's leftovers report counts now
         open_api._channel = None
-        channel.send("result", peak_mem_gib=_peak_mem_gib(), sandbox=box.to_dict(), division="open")
+        channel.send("result", peak_mem_gib=_peak_mem_gib(), division="open")
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
         open_api._channel = None
         report = describe_failure(exc)

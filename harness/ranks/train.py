@@ -39,6 +39,7 @@ def main(argv: list[str]) -> None:
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(raw["sandbox_policy"])) if raw.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\", or harness scale)")
+    channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     holders: list = []
     code = 0
     try:
