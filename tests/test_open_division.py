@@ -155,3 +155,17 @@ def test_check_accepts_the_example_and_finds_a_syntax_error_in_the_script_before
     bad = cli("check", str(folder))
     assert bad.code == 1
     assert "REJECTED" in bad.out and "train.py:" in bad.out and "syntax error" in bad.out
+
+
+def test_a_checkpoint_that_unpacks_far_beyond_its_size_is_refused_unread(tmp_path):
+    """torch.save writes its zip entries uncompressed: a file that would unpack to 1000x its size is a
+    bomb aimed at the launcher's memory and disk, refused before any process loads it."""
+    import zipfile
+
+    from harness.launcher.open_run import normalize_in_own_process
+
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data/0", b"\0" * (50 << 20))
+    found = normalize_in_own_process(bomb, tmp_path / "out.pt", tmp_path / "log.txt")
+    assert "unpacks to" in found["error"] and not (tmp_path / "out.pt").exists()

@@ -10,9 +10,11 @@ kill, guard, evaluation and the record are the fixed loop's (harness/launcher/ru
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from harness.data.prepare import PreparedData
@@ -140,14 +142,36 @@ def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: Op
 NORMALIZE_TIMEOUT_S = 600.0
 
 
+def expanded_bytes(path: Path) -> int | None:
+    """What a torch.save file unpacks to (its zip entries' declared sizes), read without unpacking;
+    None when it is no zip (the legacy format: its size is what it is)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError):
+        return None
+
+
 def normalize_in_own_process(src: Path, dst: Path, log_path: Path) -> dict:
     """The team's checkpoint into the harness's form, in a process that imports no team code
-    (harness/ranks/checkpoint.py's main): a malformed or huge file cannot hurt the launcher."""
+    (harness/ranks/checkpoint.py's main): a malformed or huge file cannot hurt the launcher. torch.save
+    stores its entries uncompressed, so a file that unpacks to much more than its size is refused (a
+    zip bomb), and what the process may write is bounded by the file's size."""
+    size = src.stat().st_size
+    unpacked = expanded_bytes(src)
+    if unpacked is not None and unpacked > 2 * size + (1 << 20):
+        return {"error": f"the file unpacks to {unpacked} bytes from {size}: torch.save writes uncompressed "
+                         "entries, save the checkpoint with torch.save"}
+    limit = 2 * size + (64 << 20)
+
+    def bounded() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run([sys.executable, "-m", "harness.ranks.checkpoint", str(src), str(dst)],
                                   stdout=subprocess.PIPE, stderr=log, text=True, timeout=NORMALIZE_TIMEOUT_S,
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=bounded)
         except subprocess.TimeoutExpired:
             return {"error": f"reading the checkpoint took more than {NORMALIZE_TIMEOUT_S:.0f} s"}
     try:
