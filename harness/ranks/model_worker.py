@@ -66,10 +66,14 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     if kind != SETUP:
         raise ValueError("expected setup first")
     setup = json.loads(payload)
-    from harness.ranks import sandbox
+    from harness.ranks import namespaces, sandbox
 
+    # Namespaces first (writing the uid map needs /proc, which Landlock then closes), then Landlock:
+    # both before numpy, torch or the submission.
+    isolation = namespaces.isolate() if setup.get("policy") else "the track turns the sandbox off"
     report = sandbox.apply(sandbox.Policy.from_dict(setup["policy"])) if setup.get("policy") else \
-        sandbox.SandboxReport(False, "the track turns the sandbox off")  # before numpy, torch, the submission
+        sandbox.SandboxReport(False, "the track turns the sandbox off")
+    report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
     # change what the scorer records.
     send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())

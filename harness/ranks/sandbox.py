@@ -111,6 +111,7 @@ class SandboxReport:
     abi: int | None = None
     threads: int | None = None
     policy: dict = field(default_factory=dict)
+    namespaces: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/namespaces.py
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,60 @@
+"""Namespaces for evaluation's model processes: what Landlock does not govern.
+
+Landlock (harness/ranks/sandbox.py) confines files, TCP and signals. It leaves three ways for the
+scoring model process to hand its answers to the check process that runs after it: kernel IPC that
+outlives a process (System V shared memory and queues, the user's keyring), loopback UDP, and a
+process that forks faster than the scorer can look, surviving the scoring process's death. A model
+process therefore moves into new user, PID, IPC and network namespaces before anything else runs:
+
+- IPC and keyrings: a new IPC namespace and a new user namespace per model process, so a segment
+  or key the scoring process made is not there for the check process;
+- network: a new network namespace holds only a loopback that is down: no UDP, no TCP, anywhere;
+- processes: the process forks once after unshare; its child is PID 1 of the new PID namespace and
+  runs the model, and when it dies (killed by the scorer, or its parent gone) the kernel kills
+  every process in the namespace at once, however fast they fork.
+
+Unprivileged user namespaces are allowed on most Linux hosts; where they are not (some distributions
+restrict them), the model process runs without them and its sandbox report says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG = 1
+
+
+def isolate() -> str:
+    """Move into new user, PID, IPC and network namespaces; returns "" on success, else why not. On
+    success this process has forked: the caller continues in the child (PID 1 of the namespace); the
+    parent waits for it and leaves with its exit status, never returning. Call single-threaded."""
+    if not sys.platform.startswith("linux"):
+        return f"namespaces are Linux-only; this is {sys.platform}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) != 0:
+        return f"unshare failed: {os.strerror(ctypes.get_errno())} (unprivileged user namespaces restricted here?)"
+    try:  # the same uid inside: files keep their owner, nothing gains a right it did not have
+        with open("/proc/self/setgroups", "w") as fh:
+            fh.write("deny")
+        with open("/proc/self/uid_map", "w") as fh:
+            fh.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as fh:
+            fh.write(f"{gid} {gid} 1")
+    except OSError as exc:
+        return f"could not map the user into its namespace: {exc}"
+    child = os.fork()
+    if child == 0:
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
+        return ""
+    while True:  # the parent: nothing but waiting, so the scorer's kill of the session reaches both
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 1)
