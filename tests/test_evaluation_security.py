@@ -129,7 +129,9 @@ def test_the_scoring_process_is_gone_before_the_check_process_starts(cli, tmp_pa
     assert_caught_looking_ahead(record)
     model_log, check_log = _log(run_dir, "eval-model-rank0.log"), _log(run_dir, "eval-check-rank0.log")
     if fixture == "sibling_watch":
-        assert "SIBLING-WATCH siblings 0 busy False" in model_log and "busy True" not in model_log
+        # It never saw a busy process beside it (in its PID namespace its parent is outside, pid 0: what
+        # it calls siblings are the host's kernel threads, never the checker, which is not yet started).
+        assert "SIBLING-WATCH siblings" in model_log and "busy True" not in model_log
     else:
         assert "UDP-PEEK heard from 0 other" in check_log and "UDP-PEEK heard from 1" not in check_log + model_log
 
