@@ -10,6 +10,7 @@ the isolation layers it hit are read back from its own logs.
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +28,8 @@ def independent_val_loss(run_dir, cache_dir, seq_len=64, val_tokens=8192, bigram
 
     import numpy as np
 
-    (val,) = list(cache_dir.glob("synthetic-*/val.bin"))
+    # The corpus this run trained on (the session's cache may hold several tracks' corpora).
+    val = Path(json.loads((run_dir / "run.json").read_text())["data"]["location"]) / "val.bin"
     tokens = np.fromfile(val, dtype=np.uint16)[512:].astype(np.int64)[: val_tokens + 1]  # 1,024-byte llm.c header
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     if bigram:
@@ -93,7 +95,8 @@ def test_the_targets_are_not_in_the_process_that_runs_the_model(cli, tmp_path):
 
 
 def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_path, cache_dir):
-    (val,) = list(cache_dir.glob("synthetic-*/val.bin"))
+    # The corpus this run trained on (the session's cache may hold several tracks' corpora).
+    val = Path(json.loads((run_dir / "run.json").read_text())["data"]["location"]) / "val.bin"
     sub = tmp_path / "reads_val"
     shutil.copytree(FIXTURES / "reads_val", sub)
     (sub / "target.json").write_text(json.dumps({"val": str(val)}))
