@@ -94,9 +94,12 @@ def test_the_targets_are_not_in_the_process_that_runs_the_model(cli, tmp_path):
     assert any("introspection" in w for w in record["warnings"]), record["warnings"]
 
 
-def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_path, cache_dir):
-    # The corpus this run trained on (the session's cache may hold several tracks' corpora).
-    val = Path(json.loads((run_dir / "run.json").read_text())["data"]["location"]) / "val.bin"
+def test_the_validation_file_cannot_be_read_in_training_or_evaluation(cli, tmp_path, cache_dir, monkeypatch):
+    from harness.data.prepare import prepare_data
+    from harness.tracks.spec import load_track
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(cache_dir))  # the tiny track's corpus, where the run finds it
+    val = prepare_data(load_track(str(TINY_TRACK))).val[0].path
     sub = tmp_path / "reads_val"
     shutil.copytree(FIXTURES / "reads_val", sub)
     (sub / "target.json").write_text(json.dumps({"val": str(val)}))
