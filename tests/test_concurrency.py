@@ -29,7 +29,7 @@ def _wait(predicate, what: str, timeout_s: float = 180.0):
 
 def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, tmp_path):
     """A holds in evaluation (its record says `evaluating`) until B's ranks train under B's guard; then A
-    finishes and writes its final record while B is still training (B's budget: 15 s). B's guard must
+    finishes and writes its final record while B is still training (B's budget: 40 s). B's guard must
     neither restore A's earlier record nor flag B."""
     runs = tmp_path / "runs"
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
@@ -46,14 +46,23 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
 
     _wait(a_evaluates, "A to evaluate")
     run_a = _records(runs)["gated_eval"][1]["run_id"]
-    b = start(FIXTURES / "ok_bigram", "--budget-s", "15")
+    b = start(FIXTURES / "ok_bigram", "--budget-s", "40")  # A's check process starts only after its scoring is done
     _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank1.log"),
           "B to train")
-    model_processes = [p for p in processes_of_run(run_a) if "harness.ranks.model_worker" in " ".join(_cmdline(p))]
-    assert model_processes, "A's model processes"
-    for p in model_processes:
-        p.send_signal(signal.SIGUSR1)
-    _wait(lambda: _records(runs)["gated_eval"][1]["status"] == "ok", "A's final record", timeout_s=60)
+    assert _model_processes(run_a), "A's model processes"
+
+    def release_a() -> bool:
+        """The scoring model process, then the check process started after it, wait at their gate: each
+        is released once it runs the model (PID 1 of its own namespace, where a signal that arrives
+        before the gate's handler is ignored, never fatal)."""
+        for p in _model_processes(run_a):
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                pass
+        return _records(runs)["gated_eval"][1]["status"] == "ok"
+
+    _wait(release_a, "A's final record", timeout_s=90)
     b_record_while_training = _records(runs)["ok_bigram"][1]
     assert b_record_while_training["status"] == "running", "A must have finished while B was still training"
     outs = [p.communicate(timeout=180) for p in (a, b)]
@@ -70,6 +79,22 @@ def _read(path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _model_processes(run_id: str) -> list:
+    """Processes of the run that run a model: model_worker processes inside their own PID namespace
+    (their NSpid has two entries; the parent that only waits for them has one)."""
+    found = []
+    for p in processes_of_run(run_id):
+        if "harness.ranks.model_worker" not in " ".join(_cmdline(p)):
+            continue
+        try:
+            nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if len(nspid.split()) == 3:
+            found.append(p)
+    return found
 
 
 def _cmdline(p) -> list[str]:

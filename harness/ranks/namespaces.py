@@ -26,6 +26,7 @@ import sys
 
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
 PR_SET_PDEATHSIG = 1
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def isolate() -> str:
@@ -51,6 +52,8 @@ def isolate() -> str:
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
         return ""
+    for sig in FORWARDED:  # a signal meant for "the model process" reaches the process that runs the model
+        signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
     while True:  # the parent: nothing but waiting, so the scorer's kill of the session reaches both
         try:
             _, status = os.waitpid(child, 0)
