@@ -120,7 +120,7 @@ write_shard(f"{folder}/train.bin", np.random.default_rng(0).integers(0, 256, 50_
 job = TrainJob(run_id="t", track="t", submission_dir=sys.argv[1], seed=1, budget_s=600.0, clock_start="first_forward",
                backend="gloo", device="cpu", dtype="float32", log_interval_s=1e9, collective_timeout_s=60.0,
                cpu_threads_per_rank=1, vocab_size=256, train_shards=[inspect_shard(f"{folder}/train.bin")],
-               max_steps=1, scaling_probe_steps=0, staging_dir=sys.argv[2])
+               max_steps=1, comm_probe_steps=0, staging_dir=sys.argv[2])
 train(job, RankEnv.from_environ(), ChannelClient(None, 0), [])
 """
 

@@ -223,7 +223,7 @@ save_allowance_s = 30.0
 collective_timeout_s = 30.0
 shutdown_timeout_s = 2.0
 log_interval_s = 0.5
-scaling_probe_steps = 2
+comm_probe_steps = 2
 max_steps = 30  # steps, not seconds: what is learned does not depend on the machine's speed
 
 [data]
@@ -335,10 +335,10 @@ def test_the_record_holds_the_measured_figures(shard_runs):
     assert r["mfu"] is None  # a CPU: no peak known, none invented
     assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / r["world_size"])
     assert 0.1 < r["peak_mem_gib"] < psutil.virtual_memory().total / 2**30  # a process that imported torch
-    s = r["scaling"]
-    assert s["scaling_probe_steps"] == 2
-    assert r["scaling_efficiency"] == pytest.approx(s["scaling_compute_step_s"] / s["scaling_synced_step_s"])
-    assert s["scaling_efficiency_min"] <= r["scaling_efficiency"] <= s["scaling_efficiency_max"]
+    s = r["comm_probe"]
+    assert s["steps"] == 2
+    assert r["comm_overlap_efficiency"] == pytest.approx(s["compute_step_s"] / s["synced_step_s"])
+    assert s["efficiency_min"] <= r["comm_overlap_efficiency"] <= s["efficiency_max"]
     assert 0.0 <= r["data_wait_s"] <= r["train_time_s"]
     t = r["timings"]
     assert t["train_s"] == pytest.approx(r["launcher_train_time_s"]) and t["startup_s"] == pytest.approx(r["startup_s"])
