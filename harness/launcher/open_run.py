@@ -50,7 +50,7 @@ def build_open_job(spec: OpenSpec, track: Track, data: PreparedData, area: WorkA
                        max_steps=track.max_steps)
     record.extra["script_argv"] = [a.replace(str(area.dir), "<private>") for a in argv]
     return OpenJob(run_id=record.run_id, submission_dir=str(area.submission), script=spec.script, argv=argv,
-                   device=track.device, log_dir=str(area.logs), work_dir=str(area.dir), sandbox=track.sandbox,
+                   device=track.device, log_dir=str(area.logs), sandbox=track.sandbox,
                    sandbox_policy=policy, budget_s=track.budget_s, max_steps=track.max_steps,
                    log_interval_s=track.log_interval_s)
 

@@ -119,7 +119,6 @@ class OpenJob:
     argv: list[str]  # the starter kit's arguments, filled by the launcher
     device: str
     log_dir: str
-    work_dir: str
     budget_s: float = 0.0  # for the launcher's progress line; the script gets it as --time_limit_min
     max_steps: int = 0
     log_interval_s: float = 1.0  # how often the progress line may change (the script reports when it likes)
