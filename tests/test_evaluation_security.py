@@ -117,8 +117,17 @@ def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
     the first one and everything it started are dead (its private folder removed): nothing to read."""
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "memo_peek")
     assert result.code == 1
+    seen = []
     for log in ("eval-check-rank0.log", "eval-model-rank0.log"):
-        assert "read another process's memory" not in _log(run_dir, log), f"{log}: the model processes reached each other"
+        text = _log(run_dir, log)
+        assert "read another process's memory" not in text, f"{log}: the model processes reached each other"
+        # Its own output's path is its only name for itself: it must not say which of the two it is.
+        paths = [line.split(" is ", 1)[1] for line in text.splitlines() if line.startswith("MEMO-PEEK fd ")]
+        assert len(paths) == 2, text[-2000:]
+        assert not any(role in p for p in paths for role in ("check", "model")), paths
+        seen += paths
+    assert len(set(seen)) == 2, "each model process writes its own log"
+    assert isinstance(record["eval"]["check_ran_first"], bool)
     assert_caught_looking_ahead(record)
 
 
@@ -285,6 +294,56 @@ def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
     with pytest.raises(WorkerFailed) as caught:
         worker((SANDBOX, honest), (READY, {"sandbox": forged}), required=True).wait_ready()
     assert "requires the sandbox" in str(caught.value)
+
+
+def test_logits_that_are_not_the_batchs_shape_are_refused():
+    """The model process names the shape of the logits it wrote; a patched one could name any. The scorer
+    takes only logits for exactly the batch it sent (rows x seq_len), and only in a dtype it knows."""
+    import os
+
+    from harness.ranks import wire
+    from harness.scoring.workers import ModelWorker, WorkerFailed
+
+    for (rows, seq_len, code), status in (((3, 8, 1), "invalid"), ((2, 16, 1), "invalid"), ((1, 16, 1), "invalid"),
+                                          ((2, 8, 77), "crashed")):
+        worker = object.__new__(ModelWorker)
+        worker._shape = (2, 8)
+        worker.replies, w = os.pipe()
+        wire.send(w, wire.LOGITS, rows, seq_len, code)
+        os.close(w)
+        with pytest.raises(WorkerFailed) as caught:
+            worker.logits(16)
+        assert caught.value.harness_status == status, (rows, seq_len, code)
+        os.close(worker.replies)
+
+
+def test_a_process_is_killed_only_while_it_is_the_one_that_was_found():
+    """kill_tree finds processes by pid in /proc and then signals them; a pid freed and reused by an
+    unrelated process in between must not be signalled. The process is pinned (pidfd) and its parent
+    checked after the pin: a wrong parent leaves it alone, the right one kills it."""
+    import os
+    import subprocess
+
+    from harness.scoring.workers import _kill_if_still
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _kill_if_still(child.pid, {os.getpid() + 1_000_000}) is False
+        assert child.poll() is None, "a process whose parent is not the one found was signalled"
+        assert _kill_if_still(child.pid, {os.getpid()}) is True
+        assert child.wait(timeout=10) == -9
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_check_runs_first_in_about_half_of_the_runs():
+    """Which model process runs first is a secret coin per run: a model process that can tell it runs
+    second (from the clock, say) learns nothing of its role."""
+    from harness.scoring import plan
+
+    firsts = sum(plan.check_runs_first(seed) for seed in range(400))
+    assert 150 < firsts < 250
 
 
 def test_a_model_process_cannot_announce_a_payload_of_any_size():

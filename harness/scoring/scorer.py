@@ -102,46 +102,65 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     rows_checked = sum(len(cuts) for cuts in cuts_of.values())
     window = None if need <= KEEP_BYTES else max(1, KEEP_BYTES // max(1, rows_checked * V * 4))
 
-    # 1. The scoring process answers every batch of this rank; it is then ended with all it started.
-    scorer = start("model")
-    ready = {"model": scorer.wait_ready()}
+    # Each checked batch is answered twice, by two model processes that never exist at the same time:
+    # the scoring one (the real inputs, every batch of this rank) and the check one (the checked batches
+    # with the tokens after each cut replaced). Which of the two runs first is drawn from the secret
+    # seed, so a model process that learns it runs first (or second) learns nothing of its role. The
+    # first side's log-probabilities up to each cut are kept; the second side is compared with them.
+    check_first = plan.check_runs_first(seed) if checks else False  # the same on every rank
     total = torch.zeros((), dtype=torch.float64, device=device)
-    count, kept = 0, {}
-    t_score = perf_counter()
-    for b in mine:
-        first, n = batches[b]
-        x, y = plan.window_batch(tokens, order[first:first + n], T)
-        scorer.submit(x)
-        logits = scorer.logits(V).to(device)
-        target = torch.from_numpy(y).to(device)
-        losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
-        total += losses.double().sum()
-        count += losses.numel()
-        if b in cuts_of:
-            kept[b] = plan.keep_for_check(logits, cuts_of[b], window)
-        del logits
-    elapsed = perf_counter() - t_score
-    end(scorer)
+    state = {"count": 0, "worst": 0.0, "worst_at": None, "checked": 0, "elapsed": 0.0}
+    kept: dict = {}
 
-    # 2. No rank's check process starts while any rank's scoring process is alive.
-    if env.world_size > 1:
-        dist.barrier()
+    def keep_or_compare(b: int, logits, cuts) -> None:
+        if b not in kept:
+            kept[b] = plan.keep_for_check(logits, cuts, window)
+            return
+        dev, row, pos = plan.deviation_kept(kept.pop(b), logits, cuts, window)
+        state["checked"] += 1
+        if dev > state["worst"] or state["worst_at"] is None:
+            state["worst"] = dev
+            state["worst_at"] = {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
 
-    # 3. The check process re-runs the checked batches with the tokens after each cut replaced.
-    worst, worst_at, checked = 0.0, None, 0
-    checker = start("check")
-    ready["check"] = checker.wait_ready()
-    exposed = set(scorer.exposed) | set(checker.exposed)
-    for b in mine_checked:
-        first, n = batches[b]
-        x, _ = plan.window_batch(tokens, order[first:first + n], T)
-        xp, cuts = plan.perturb(x, tokens, seed, b)
-        checker.submit(xp)
-        dev, row, pos = plan.deviation_kept(kept.pop(b), checker.logits(V).to(device), cuts, window)
-        checked += 1
-        if dev > worst or worst_at is None:
-            worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
-    end(checker)
+    def score(worker: ModelWorker) -> None:
+        nonlocal total
+        t_score = perf_counter()
+        for b in mine:
+            first, n = batches[b]
+            x, y = plan.window_batch(tokens, order[first:first + n], T)
+            worker.submit(x)
+            logits = worker.logits(V).to(device)
+            target = torch.from_numpy(y).to(device)
+            losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
+            total += losses.double().sum()
+            state["count"] += losses.numel()
+            if b in cuts_of:
+                keep_or_compare(b, logits, cuts_of[b])
+            del logits
+        state["elapsed"] = perf_counter() - t_score
+
+    def check(worker: ModelWorker) -> None:
+        for b in mine_checked:
+            first, n = batches[b]
+            x, _ = plan.window_batch(tokens, order[first:first + n], T)
+            xp, cuts = plan.perturb(x, tokens, seed, b)
+            worker.submit(xp)
+            keep_or_compare(b, worker.logits(V).to(device), cuts)
+
+    sides = [("check", check), ("model", score)] if check_first else [("model", score), ("check", check)]
+    ready, exposed = {}, set()
+    for i, (name, answer) in enumerate(sides):
+        if i == 1 and env.world_size > 1:
+            dist.barrier()  # no rank's second model process starts while any rank's first one is alive
+        if name == "check" and not mine_checked:
+            continue  # this rank has no checked batch: nothing to re-run
+        worker = start(name)
+        ready[name] = worker.wait_ready()
+        answer(worker)
+        exposed |= set(worker.exposed)
+        end(worker)  # killed with everything it started before the other side exists
+    count, checked, worst, worst_at, elapsed = (state["count"], state["checked"], state["worst"],
+                                                 state["worst_at"], state["elapsed"])
 
     sums = torch.tensor([0.0, float(count), float(checked)], dtype=torch.float64, device=device)
     sums[0] = total
@@ -165,6 +184,7 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
         },
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
+        "check_ran_first": check_first,
         "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
     }

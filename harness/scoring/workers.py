@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -50,21 +51,50 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[3])
 
 
-def descendants(root: int) -> set[int]:
-    """Every live (not zombie) process below `root`, found by parent pid in /proc."""
+def descendants(root: int) -> dict[int, int]:
+    """Every live (not zombie) process below `root`, found by parent pid in /proc: {pid: parent pid}."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             st = _proc_stat(int(d))
             if st and st[0] not in ("Z", "X"):
                 children.setdefault(st[1], []).append(int(d))
-    found, todo = set(), [root]
+    found: dict[int, int] = {}
+    todo = [root]
     while todo:
-        for c in children.get(todo.pop(), []):
+        parent = todo.pop()
+        for c in children.get(parent, []):
             if c not in found:
-                found.add(c)
+                found[c] = parent
                 todo.append(c)
     return found
+
+
+def _kill_if_still(pid: int, parents: set[int]) -> bool:
+    """SIGKILL `pid` only if it is still the process that was found: a pidfd pins the process, and its
+    parent is checked after the pin (a pid that was freed and reused by an unrelated process between
+    the scan of /proc and the kill is never signalled). True if a live process was signalled; a
+    descendant whose parent changed meanwhile is found again, with its new parent, by the next scan."""
+    if not hasattr(os, "pidfd_open"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        st = _proc_stat(pid)
+        if st is None or st[0] in ("Z", "X") or st[1] not in parents:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _reap() -> None:
@@ -83,24 +113,24 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
     RuntimeError if some survive `timeout_s`. Children are reaped, so none lingers as a zombie."""
     me = os.getpid()
     deadline = time.monotonic() + timeout_s
+    first = True
     while True:
-        targets = {leader} | (descendants(me) - set(keep))
-        if session is not None:
+        found = descendants(me)
+        targets = {pid: parent for pid, parent in found.items() if pid not in keep}
+        targets.setdefault(leader, me)  # our own child: its pid is not reused before we reap it
+        if session is not None and first:  # before the first reap: the leader's session id is still its own
             try:
                 os.killpg(session, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         alive = set()
-        for pid in targets:
-            st = _proc_stat(pid)
-            if st is None or st[0] in ("Z", "X"):
-                continue
-            alive.add(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for pid, parent in targets.items():
+            # its parent as found, or this process (a subreaper) once that parent died
+            st = _proc_stat(pid) if pid in found else None
+            if _kill_if_still(pid, {parent, me}) or (st is not None and st[0] not in ("Z", "X")):
+                alive.add(pid)  # signalled, or still ours and moved under another parent: another round
         _reap()
+        first = False
         if not alive:
             return
         if time.monotonic() > deadline:
@@ -134,8 +164,11 @@ class ModelWorker:
         env = sandbox.private_environment(self.dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._closed = False
-        self._others = descendants(os.getpid()) if sys.platform.startswith("linux") else set()
-        with open(log_path, "ab") as log:
+        self._others = set(descendants(os.getpid())) if sys.platform.startswith("linux") else set()
+        # The log is written under a random name and given its role's name once the process is dead:
+        # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.
+        self._live_log = log_path.parent / f"eval-{secrets.token_hex(8)}.log"
+        with open(self._live_log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
                  str(self.buffer_fd), str(max(1, buffer_bytes))],
@@ -161,6 +194,7 @@ class ModelWorker:
         import numpy as np
 
         x = np.ascontiguousarray(x, dtype=np.int64)
+        self._shape = (int(x.shape[0]), int(x.shape[1]))
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
     def logits(self, vocab: int):
@@ -169,6 +203,12 @@ class ModelWorker:
         import torch
 
         (rows, seq_len, code), _ = self._expect(LOGITS)
+        sent = getattr(self, "_shape", None)
+        if (rows, seq_len) != sent:  # the harness's own model process checks this; a patched one may not
+            raise WorkerFailed("invalid", f"the model process answered a batch of {sent[0] if sent else 0} x "
+                                          f"{sent[1] if sent else 0} tokens with logits for {rows} x {seq_len}")
+        if code not in DTYPES:
+            raise WorkerFailed("crashed", f"the model process named an unknown logits dtype ({code})")
         dtype = getattr(torch, DTYPES[code])
         n = rows * seq_len * vocab
         return torch.frombuffer(self.buffer, dtype=dtype, count=n).view(rows, seq_len, vocab).clone()
@@ -227,6 +267,10 @@ class ModelWorker:
             self.buffer.close()
             os.close(self.buffer_fd)
             shutil.rmtree(self.dir, ignore_errors=True)
+            try:
+                os.replace(self._live_log, self.log_path)
+            except OSError:
+                pass
 
 
 def _anon_file(folder: Path) -> int:
