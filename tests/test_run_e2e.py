@@ -23,13 +23,15 @@ MAX_STEPS = 100  # a step-bounded budget: what the baseline learns must not depe
 @pytest.fixture(scope="module")
 def baseline_run(tmp_path_factory, cache_dir):
     """The README's command, `harness run submissions/baseline` on the local track, bounded by steps
-    (--max-steps, with a budget whose hard limit a slow or loaded machine cannot reach), shared below."""
+    (--max-steps, with a budget whose hard limit a slow or loaded machine cannot reach), shared below.
+    As a newcomer runs it: records in the default ./runs, a path relative to the working directory."""
     import os
     import subprocess
     import sys
 
     work = tmp_path_factory.mktemp("e2e")
-    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_RUNS_DIR"}
+    env["HARNESS_CACHE_DIR"] = str(cache_dir)
     proc = subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
                            "--seed", "5", "--max-steps", str(MAX_STEPS), "--budget-s", "400"],
                           capture_output=True, text=True, env=env, cwd=work, timeout=900)
@@ -165,8 +167,8 @@ def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
 
     _, run_dir, record, env, work = baseline_run
     figures = []
-    for n in (1, 2):
-        proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir), "--nproc-per-node", str(n),
+    for n in (1, 2):  # the run's folder as a user types it: relative to where they are
+        proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir.relative_to(work)), "--nproc-per-node", str(n),
                                "--json"], capture_output=True, text=True, env=env, cwd=work, timeout=120)
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)

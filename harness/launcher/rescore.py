@@ -37,7 +37,7 @@ class Rescore:
 
 def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None = None, reporter=None) -> Rescore:
     reporter = reporter or NullReporter()
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).expanduser().absolute()  # evaluation's model processes work in folders of their own
     record = load_record(run_dir)
     if not (run_dir / "checkpoint.pt").is_file():
         raise FileNotFoundError(f"{run_dir}: no checkpoint.pt (the run ended with status {record.status!r})")

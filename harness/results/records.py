@@ -32,8 +32,9 @@ METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "
 
 
 def runs_root(cli_value: str | None = None) -> Path:
-    """--runs-dir, then HARNESS_RUNS_DIR, then ./runs."""
-    return Path(cli_value or os.environ.get("HARNESS_RUNS_DIR") or "runs")
+    """--runs-dir, then HARNESS_RUNS_DIR, then ./runs; absolute, because the processes a run starts (the
+    check, the ranks, evaluation's model processes) work in private folders of their own."""
+    return Path(cli_value or os.environ.get("HARNESS_RUNS_DIR") or "runs").expanduser().absolute()
 
 
 def new_run_id() -> str:
