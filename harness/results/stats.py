@@ -11,9 +11,15 @@ import math
 import random
 from dataclasses import dataclass
 
-from scipy import stats as sps
-
 ALPHA = 0.05
+
+
+def _t():
+    """Student's t distribution, imported when an interval or a p-value is first needed: importing
+    scipy.stats costs about 2 s on a small CPU, paid by every `harness run` that would not use it."""
+    from scipy import stats
+
+    return stats.t
 
 
 def is_finite(value) -> bool:
@@ -50,7 +56,7 @@ def summarize(values: list[float]) -> Summary:
     if n < 2:
         return Summary(n, mean, None, None)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return Summary(n, mean, std, float(sps.t.ppf(1 - ALPHA / 2, n - 1)) * std / math.sqrt(n))
+    return Summary(n, mean, std, float(_t().ppf(1 - ALPHA / 2, n - 1)) * std / math.sqrt(n))
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,8 @@ def welch(a: list[float], b: list[float]) -> Comparison:
         return Comparison(diff, 0.0, 1.0 if diff == 0 else 0.0, "no variance on either side")
     dof = (va + vb) ** 2 / (va**2 / (sa.n - 1) + vb**2 / (sb.n - 1))
     t = diff / se
-    p = 2.0 * float(sps.t.sf(abs(t), dof))
-    return Comparison(diff, float(sps.t.ppf(1 - ALPHA / 2, dof)) * se, p)
+    p = 2.0 * float(_t().sf(abs(t), dof))
+    return Comparison(diff, float(_t().ppf(1 - ALPHA / 2, dof)) * se, p)
 
 
 def best_permutation(a: list[float], b: list[float], max_exact: int = 20_000, draws: int = 20_000) -> Comparison:
