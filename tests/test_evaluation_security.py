@@ -127,7 +127,7 @@ def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
         assert not any(role in p for p in paths for role in ("check", "model")), paths
         seen += paths
     assert len(set(seen)) == 2, "each model process writes its own log"
-    assert isinstance(record["eval"]["check_ran_first"], bool)
+    assert isinstance(record["eval"]["causality"]["check_ran_first"], bool)
     assert_caught_looking_ahead(record)
 
 

@@ -52,15 +52,39 @@ def shared_seed(env: RankEnv, device) -> int:
 
 
 def evaluate(job, env: RankEnv, holders: list) -> dict:
+    from harness.scoring.workers import ModelWorker, become_subreaper
+
+    t_start = perf_counter()
+    become_subreaper()
+    V, T = job.vocab_out, job.seq_len
+    setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir,
+             "device": f"cuda:{env.local_rank}" if job.device == "cuda" else "cpu",  # as setup_device picks it
+             "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox,
+             "model_file": job.model_file}
+    size = job.batch_size * T * V * 4
+    logs = Path(job.log_dir)
+
+    def start() -> ModelWorker:  # the one way a model process is started, on every rank
+        worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected)
+        holders.append(worker)
+        return worker
+
+    def end(worker: ModelWorker) -> None:
+        worker.close()
+        holders.remove(worker)
+
+    # The first model process starts before anything else: it imports torch and loads the checkpoint
+    # while this process does the same (on a small CPU each costs seconds). It is told nothing of its
+    # role; the batches it is sent later make it the scoring or the check process.
+    early = start()
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from harness.ranks.checkpoint import file_sha256
     from harness.scoring import plan
-    from harness.scoring.workers import ModelWorker, become_subreaper
 
-    t_start = perf_counter()
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
     if env.world_size > 1:
         init_process_group(job.backend, device, job.collective_timeout_s)
@@ -75,24 +99,6 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     batches = plan.batch_plan(n_windows, job.batch_size)
     checks = plan.choose_checks(len(batches), job.causality_fraction, seed) if job.causality_check else set()
     mine = plan.batches_for_rank(len(batches), env.rank, env.world_size)
-    V, T = job.vocab_out, job.seq_len
-
-    setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir, "device": str(device),
-             "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox,
-             "model_file": job.model_file}
-    size = job.batch_size * T * V * 4
-    logs = Path(job.log_dir)
-    become_subreaper()
-
-    def start(name: str) -> ModelWorker:  # the one way a model process is started, on every rank
-        worker = ModelWorker(name=name, setup=setup, buffer_bytes=size, log_path=logs / f"eval-{name}-rank{env.rank}.log",
-                             protected=job.protected)
-        holders.append(worker)
-        return worker
-
-    def end(worker: ModelWorker) -> None:
-        worker.close()
-        holders.remove(worker)
 
     # What the comparison needs of the scoring logits, bounded: every position up to each cut if it fits
     # KEEP_BYTES, else the last `window` positions up to each cut (the cut's own position always).
@@ -150,11 +156,17 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     sides = [("check", check), ("model", score)] if check_first else [("model", score), ("check", check)]
     ready, exposed = {}, set()
     for i, (name, answer) in enumerate(sides):
+        worker = early if i == 0 else None
+        if name == "check" and not mine_checked:  # this rank has no checked batch: nothing to re-run
+            if worker is not None:
+                end(worker)  # ended before the barrier: it must not outlive other ranks' first processes
+            worker = None
         if i == 1 and env.world_size > 1:
             dist.barrier()  # no rank's second model process starts while any rank's first one is alive
         if name == "check" and not mine_checked:
-            continue  # this rank has no checked batch: nothing to re-run
-        worker = start(name)
+            continue
+        worker = worker or start()
+        worker.log_path = logs / f"eval-{name}-rank{env.rank}.log"  # its name once it is dead
         ready[name] = worker.wait_ready()
         answer(worker)
         exposed |= set(worker.exposed)
@@ -182,9 +194,9 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
             "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
+            "check_ran_first": check_first,
         },
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
-        "check_ran_first": check_first,
         "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
     }

@@ -147,11 +147,14 @@ class WorkerFailed(RuntimeError):
 
 
 class ModelWorker:
-    def __init__(self, *, name: str, setup: dict, buffer_bytes: int, log_path: Path, protected: list[str]):
-        self.name = name
+    def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str]):
         self.dir = Path(tempfile.mkdtemp(prefix="harness-model-"))
         os.chmod(self.dir, 0o700)
-        self.log_path = log_path
+        # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
+        # it gives the process a role) when the process is dead: its stdout's path (/proc/self/fd/1)
+        # must not tell a model process whether it is the check.
+        self._live_log = log_dir / f"eval-{secrets.token_hex(8)}.log"
+        self.log_path = self._live_log
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
         self.exposed = sandbox.check_protected(policy, protected)
@@ -162,12 +165,9 @@ class ModelWorker:
         req_r, self.requests = os.pipe()
         self.replies, rep_w = os.pipe()
         env = sandbox.private_environment(self.dir)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self._others = set(descendants(os.getpid())) if sys.platform.startswith("linux") else set()
-        # The log is written under a random name and given its role's name once the process is dead:
-        # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.
-        self._live_log = log_path.parent / f"eval-{secrets.token_hex(8)}.log"
         with open(self._live_log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
@@ -267,10 +267,11 @@ class ModelWorker:
             self.buffer.close()
             os.close(self.buffer_fd)
             shutil.rmtree(self.dir, ignore_errors=True)
-            try:
-                os.replace(self._live_log, self.log_path)
-            except OSError:
-                pass
+            if self.log_path != self._live_log:
+                try:
+                    os.replace(self._live_log, self.log_path)
+                except OSError:
+                    pass
 
 
 def _anon_file(folder: Path) -> int:
