@@ -68,3 +68,25 @@ def test_the_checkpoint_is_taken_only_as_a_regular_file_never_through_a_link(tmp
         assert area.take_checkpoint(tmp_path / "d.pt") is True and (tmp_path / "d.pt").read_bytes() == b"MINE"
     finally:
         area.cleanup()
+
+
+def test_a_link_another_node_replaces_meanwhile_is_left_alone(tmp_path, monkeypatch):
+    """Nodes of a run on one machine share its logs folder: node 1's launcher replaces its link
+    rank1.log by a copy while node 0 sweeps its own dead links. A link seen a moment ago that is a
+    file now must be skipped, not end node 0's run with EINVAL from readlink."""
+    from pathlib import Path
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        (area.logs / "rank0.log").write_text("node 0\n")
+        dest = tmp_path / "record_logs"
+        dest.mkdir()
+        (dest / "rank1.log").write_text("node 1\n")  # node 1's copy, where its link was
+        real = Path.is_symlink
+        monkeypatch.setattr(Path, "is_symlink", lambda self: self.name == "rank1.log" or real(self))
+        area.collect_logs(dest)
+        assert (dest / "rank0.log").read_text() == "node 0\n" and (dest / "rank1.log").read_text() == "node 1\n"
+    finally:
+        area.cleanup()

@@ -113,8 +113,15 @@ class WorkArea:
                     target.unlink()
                 copy_regular_file(name, target, folder_fd)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
-            if link.is_symlink() and Path(os.path.abspath(os.path.join(link.parent, os.readlink(link)))).is_relative_to(self.dir):
-                link.unlink()
+            try:
+                where = os.readlink(link)
+            except OSError:  # not a link, or gone: nodes on one machine share this folder, and another
+                continue     # node's launcher may be replacing its own links with copies right now
+            if Path(os.path.abspath(os.path.join(link.parent, where))).is_relative_to(self.dir):
+                try:
+                    link.unlink()
+                except FileNotFoundError:
+                    pass
 
     def take_staged(self, name: str, dest: Path) -> bool | None:
         """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
