@@ -39,10 +39,10 @@ def steady_step_s(times: list[float], steps: list[int]) -> float:
     return (times[-1] - times[i]) / (steps[-1] - steps[i])
 
 
-def run_harness(duration_s: float, runs: Path, env: dict) -> dict:
+def run_harness(duration_s: float, runs: Path, env: dict, extra: tuple[str, ...] = ()) -> dict:
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
-                    "--budget-s", str(duration_s), "--runs-dir", str(runs), "--no-leaderboard"],
+                    "--budget-s", str(duration_s), "--runs-dir", str(runs), "--no-leaderboard", *extra],
                    check=True, env=env, capture_output=True)
     run_dir = max(runs.glob("local/baseline/*/run.json"), key=os.path.getmtime).parent
     record = json.loads((run_dir / "run.json").read_text())
@@ -147,7 +147,8 @@ def main() -> None:
         runs = Path(tmp) / "runs"
         for _ in range(pairs):  # A/B/A/B: machine drift affects both sides alike
             bare = run_bare(duration, shard, env, precision)
-            harness = run_harness(duration, runs, env)
+            # smoke: evaluation on 16,384 tokens, not the track's 131,072 (its figures mean nothing at this size)
+            harness = run_harness(duration, runs, env, ("--val-tokens", "16384") if args.smoke else ())
             results["overhead"].append({"bare_step_s": bare["step_s"], "harness_step_s": harness["step_s"],
                                         "ratio": harness["step_s"] / bare["step_s"],
                                         "bare_startup_s": bare["startup_s"], "harness_startup_s": harness["startup_s"],
