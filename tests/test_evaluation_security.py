@@ -127,8 +127,22 @@ def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
         assert not any(role in p for p in paths for role in ("check", "model")), paths
         seen += paths
     assert len(set(seen)) == 2, "each model process writes its own log"
-    assert isinstance(record["eval"]["causality"]["check_ran_first"], bool)
     assert_caught_looking_ahead(record)
+
+
+def test_the_scoring_process_runs_first_and_cannot_learn_which_batches_are_checked(cli, tmp_path):
+    """The first model process leaves a message in its own log (the size of its stdout); the second
+    looks for the first one's log by its role's name (stat() is not Landlock's) and, if the first was
+    the check, looks ahead in every batch the check did not see. The scoring process always runs
+    first, and the logs get their names only when both processes are dead: the second finds nothing,
+    and neither looks ahead. (When the check could run first, this forged a passing 1.03 against the
+    source's floor of 1.66.)"""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "log_channel")
+    assert result.code == 0, record["reason"]
+    model_log, check_log = _log(run_dir, "eval-model-rank0.log"), _log(run_dir, "eval-check-rank0.log")
+    assert "LOG-CHANNEL role=first" in model_log and "LOG-CHANNEL role=first" in check_log, check_log[-2000:]
+    assert "looked ahead" not in model_log + check_log
+    assert record["val_loss"] > record["loss_floor"] and record["eval"]["causality"]["causal"] is True
 
 
 @pytest.mark.parametrize("fixture", ["sibling_watch", "udp_peek"])
@@ -335,15 +349,6 @@ def test_a_process_is_killed_only_while_it_is_the_one_that_was_found():
     finally:
         child.kill()
         child.wait()
-
-
-def test_the_check_runs_first_in_about_half_of_the_runs():
-    """Which model process runs first is a secret coin per run: a model process that can tell it runs
-    second (from the clock, say) learns nothing of its role."""
-    from harness.scoring import plan
-
-    firsts = sum(plan.check_runs_first(seed) for seed in range(400))
-    assert 150 < firsts < 250
 
 
 def test_a_model_process_cannot_announce_a_payload_of_any_size():

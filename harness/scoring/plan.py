@@ -64,11 +64,6 @@ def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2) 
     return {int(b) for b in _rng(seed, 2).choice(n_batches, size=k, replace=False)}
 
 
-def check_runs_first(seed: int) -> bool:
-    """Whether the check process runs before the scoring one: a secret coin, the same on every rank."""
-    return bool(_rng(seed, 4).integers(0, 2))
-
-
 def window_batch(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and targets [rows, seq_len] of the given windows."""
     idx = (np.asarray(window_ids)[:, None] * seq_len) + np.arange(seq_len + 1)

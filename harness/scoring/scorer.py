@@ -51,7 +51,7 @@ def shared_seed(env: RankEnv, device) -> int:
     return int(seed.item())
 
 
-def evaluate(job, env: RankEnv, holders: list) -> dict:
+def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     from harness.scoring.workers import ModelWorker, become_subreaper
 
     t_start = perf_counter()
@@ -67,6 +67,7 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     def start() -> ModelWorker:  # the one way a model process is started, on every rank
         worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected)
         holders.append(worker)
+        started.append(worker)
         return worker
 
     def end(worker: ModelWorker) -> None:
@@ -108,71 +109,55 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
     rows_checked = sum(len(cuts) for cuts in cuts_of.values())
     window = None if need <= KEEP_BYTES else max(1, KEEP_BYTES // max(1, rows_checked * V * 4))
 
-    # Each checked batch is answered twice, by two model processes that never exist at the same time:
-    # the scoring one (the real inputs, every batch of this rank) and the check one (the checked batches
-    # with the tokens after each cut replaced). Which of the two runs first is drawn from the secret
-    # seed, so a model process that learns it runs first (or second) learns nothing of its role. The
-    # first side's log-probabilities up to each cut are kept; the second side is compared with them.
-    check_first = plan.check_runs_first(seed) if checks else False  # the same on every rank
+    # 1. The scoring process (started first, above) answers every batch of this rank; of the checked
+    # rows the scorer keeps the log-probabilities up to each cut. The scoring process always runs
+    # first: it cannot learn which of its batches will be checked, because no check has happened yet
+    # and the choice is a secret of this process; a check process that learns it runs second learns
+    # nothing it can use (to answer a checked row as the scoring process did, it would need the token
+    # after the cut that was replaced). Then it is killed with everything it started.
+    early.log_path = logs / f"eval-model-rank{env.rank}.log"  # given when both are dead (see main)
+    ready = {"model": early.wait_ready()}
     total = torch.zeros((), dtype=torch.float64, device=device)
-    state = {"count": 0, "worst": 0.0, "worst_at": None, "checked": 0, "elapsed": 0.0}
-    kept: dict = {}
+    count, kept = 0, {}
+    t_score = perf_counter()
+    for b in mine:
+        first, n = batches[b]
+        x, y = plan.window_batch(tokens, order[first:first + n], T)
+        early.submit(x)
+        logits = early.logits(V).to(device)
+        target = torch.from_numpy(y).to(device)
+        losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
+        total += losses.double().sum()
+        count += losses.numel()
+        if b in cuts_of:
+            kept[b] = plan.keep_for_check(logits, cuts_of[b], window)
+        del logits
+    elapsed = perf_counter() - t_score
+    exposed = set(early.exposed)
+    end(early)
 
-    def keep_or_compare(b: int, logits, cuts) -> None:
-        if b not in kept:
-            kept[b] = plan.keep_for_check(logits, cuts, window)
-            return
-        dev, row, pos = plan.deviation_kept(kept.pop(b), logits, cuts, window)
-        state["checked"] += 1
-        if dev > state["worst"] or state["worst_at"] is None:
-            state["worst"] = dev
-            state["worst_at"] = {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
+    # 2. No rank's check process starts while any rank's scoring process is alive.
+    if env.world_size > 1:
+        dist.barrier()
 
-    def score(worker: ModelWorker) -> None:
-        nonlocal total
-        t_score = perf_counter()
-        for b in mine:
-            first, n = batches[b]
-            x, y = plan.window_batch(tokens, order[first:first + n], T)
-            worker.submit(x)
-            logits = worker.logits(V).to(device)
-            target = torch.from_numpy(y).to(device)
-            losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
-            total += losses.double().sum()
-            state["count"] += losses.numel()
-            if b in cuts_of:
-                keep_or_compare(b, logits, cuts_of[b])
-            del logits
-        state["elapsed"] = perf_counter() - t_score
-
-    def check(worker: ModelWorker) -> None:
-        for b in mine_checked:
-            first, n = batches[b]
-            x, _ = plan.window_batch(tokens, order[first:first + n], T)
-            xp, cuts = plan.perturb(x, tokens, seed, b)
-            worker.submit(xp)
-            keep_or_compare(b, worker.logits(V).to(device), cuts)
-
-    sides = [("check", check), ("model", score)] if check_first else [("model", score), ("check", check)]
-    ready, exposed = {}, set()
-    for i, (name, answer) in enumerate(sides):
-        worker = early if i == 0 else None
-        if name == "check" and not mine_checked:  # this rank has no checked batch: nothing to re-run
-            if worker is not None:
-                end(worker)  # ended before the barrier: it must not outlive other ranks' first processes
-            worker = None
-        if i == 1 and env.world_size > 1:
-            dist.barrier()  # no rank's second model process starts while any rank's first one is alive
-        if name == "check" and not mine_checked:
-            continue
-        worker = worker or start()
-        worker.log_path = logs / f"eval-{name}-rank{env.rank}.log"  # its name once it is dead
-        ready[name] = worker.wait_ready()
-        answer(worker)
-        exposed |= set(worker.exposed)
-        end(worker)  # killed with everything it started before the other side exists
-    count, checked, worst, worst_at, elapsed = (state["count"], state["checked"], state["worst"],
-                                                 state["worst_at"], state["elapsed"])
+    # 3. The check process re-runs the checked batches with the tokens after each cut replaced. Every
+    # rank starts one, checked batches or not: ranks wait for each other at the end with the
+    # collective timeout, and none should wait there while another starts a process and loads a model.
+    worst, worst_at, checked = 0.0, None, 0
+    checker = start()
+    checker.log_path = logs / f"eval-check-rank{env.rank}.log"
+    ready["check"] = checker.wait_ready()
+    exposed |= set(checker.exposed)
+    for b in mine_checked:
+        first, n = batches[b]
+        x, _ = plan.window_batch(tokens, order[first:first + n], T)
+        xp, cuts = plan.perturb(x, tokens, seed, b)
+        checker.submit(xp)
+        dev, row, pos = plan.deviation_kept(kept.pop(b), checker.logits(V).to(device), cuts, window)
+        checked += 1
+        if dev > worst or worst_at is None:
+            worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
+    end(checker)
 
     sums = torch.tensor([0.0, float(count), float(checked)], dtype=torch.float64, device=device)
     sums[0] = total
@@ -194,7 +179,6 @@ def evaluate(job, env: RankEnv, holders: list) -> dict:
             "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
-            "check_ran_first": check_first,
         },
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
         "sandbox_exposed": sorted(exposed),
@@ -213,9 +197,10 @@ def main(argv: list[str]) -> None:
     channel = ChannelClient(job.channel_path, env.rank)
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, world_size=env.world_size)
     holders: list = []
+    started: list = []  # every model process: their logs get their roles' names once all are dead
     code = 0
     try:
-        result = evaluate(job, env, holders)
+        result = evaluate(job, env, holders, started)
         channel.send("eval_result", **result)
     except BaseException as exc:
         report = describe_failure(exc)
@@ -228,6 +213,8 @@ def main(argv: list[str]) -> None:
     for worker in holders:
         if hasattr(worker, "close"):
             worker.close()
+    for worker in started:
+        worker.name_log()
     channel.close()
     release_and_exit(code, [h for h in holders if not hasattr(h, "close")])
 

@@ -83,8 +83,17 @@ def _kill_if_still(pid: int, parents: set[int]) -> bool:
             return False
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except ProcessLookupError:
         return False
+    except OSError:  # no pidfd_open in this kernel (before 5.3): check the parent, then kill by pid
+        st = _proc_stat(pid)
+        if st is None or st[0] in ("Z", "X") or st[1] not in parents:
+            return False
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
     try:
         st = _proc_stat(pid)
         if st is None or st[0] in ("Z", "X") or st[1] not in parents:
@@ -151,16 +160,15 @@ class ModelWorker:
         self.dir = Path(tempfile.mkdtemp(prefix="harness-model-"))
         os.chmod(self.dir, 0o700)
         # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
-        # it gives the process a role) when the process is dead: its stdout's path (/proc/self/fd/1)
-        # must not tell a model process whether it is the check.
+        # it gives the process a role) only when every model process of the scorer is dead (name_log):
+        # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.
         self._live_log = log_dir / f"eval-{secrets.token_hex(8)}.log"
         self.log_path = self._live_log
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
         self.exposed = sandbox.check_protected(policy, protected)
         self.setup = {**setup, "policy": policy.to_dict() if setup.get("sandbox") != "off" else None}
-        self.buffer_fd = os.memfd_create("harness-logits", 0) if hasattr(os, "memfd_create") else _anon_file(self.dir)
-        os.ftruncate(self.buffer_fd, max(1, buffer_bytes))
+        self.buffer_fd = _logits_buffer(self.dir, max(1, buffer_bytes))
         self.buffer = mmap.mmap(self.buffer_fd, max(1, buffer_bytes))
         req_r, self.requests = os.pipe()
         self.replies, rep_w = os.pipe()
@@ -266,16 +274,52 @@ class ModelWorker:
                     pass
             self.buffer.close()
             os.close(self.buffer_fd)
-            shutil.rmtree(self.dir, ignore_errors=True)
-            if self.log_path != self._live_log:
-                try:
-                    os.replace(self._live_log, self.log_path)
-                except OSError:
-                    pass
+            _remove_tree(self.dir)
 
 
-def _anon_file(folder: Path) -> int:
-    """Where memfd_create is missing: an unlinked file in the model process's own folder."""
-    fd, path = tempfile.mkstemp(dir=folder)
-    os.unlink(path)
+
+    def name_log(self) -> None:
+        """Give the log its role's name (`log_path`). Called once every model process of the scorer is
+        dead: a later one must not find an earlier one's log by a name it can guess (stat() by path is
+        not Landlock's), nor learn its size or times."""
+        if self.log_path != self._live_log:
+            try:
+                os.replace(self._live_log, self.log_path)
+            except OSError:
+                pass
+
+
+def _remove_tree(folder: Path) -> None:
+    """Remove the model process's folder even where it took its own permissions away (a subfolder
+    of mode 000 stops a plain rmtree for a user other than root): each refusal restores the owner's
+    rights on the folder in the way and tries again."""
+    def retry(func, path, _exc):
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)
+            func(path)
+        except OSError:
+            pass
+
+    shutil.rmtree(folder, onerror=retry)
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _logits_buffer(folder: Path, size: int) -> int:
+    """The shared buffer the model process writes logits into: a memfd whose size is sealed (a model
+    process that truncated it would kill the scorer with SIGBUS when it reads the logits: a crash
+    with no reason, where the team's own failure should be named). Where memfd_create is missing,
+    an unlinked file in the model process's own folder."""
+    import fcntl
+
+    if not hasattr(os, "memfd_create"):
+        fd, path = tempfile.mkstemp(dir=folder)
+        os.unlink(path)
+        os.ftruncate(fd, size)
+        return fd
+    fd = os.memfd_create("harness-logits", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     return fd
