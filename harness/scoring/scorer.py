@@ -4,9 +4,10 @@ in sandboxed child processes that never see a target.
 Started by torch elastic after every training process is gone:
     python -u -m harness.scoring.scorer <eval_job.json>
 
-This process never imports the submission (its result says so: `scorer_clean`). It checks the
-checkpoint's sha256 against the record, reads the validation tokens, draws a secret seed (shared
-by the scorer ranks, recorded only in the result), and starts a model process. For each of its
+This process never imports the submission (its result says so: `scorer_clean`). It starts the
+scoring model process first (which imports torch and loads the checkpoint meanwhile), checks the
+checkpoint's sha256 against the record, reads the validation tokens, and draws a secret seed
+(shared by the scorer ranks, recorded only in the result). For each of its
 batches (harness/scoring/plan.py) it hands the inputs over, takes the logits back and computes the
 cross-entropy of the targets itself, in float32 on its own device, summed in float64; of the
 batches drawn for the causality check it keeps the log-probabilities up to each row's cut. Then it
