@@ -102,3 +102,34 @@ def test_data_prepare_names_the_bad_tokenizer(cli, tmp_path):
     result = cli("data", "prepare", str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok.json"),
                  "--out", str(tmp_path / "out"))
     assert result.code == 2 and "tok.json: not a `tokenizers` JSON file" in result.err
+
+
+def test_parquet_rows_are_documents_like_text_files(cli, tmp_path):
+    """A .parquet input (FineWeb's layout: one document per row of a `text` column, read in row order,
+    several files in the order given) gives the same shards as the same documents as .txt files; a
+    file without a `text` column is refused with its name and its columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.data.text import train_tokenizer
+
+    docs = [f"Row {i}: a parquet document about {i} foxes.\n" * (1 + i % 2) for i in range(12)]
+    tok = train_tokenizer(docs, 280)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    txt = []
+    for i, d in enumerate(docs):
+        (tmp_path / f"d{i:02d}.txt").write_text(d)
+        txt.append(str(tmp_path / f"d{i:02d}.txt"))
+    pq.write_table(pa.table({"id": list(range(7)), "text": docs[:7]}), tmp_path / "part0.parquet", row_group_size=3)
+    pq.write_table(pa.table({"text": docs[7:]}), tmp_path / "part1.parquet")
+    shards = {}
+    for name, inputs in (("txt", txt), ("parquet", [str(tmp_path / "part0.parquet"), str(tmp_path / "part1.parquet")])):
+        result = cli("data", "prepare", *inputs, "--tokenizer", str(tmp_path / "tokenizer.json"), "--out",
+                     str(tmp_path / name), "--shard-tokens", "200")
+        assert result.code == 0, result.text
+        shards[name] = [s.read_bytes() for s in sorted((tmp_path / name).glob("chunk_*.bin"))]
+    assert shards["parquet"] == shards["txt"] and len(shards["txt"]) > 1
+    pq.write_table(pa.table({"content": ["x"]}), tmp_path / "bad.parquet")
+    bad = cli("data", "prepare", str(tmp_path / "bad.parquet"), "--tokenizer", str(tmp_path / "tokenizer.json"),
+              "--out", str(tmp_path / "bad"))
+    assert bad.code != 0 and "bad.parquet: no `text` column (columns: content)" in bad.err
