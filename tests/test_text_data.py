@@ -61,16 +61,22 @@ def test_local_text_is_a_builtin_track_and_its_table_is_checked(tmp_path):
         DataSpec(source="text", vocab_size=400, val_tokens=64)
 
 
-def test_data_prepare_round_trips_through_the_shard_reader(cli, tmp_path):
+def _tokenizer_and_text_files(folder, docs, vocab_size):
+    """A BPE trained on `docs` (saved as folder/tokenizer.json) and the docs as one .txt file each."""
     from harness.data.text import train_tokenizer
 
-    docs = [f"Document {i}: the quick brown fox jumps over {i} lazy dogs.\n" * (1 + i % 3) for i in range(40)]
-    tok = train_tokenizer(docs, 300)
-    tok.save(str(tmp_path / "tokenizer.json"))
-    inputs = []
+    tok = train_tokenizer(docs, vocab_size)
+    tok.save(str(folder / "tokenizer.json"))
+    paths = []
     for i, d in enumerate(docs):
-        (tmp_path / f"doc{i:02d}.txt").write_text(d)
-        inputs.append(str(tmp_path / f"doc{i:02d}.txt"))
+        (folder / f"doc{i:02d}.txt").write_text(d)
+        paths.append(str(folder / f"doc{i:02d}.txt"))
+    return tok, paths
+
+
+def test_data_prepare_round_trips_through_the_shard_reader(cli, tmp_path):
+    docs = [f"Document {i}: the quick brown fox jumps over {i} lazy dogs.\n" * (1 + i % 3) for i in range(40)]
+    tok, inputs = _tokenizer_and_text_files(tmp_path, docs, 300)
     for fmt in ("raw_uint16", "llmc_uint16"):
         out = tmp_path / fmt
         result = cli("data", "prepare", *inputs, "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(out),
@@ -111,15 +117,8 @@ def test_parquet_rows_are_documents_like_text_files(cli, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from harness.data.text import train_tokenizer
-
     docs = [f"Row {i}: a parquet document about {i} foxes.\n" * (1 + i % 2) for i in range(12)]
-    tok = train_tokenizer(docs, 280)
-    tok.save(str(tmp_path / "tokenizer.json"))
-    txt = []
-    for i, d in enumerate(docs):
-        (tmp_path / f"d{i:02d}.txt").write_text(d)
-        txt.append(str(tmp_path / f"d{i:02d}.txt"))
+    _, txt = _tokenizer_and_text_files(tmp_path, docs, 280)
     pq.write_table(pa.table({"id": list(range(7)), "text": docs[:7]}), tmp_path / "part0.parquet", row_group_size=3)
     pq.write_table(pa.table({"text": docs[7:]}), tmp_path / "part1.parquet")
     shards = {}
