@@ -70,40 +70,38 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
+def _still_child_of(pid: int, parents: set[int]) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and st[1] in parents
+
+
 def _kill_if_still(pid: int, parents: set[int]) -> bool:
     """SIGKILL `pid` only if it is still the process that was found: a pidfd pins the process, and its
     parent is checked after the pin (a pid that was freed and reused by an unrelated process between
     the scan of /proc and the kill is never signalled). True if a live process was signalled; a
-    descendant whose parent changed meanwhile is found again, with its new parent, by the next scan."""
-    if not hasattr(os, "pidfd_open"):
+    descendant whose parent changed meanwhile is found again, with its new parent, by the next scan.
+    Without pidfd_open (not Linux, or a kernel before 5.3) the parent is checked, then the pid killed."""
+    fd = None
+    if hasattr(os, "pidfd_open"):
         try:
-            os.kill(pid, signal.SIGKILL)
-            return True
-        except (ProcessLookupError, PermissionError):
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
             return False
+        except OSError:
+            fd = None
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except OSError:  # no pidfd_open in this kernel (before 5.3): check the parent, then kill by pid
-        st = _proc_stat(pid)
-        if st is None or st[0] in ("Z", "X") or st[1] not in parents:
+        if not _still_child_of(pid, parents):
             return False
-        try:
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
             os.kill(pid, signal.SIGKILL)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    try:
-        st = _proc_stat(pid)
-        if st is None or st[0] in ("Z", "X") or st[1] not in parents:
-            return False
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True
     except OSError:
         return False
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _reap() -> None:
