@@ -112,14 +112,15 @@ def test_data_prepare_names_the_bad_tokenizer(cli, tmp_path):
 
 def test_parquet_rows_are_documents_like_text_files(cli, tmp_path):
     """A .parquet input (FineWeb's layout: one document per row of a `text` column, read in row order,
-    several files in the order given) gives the same shards as the same documents as .txt files; a
+    empty rows skipped, several files in the order given) gives the same shards as the same documents as .txt files; a
     file without a `text` column is refused with its name and its columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     docs = [f"Row {i}: a parquet document about {i} foxes.\n" * (1 + i % 2) for i in range(12)]
     _, txt = _tokenizer_and_text_files(tmp_path, docs, 280)
-    pq.write_table(pa.table({"id": list(range(7)), "text": docs[:7]}), tmp_path / "part0.parquet", row_group_size=3)
+    rows = docs[:3] + ["", None] + docs[3:7]  # an empty and a null row: no document, no end-of-text token
+    pq.write_table(pa.table({"id": list(range(9)), "text": rows}), tmp_path / "part0.parquet", row_group_size=3)
     pq.write_table(pa.table({"text": docs[7:]}), tmp_path / "part1.parquet")
     shards = {}
     for name, inputs in (("txt", txt), ("parquet", [str(tmp_path / "part0.parquet"), str(tmp_path / "part1.parquet")])):
@@ -131,4 +132,4 @@ def test_parquet_rows_are_documents_like_text_files(cli, tmp_path):
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "bad.parquet")
     bad = cli("data", "prepare", str(tmp_path / "bad.parquet"), "--tokenizer", str(tmp_path / "tokenizer.json"),
               "--out", str(tmp_path / "bad"))
-    assert bad.code != 0 and "bad.parquet: no `text` column (columns: content)" in bad.err
+    assert bad.code == 2 and "bad.parquet: no `text` column (columns: content)" in bad.err

@@ -67,7 +67,8 @@ def documents(path: Path) -> Iterator[str]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            raise DataError(f"{path}: reading parquet needs pyarrow (pip install -e \".[parquet]\", "
+                            "or pip install pyarrow)") from None
         table = pq.ParquetFile(path)
         if "text" not in table.schema_arrow.names:
             raise DataError(f"{path}: no `text` column (columns: {', '.join(table.schema_arrow.names)})")
