@@ -75,10 +75,9 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         worker.close()
         holders.remove(worker)
 
-    # The first model process starts before anything else: it imports torch and loads the checkpoint
-    # while this process does the same (on a small CPU each costs seconds). It is told nothing of its
-    # role; the batches it is sent later make it the scoring or the check process.
-    early = start()
+    # The scoring process starts before anything else: it imports torch and loads the checkpoint while
+    # this process does the same (on a small CPU each costs seconds).
+    scoring = start()
 
     import torch
     import torch.distributed as dist
@@ -116,16 +115,16 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     # and the choice is a secret of this process; a check process that learns it runs second learns
     # nothing it can use (to answer a checked row as the scoring process did, it would need the token
     # after the cut that was replaced). Then it is killed with everything it started.
-    early.log_path = logs / f"eval-model-rank{env.rank}.log"  # given when both are dead (see main)
-    ready = {"model": early.wait_ready()}
+    scoring.log_path = logs / f"eval-model-rank{env.rank}.log"  # given when both are dead (see main)
+    ready = {"model": scoring.wait_ready()}
     total = torch.zeros((), dtype=torch.float64, device=device)
     count, kept = 0, {}
     t_score = perf_counter()
     for b in mine:
         first, n = batches[b]
         x, y = plan.window_batch(tokens, order[first:first + n], T)
-        early.submit(x)
-        logits = early.logits(V).to(device)
+        scoring.submit(x)
+        logits = scoring.logits(V).to(device)
         target = torch.from_numpy(y).to(device)
         losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
         total += losses.double().sum()
@@ -134,8 +133,8 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
             kept[b] = plan.keep_for_check(logits, cuts_of[b], window)
         del logits
     elapsed = perf_counter() - t_score
-    exposed = set(early.exposed)
-    end(early)
+    exposed = set(scoring.exposed)
+    end(scoring)
 
     # 2. No rank's check process starts while any rank's scoring process is alive.
     if env.world_size > 1:

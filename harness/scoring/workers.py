@@ -162,6 +162,7 @@ class ModelWorker:
         # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.
         self._live_log = log_dir / f"eval-{secrets.token_hex(8)}.log"
         self.log_path = self._live_log
+        self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
         self.exposed = sandbox.check_protected(policy, protected)
@@ -209,10 +210,9 @@ class ModelWorker:
         import torch
 
         (rows, seq_len, code), _ = self._expect(LOGITS)
-        sent = getattr(self, "_shape", None)
-        if (rows, seq_len) != sent:  # the harness's own model process checks this; a patched one may not
-            raise WorkerFailed("invalid", f"the model process answered a batch of {sent[0] if sent else 0} x "
-                                          f"{sent[1] if sent else 0} tokens with logits for {rows} x {seq_len}")
+        if (rows, seq_len) != self._shape:  # the harness's own model process checks this; a patched one may not
+            raise WorkerFailed("invalid", f"the model process answered a batch of {self._shape} tokens with "
+                                          f"logits for {(rows, seq_len)}")
         if code not in DTYPES:
             raise WorkerFailed("crashed", f"the model process named an unknown logits dtype ({code})")
         dtype = getattr(torch, DTYPES[code])
@@ -273,8 +273,6 @@ class ModelWorker:
             self.buffer.close()
             os.close(self.buffer_fd)
             _remove_tree(self.dir)
-
-
 
     def name_log(self) -> None:
         """Give the log its role's name (`log_path`). Called once every model process of the scorer is
