@@ -33,7 +33,8 @@ def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_p
 def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_path):
     """The cheat's clocks run at 0.6: it trains a 4 s budget in about 6.7 s. The grace (20 s here, not
     tiny's 3) keeps the hard limit far from that on a slow machine: the run ends ok, and flagged."""
-    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(tiny_track_with(tmp_path, grace_s=20.0)))
+    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(tiny_track_with(tmp_path, grace_s=20.0)),
+                 leaderboard=True)
     record = _record(tmp_path / "runs", "clock_cheat")
     assert record["status"] == "ok", record["reason"]
     assert record["flagged"] is True and "clock disagreement" in record["flag_reason"]

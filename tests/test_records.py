@@ -55,13 +55,13 @@ def test_outputs_follow_the_users_umask(tmp_path):
     import os
     import stat
 
-    from harness.results.plots import plt, save_png
+    from harness.results.plots import save_png, subplots
 
     for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
         old = os.umask(mask)
         try:
             write_atomic(tmp_path / f"t{mask}.md", "x")
-            save_png(plt.figure(), tmp_path / f"t{mask}.png")
+            save_png(subplots(figsize=(2, 2))[0], tmp_path / f"t{mask}.png")
         finally:
             os.umask(old)
         for suffix in (".md", ".png"):

@@ -144,10 +144,10 @@ def overlay_figure(sides: list[Side]):
     """Every run's loss curve, each side in its team's colour (the same as on the leaderboard's charts); a
     second side of the same team is dashed."""
     from harness.results.loss_charts import fit_loss_axis, note_handles, plot_runs, read_curve
-    from harness.results.plots import legend_outside, plt, team_color
+    from harness.results.plots import legend_outside, subplots, team_color
     from harness.results.stats import is_finite
 
-    fig, ax = plt.subplots(figsize=(12, 6.5))
+    fig, ax = subplots(figsize=(12, 6.5))
     ys, handles, labels, floors, seen, top = [], [], [], [], [], None
     for side in sides:
         team = str(side.runs[0].get("team", side.label))

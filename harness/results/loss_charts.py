@@ -15,7 +15,7 @@ from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter
 
-from harness.results.plots import NOT_FINISHED, legend_outside, plt, team_color
+from harness.results.plots import NOT_FINISHED, legend_outside, subplots, team_color
 from harness.results.stats import finite_first, is_finite
 
 MAX_CURVES = 5
@@ -97,7 +97,7 @@ def not_finished_handles(table: pd.DataFrame) -> tuple[list, list[str]]:
 
 
 def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], x_col: str):
-    fig, ax = plt.subplots(figsize=(8.5, 5.4))
+    fig, ax = subplots(figsize=(8.5, 5.4))
     all_ranked = list(table[table["status"] == "ok"]["team"])
     ranked = all_ranked[:CURVE_TEAMS]
     ys, handles, labels, all_top = [], [], [], None
@@ -137,7 +137,7 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
     rows = list(table.iterrows())
     total = len(rows)
     rows = rows[:ROW_TEAMS]
-    fig, ax = plt.subplots(figsize=(8.5, max(3.2, 0.7 * len(rows) + 1.8)))
+    fig, ax = subplots(figsize=(8.5, max(3.2, 0.7 * len(rows) + 1.8)))
     ys = list(range(len(rows)))[::-1]
     xs: list[float] = []
     for y, (_, row) in zip(ys, rows):

@@ -17,14 +17,14 @@ import os
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from harness.results.records import atomic_path
 
-from harness.results.records import atomic_path  # noqa: E402
-
-plt.rcParams.update({"font.size": 15, "axes.titlesize": 17, "axes.labelsize": 15, "legend.fontsize": 13,
+# Figures are made without pyplot (no global figure manager, no backend to choose: files only), which
+# also spares every `harness run` that refreshes a leaderboard the import of pyplot.
+matplotlib.rcParams.update({"font.size": 15, "axes.titlesize": 17, "axes.labelsize": 15, "legend.fontsize": 13,
                      "xtick.labelsize": 13, "ytick.labelsize": 13, "axes.grid": True, "grid.alpha": 0.3,
                      "figure.dpi": 100, "savefig.bbox": "tight", "axes.spines.top": False,
                      "axes.spines.right": False})
@@ -42,11 +42,16 @@ def team_color(team: str) -> str:
     return PALETTE[int.from_bytes(digest[:8], "big") % len(PALETTE)]
 
 
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kw):
+    """A new figure and its axes, as pyplot.subplots gives them."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
 def save_png(fig, path: Path) -> Path:
     with atomic_path(path, suffix=".png") as (fd, tmp):
         os.close(fd)
-        fig.savefig(tmp)
-    plt.close(fig)
+        fig.savefig(tmp, format="png")
     return path
 
 
@@ -72,7 +77,7 @@ def legend_outside(ax, handles=None, labels=None, ncol: int = 2, **kw):
 
 def message_figure(title: str, lines: list[str], command: str = "", size=(8.5, 4.6)):
     """A chart with nothing measured yet: a title, what to run (in monospace) and why, no empty axes."""
-    fig, ax = plt.subplots(figsize=size)
+    fig, ax = subplots(figsize=size)
     ax.axis("off")
     ax.text(0.0, 0.97, title, fontsize=18, fontweight="bold", va="top", transform=ax.transAxes)
     y = 0.78

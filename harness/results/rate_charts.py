@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.ticker import EngFormatter
 
 from harness.results.loss_charts import ROW_TEAMS
-from harness.results.plots import legend_outside, log2_axis, message_figure, plt, team_color
+from harness.results.plots import legend_outside, log2_axis, message_figure, subplots, team_color
 from harness.results.scale_records import measured, newest_per_team, predicted
 from harness.results.stats import is_finite
 
@@ -38,10 +38,10 @@ def throughput_figure(track: str, table: pd.DataFrame):
         return message_figure(f"Throughput: track {track}", ["No finished runs yet."])
     if len(teams) <= 12:  # stacked: the width of one page column
         panel_in = max(2.2, 0.55 * len(teams) + 1.3)
-        fig, axes = plt.subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
+        fig, axes = subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
         fig.subplots_adjust(hspace=0.75)
     else:  # side by side: many teams would make the stack metres tall
-        fig, axes = plt.subplots(1, 3, figsize=(18, 0.4 * len(teams) + 2.5), sharey=True)
+        fig, axes = subplots(1, 3, figsize=(18, 0.4 * len(teams) + 2.5), sharey=True)
         fig.subplots_adjust(wspace=0.3)
     ys = list(range(len(teams)))[::-1]
     colors = [team_color(t) for t in teams]
@@ -82,7 +82,7 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
             "of every run (comm overlap) is on the throughput chart:",
             "a different quantity."],
             command=f"harness scale submissions/<team> --track {track} --world-sizes 1,2")
-    fig, ax = plt.subplots(figsize=(8.5, 5.4))
+    fig, ax = subplots(figsize=(8.5, 5.4))
     xs_all: list[int] = []
     event = None
     for rec in newest_per_team(records):

@@ -1,0 +1,36 @@
+"""The intervals and tests behind rankings and `harness compare`, checked against scipy.stats' own."""
+
+import math
+
+import pytest
+from scipy import stats as ref
+
+from harness.results.stats import summarize, t_quantile, t_sf, welch
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3.4, 7, 29.75, 500])
+def test_t_quantile_and_tail_match_scipy_stats(dof):
+    for q in (0.5, 0.9, 0.975, 0.999):
+        assert t_quantile(q, dof) == pytest.approx(ref.t.ppf(q, dof), rel=1e-12)
+    for x in (-2.5, 0.0, 0.7, 4.1):
+        assert t_sf(x, dof) == pytest.approx(ref.t.sf(x, dof), rel=1e-12, abs=1e-300)
+
+
+def test_the_interval_of_a_mean_is_students():
+    values = [2.61, 2.58, 2.66, 2.60]
+    s = summarize(values)
+    low, high = ref.t.interval(0.95, len(values) - 1, loc=ref.tmean(values), scale=ref.sem(values))
+    assert (s.low, s.high) == (pytest.approx(low, rel=1e-12), pytest.approx(high, rel=1e-12))
+    assert summarize([2.6]).ci95 is None
+
+
+def test_welch_gives_scipys_p_value_and_interval():
+    a, b = [2.61, 2.58, 2.66, 2.60], [2.70, 2.69, 2.75]
+    c = welch(a, b)
+    expected = ref.ttest_ind(a, b, equal_var=False)
+    assert c.p_value == pytest.approx(expected.pvalue, rel=1e-10)
+    interval = expected.confidence_interval(0.95)
+    assert c.diff - c.ci95 == pytest.approx(interval.low, rel=1e-10)
+    assert c.diff + c.ci95 == pytest.approx(interval.high, rel=1e-10)
+    assert c.significant is bool(expected.pvalue < 0.05)
+    assert welch([2.6], b).p_value is None and math.isclose(welch([2.6], b).diff, 2.6 - sum(b) / 3)
