@@ -64,7 +64,7 @@ def open_deadlines(track: Track) -> Deadlines:
 
 
 def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, log_path: Path, seed: int,
-               protected: list[str], checkpoint: Path | None = None) -> dict:
+               protected: list[str], checkpoint: Path | None = None, meanwhile=None) -> dict:
     """Before training: the files compile, model.py has get_model. After (with the normalised
     checkpoint, which the process may read and nothing else of the record): the model rebuilt from
     its config, the weights loaded strictly, and the model checked like a fixed-loop submission's."""
@@ -74,7 +74,7 @@ def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, 
     return run_preflight(snapshot, vocab_size=track.data.vocab_size, device=track.device, seed=seed,
                          log_path=log_path, eval_seq_len=track.eval.seq_len, precision=record.precision,
                          sandbox_mode=track.sandbox, protected=protected, open_division=extra,
-                         read_files=[str(checkpoint)] if checkpoint is not None else [])
+                         read_files=[str(checkpoint)] if checkpoint is not None else [], meanwhile=meanwhile)
 
 
 def open_window(w, allowance_s: float) -> tuple[float | None, float | None]:

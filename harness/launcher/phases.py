@@ -36,12 +36,14 @@ PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
                   eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
                   protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S, open_division: dict | None = None,
-                  read_files: list[str] = ()) -> dict:
+                  read_files: list[str] = (), meanwhile: Callable[[], None] | None = None) -> dict:
     """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config).
 
     `open_division` asks for the open division's checks (its keys go into the request: model_file,
-    script, checkpoint); `read_files` are files outside the submission the process may read. Nothing
-    the process writes is kept: it ran team code."""
+    script, checkpoint); `read_files` are files outside the submission the process may read;
+    `meanwhile` is the launcher's own work, done while the process runs (its import of torch: on a
+    small CPU, seconds the check would otherwise wait for). Nothing the process writes is kept: it ran
+    team code."""
     tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
     policy = None
     if sandbox_mode != "off":
@@ -56,12 +58,16 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     req.write_text(json.dumps(request))
     env = sandbox.private_environment(tmp)
     with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
+        t_start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp, env=env)
+        if meanwhile is not None:
+            meanwhile()  # an exception here leaves the scope, which ends the process
         try:
-            proc = subprocess.run([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
-                                  stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True,
-                                  cwd=tmp, env=env)
-            code = proc.returncode
+            code = proc.wait(timeout=max(0.0, timeout_s - (time.monotonic() - t_start)))
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             return {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                     f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
                     "fix": "make get_model and one forward at batch 2 fast"}]}

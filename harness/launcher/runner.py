@@ -89,6 +89,8 @@ class RunOptions:
 
 
 def resolve_nproc(track: Track) -> int:
+    if track.device == "cpu" and track.nproc_per_node != "auto":
+        return int(track.nproc_per_node)  # without importing torch: the check process starts first (see _execute)
     import torch
 
     if track.device == "cuda" and not torch.cuda.is_available():
@@ -113,19 +115,28 @@ def _threads_per_rank(track: Track, nproc: int) -> int:
 
 
 def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, nproc: int) -> RunRecord:
-    import torch
-
-    from harness.launcher.provenance import machine, versions
+    """Everything known before any process starts; the software versions come with `_provenance`."""
+    from harness.launcher.provenance import machine
 
     track = resolved.track
     return RunRecord(
         run_id=run_id, team=team.name, team_members=team.members, track_name=track.name,
         official=resolved.official, overrides=resolved.overrides, track=track.to_dict(),
         budget_s=track.budget_s, seed=opts.seed, world_size=track.nnodes * nproc, nnodes=track.nnodes,
-        nproc_per_node=nproc, torch_version=torch.__version__, python_version=platform.python_version(),
-        harness_version=__version__, versions=versions(), machine=machine(), hostname=socket.gethostname(),
-        command=opts.command,
+        nproc_per_node=nproc, python_version=platform.python_version(), harness_version=__version__,
+        machine=machine(), hostname=socket.gethostname(), command=opts.command,
     )
+
+
+def _provenance(record: RunRecord) -> None:
+    """torch's version and the rest (provenance.versions): importing torch costs seconds on a small CPU,
+    so the launcher does it while the check process runs."""
+    if record.versions:
+        return
+    from harness.launcher.provenance import versions
+
+    record.versions = versions()
+    record.torch_version = record.versions["torch"]
 
 
 def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData, Path, int]:
@@ -185,6 +196,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                 set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
+            _provenance(record)  # where the run ended before its check process started
             name_team_files(record, [*copies, folder])
             sandbox_warnings(record)
             record.ended_at = utc_now()
@@ -225,12 +237,12 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     reporter.progress("checking the submission...")
     if spec is not None:
         report = check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
-                            protected_paths(opts.runs_dir, data))
+                            protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
     else:
         report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
                                seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
                                precision=record.precision, sandbox_mode=track.sandbox,
-                               protected=protected_paths(opts.runs_dir, data))
+                               protected=protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
     record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
