@@ -20,9 +20,15 @@ TINY_TRACK = FIXTURES / "tracks" / "tiny.toml"
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One synthetic-data cache for the whole session (each corpus is built once)."""
-    path = Path(os.environ.get("HARNESS_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache"))
-    return path
+    """One data cache for the whole session (each corpus is built once). Under pytest-xdist the workers
+    share it: building a corpus is safe when several processes do it at once (test_text_data.py)."""
+    if os.environ.get("HARNESS_TEST_CACHE_DIR"):
+        return Path(os.environ["HARNESS_TEST_CACHE_DIR"])
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base temp is a folder of the session's
+        path = tmp_path_factory.getbasetemp().parent / "cache"
+        path.mkdir(exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("cache")
 
 
 @dataclass
