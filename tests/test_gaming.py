@@ -87,6 +87,38 @@ def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_pat
     assert str(tmp_path) not in cwd and "harness-train-" in cwd
 
 
+def test_the_check_and_model_processes_can_change_no_file_by_path_nor_reach_a_daemon(cli, tmp_path):
+    """chmod, utime and connect() by path are not Landlock's: the check process and evaluation's model
+    processes run in a root of their own that holds neither another team's record nor a daemon's socket."""
+    import os
+    import socket
+
+    runs = tmp_path / "runs"
+    victim = make_run(runs, "victim", 2.5, track="tiny") / "run.json"
+    before = os.stat(victim)
+    sub = tmp_path / "meddler"
+    shutil.copytree(FIXTURES / "meddler", sub)
+    daemon = socket.socket(socket.AF_UNIX)
+    daemon.bind(str(tmp_path / "daemon.sock"))
+    daemon.listen(4)
+    (sub / "targets.json").write_text(json.dumps({"files": [str(victim)], "socket": str(tmp_path / "daemon.sock")}))
+    try:
+        result = cli("run", str(sub), "--track", str(TINY_TRACK))
+    finally:
+        daemon.close()
+    after = os.stat(victim)
+    assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns), "another team's record was changed"
+    record = _record(runs, "meddler")
+    assert record["status"] == "ok", (record["reason"], result.err[-2000:])
+    logs = next((runs / "tiny" / "meddler").glob("*/logs"))
+    for name in ("preflight.log", "eval-model-rank0.log", "eval-check-rank0.log"):
+        text = (logs / name).read_text()
+        assert "MEDDLE chmod ENOENT utime ENOENT" in text and "MEDDLE socket ENOENT" in text, (name, text[-800:])
+    assert record["sandbox"]["check"]["filesystem"]["active"] is True
+    assert all(r["filesystem"]["active"] is True for r in record["sandbox"]["evaluation"].values())
+    assert not [w for w in record["warnings"] if "isolation" in w]
+
+
 def test_a_claimed_end_of_training_does_not_stop_the_launchers_clock(cli, tmp_path):
     """The submission reports "training ended" at its 3rd step through its own channel and trains on
     (budget 30 s): the launcher kills it a save allowance after the claim, and flags the run for the

@@ -74,3 +74,79 @@ def test_a_process_that_forks_faster_than_anyone_looks_dies_with_the_model_proce
     time.sleep(0.5)
     alive = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and HOPPER.strip()[:20] in " ".join(p.info["cmdline"])]
     assert alive == [], f"{len(alive)} process(es) of the namespace survived"
+
+
+CONFINED = """
+import errno, json, os, socket, sys
+from harness.ranks import namespaces, rootfs, sandbox
+args = json.loads(sys.argv[1])
+policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"],
+                              read_files=[args["checkpoint"]])
+assert namespaces.isolate() == ""
+out = {"why": rootfs.confine(policy)}
+
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+
+team_file = os.path.join(args["submission"], "submission.py")
+attempt("chmod_victim", lambda: os.chmod(args["victim"], 0))
+attempt("utime_victim", lambda: os.utime(args["victim"], (0, 0)))
+attempt("chmod_team_file", lambda: os.chmod(team_file, 0))
+attempt("utime_checkpoint", lambda: os.utime(args["checkpoint"], (0, 0)))
+attempt("xattr_team_file", lambda: os.setxattr(team_file, "user.note", b"x"))
+attempt("chmod_python", lambda: os.chmod(os.__file__, 0o777))
+attempt("new_file_at_root", lambda: open("/planted", "w").close())
+attempt("socket", lambda: socket.socket(socket.AF_UNIX).connect(args["socket"]))
+attempt("private_write", lambda: open(os.path.join(args["private"], "scratch"), "w").write("ok"))
+attempt("root_through_private", lambda: open(os.path.join(args["private"], ".root", "planted"), "w").close())
+out["planted"] = os.path.exists("/planted")
+out["reads_team_file"] = open(team_file).read()
+out["reads_checkpoint"] = open(args["checkpoint"]).read()
+out["root"] = sorted(os.listdir("/"))
+out["other"] = sorted(os.listdir(os.path.dirname(args["victim"])))
+out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_model_process_can_change_no_file_it_did_not_make_and_reach_no_socket(tmp_path):
+    """Landlock governs opening files, not chmod/utime/setxattr by path nor connect() to a Unix socket: the
+    model process's own root holds only the policy's paths, read-only but its private folder."""
+    import os
+    import socket
+
+    team, private, other = tmp_path / "team", tmp_path / "private", tmp_path / "other"
+    for d in (team, private, other):
+        d.mkdir()
+    (team / "submission.py").write_text("# the team's code\n")
+    checkpoint = other / "checkpoint.pt"
+    checkpoint.write_text("weights")
+    victim = other / "run.json"  # another team's record: same owner, so chmod would be allowed
+    victim.write_text("{}")
+    before = [os.stat(p) for p in (victim, checkpoint, team / "submission.py")]
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(other / "daemon.sock"))  # a daemon that would run what it is sent
+    server.listen(1)
+    args = {"submission": str(team), "private": str(private), "checkpoint": str(checkpoint),
+            "victim": str(victim), "socket": str(other / "daemon.sock")}
+    try:
+        got = run(CONFINED.replace("sys.argv[1]", repr(json.dumps(args))))
+    finally:
+        server.close()
+    assert got["why"] == "", got
+    assert got["chmod_victim"] == got["utime_victim"] == "ENOENT", got  # not in its root at all
+    assert got["socket"] == "ENOENT", got
+    for name in ("chmod_team_file", "utime_checkpoint", "xattr_team_file", "chmod_python", "new_file_at_root"):
+        assert got[name] == "EROFS", (name, got)
+    assert got["private_write"] == "done" and (private / "scratch").read_text() == "ok"
+    assert got["planted"] is False, got  # the root is not reachable, writable, through the private folder
+    assert got["reads_team_file"] == "# the team's code\n" and got["reads_checkpoint"] == "weights"
+    assert not {"run", "var", "home", "srv", "mnt"} & set(got["root"]), got["root"]
+    assert got["other"] == ["checkpoint.pt"], got["other"]  # of that folder, only the file it may read
+    assert got["pids"] == [1], got["pids"]  # a /proc of its own PID namespace
+    after = [os.stat(p) for p in (victim, checkpoint, team / "submission.py")]
+    assert [(s.st_mode, s.st_mtime_ns) for s in after] == [(s.st_mode, s.st_mtime_ns) for s in before]

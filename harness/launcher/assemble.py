@@ -139,6 +139,12 @@ def sandbox_warnings(record: RunRecord) -> None:
                 line = f"the {where} ran without the sandbox: {report.get('why') or 'unknown reason'}"
                 if line not in record.warnings:
                     record.warnings.append(line)
+            for part in ("namespaces", "filesystem"):  # evaluation's model processes: the layers beside Landlock
+                sub = report.get(part)
+                if report["active"] and isinstance(sub, dict) and sub.get("active") is False:
+                    line = f"the {where} ran without its {part} isolation: {sub.get('why') or 'unknown reason'}"
+                    if line not in record.warnings:
+                        record.warnings.append(line)
         elif isinstance(report, dict):
             for name, sub in report.items():
                 walk(f"{where} ({name} process)", sub)

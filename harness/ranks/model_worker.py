@@ -66,14 +66,20 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     if kind != SETUP:
         raise ValueError("expected setup first")
     setup = json.loads(payload)
-    from harness.ranks import namespaces, sandbox
+    from harness.ranks import namespaces, rootfs, sandbox
 
-    # Namespaces first (writing the uid map needs /proc, which Landlock then closes), then Landlock:
-    # both before numpy, torch or the submission.
-    isolation = namespaces.isolate() if setup.get("policy") else "the track turns the sandbox off"
-    report = sandbox.apply(sandbox.Policy.from_dict(setup["policy"])) if setup.get("policy") else \
-        sandbox.SandboxReport(False, "the track turns the sandbox off")
+    # Namespaces first (writing the uid map needs /proc, which Landlock then closes), then a root of the
+    # policy's paths only (mounting needs the new user namespace), then Landlock: all before numpy,
+    # torch or the submission.
+    policy = sandbox.Policy.from_dict(setup["policy"]) if setup.get("policy") else None
+    isolation = namespaces.isolate() if policy else "the track turns the sandbox off"
+    if policy is None:
+        root = "the track turns the sandbox off"
+    else:
+        root = rootfs.confine(policy) if not isolation else "no namespaces, so no root of its own"
+    report = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "the track turns the sandbox off")
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
+    report.filesystem = {"active": not root, "why": root or rootfs.describe()}
     # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
     # change what the scorer records.
     send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())

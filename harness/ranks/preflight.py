@@ -296,10 +296,19 @@ def run_open_checks(request: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     request = json.loads(Path(argv[1]).read_text())
-    from harness.ranks import sandbox
+    from harness.ranks import namespaces, rootfs, sandbox
 
-    box = sandbox.apply(sandbox.Policy.from_dict(request["policy"])) if request.get("policy") else \
-        sandbox.SandboxReport(False, "no sandbox was asked for")
+    # As evaluation's model processes (harness/ranks/model_worker.py): namespaces, a root of the policy's
+    # paths only, then Landlock, all before torch or the submission. It needs no network either.
+    policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
+    isolation = namespaces.isolate() if policy else "no sandbox was asked for"
+    if policy is None:
+        root = "no sandbox was asked for"
+    else:
+        root = rootfs.confine(policy) if not isolation else "no namespaces, so no root of its own"
+    box = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "no sandbox was asked for")
+    box.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
+    box.filesystem = {"active": not root, "why": root or rootfs.describe()}
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")

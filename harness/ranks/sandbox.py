@@ -83,8 +83,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if gpu:
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
-    if gpu and os.path.isdir("/run"):
-        read_dirs.append("/run")  # nvidia-persistenced's socket
+    if gpu and os.path.isdir("/run/nvidia-persistenced"):
+        read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (other daemons' sockets)
     write_dirs = [private_dir]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
@@ -112,6 +112,7 @@ class SandboxReport:
     threads: int | None = None
     policy: dict = field(default_factory=dict)
     namespaces: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/namespaces.py
+    filesystem: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/rootfs.py
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,161 @@
+"""A root filesystem of only what the process may read: what Landlock does not govern, by path.
+
+Landlock (harness/ranks/sandbox.py) decides which files a process may open. It does not govern
+changing a file's metadata by path (chmod, utime, setxattr: a team's code could make another team's
+record or the validation shards unreadable, if its user owns them), nor connect() to a Unix socket
+by path (a daemon that runs commands: a terminal multiplexer, a message bus). An evaluation model
+process, once in its own user, PID and network namespaces (harness/ranks/namespaces.py), therefore
+also moves into its own mount namespace and a new root that holds exactly the policy's paths:
+
+- every path it may read (the Python installation, the system's folders, the submission, the
+  checkpoint) and every device file, bound read-only, recursively: chmod, utime and setxattr fail
+  with EROFS whatever the files' owner;
+- its private folder, bound read-write: the only place it can change anything;
+- a /proc of its own PID namespace (its own processes only; no /proc/<pid>/root into another
+  process's files), or, where the kernel refuses a new one, the old /proc read-only;
+- nothing else: /tmp, /run, /var and the home folders, with the sockets daemons listen on there, the
+  runs tree, the leaderboard and the validation shards are not in this root at all.
+
+The new root is a tmpfs (read-only once built) made inside the private folder, entered with
+pivot_root; the old root is detached. Where any step fails (an older kernel, a restricted host),
+`confine` says why and the process keeps the old root; its sandbox report and the run record say
+so. Call it single-threaded, in the child that isolate() returns in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 0x4000, 1 << 18
+MNT_DETACH = 2
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64 (a syscall newer than the unified table)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Libc:
+    def __init__(self) -> None:
+        self.c = ctypes.CDLL(None, use_errno=True)
+        self.c.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+        self.c.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self.c.syscall.restype = ctypes.c_long
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            raise _Refused(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, what: str) -> None:
+        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+        self._check(self.c.mount(enc(source), enc(target), enc(fstype), flags, None), what)
+
+    def read_only(self, target: str, recursive: bool) -> None:
+        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+        self._check(self.c.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(target),
+                                   AT_RECURSIVE if recursive else 0, ctypes.byref(attr), ctypes.sizeof(attr)),
+                    f"read-only {target}")
+
+    def pivot_root(self, new_root: str, put_old: str) -> None:
+        number = SYS_PIVOT_ROOT.get(os.uname().machine)
+        if number is None:
+            raise _Refused(f"pivot_root: unknown syscall number on {os.uname().machine}")
+        self._check(self.c.syscall(number, os.fsencode(new_root), os.fsencode(put_old)), "pivot_root")
+
+
+def _depth(path: str) -> int:
+    return len(Path(path).parts)
+
+
+def _bind_list(policy) -> list[tuple[str, bool]]:
+    """(path, writable) for every path the new root holds, parents before children."""
+    wanted = [(p, False) for p in (*policy.read_dirs, *policy.read_files, *policy.device_files) if p != "/proc"]
+    wanted += [(p, True) for p in policy.write_dirs]
+    out, seen = [], set()
+    queue = [(os.path.abspath(p), w) for p, w in wanted]
+    while queue:
+        path, writable = queue.pop()
+        if (path, writable) in seen or not os.path.lexists(path):
+            continue
+        seen.add((path, writable))
+        out.append((path, writable))
+        if os.path.islink(path):  # kept as a link; what it points to is bound too
+            queue.append((os.path.realpath(path), writable))
+    return sorted(out, key=lambda pw: (_depth(pw[0]), pw[1], pw[0]))
+
+
+def confine(policy, cwd: str | None = None) -> str:
+    """Enter a new mount namespace and a root of the policy's paths only; "" on success, else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"mount namespaces are Linux-only; this is {sys.platform}"
+    if not policy.write_dirs:
+        return "the policy names no private folder to build the new root in"
+    libc = _Libc()
+    cwd = cwd or os.getcwd()
+    try:
+        libc._check(libc.c.unshare(CLONE_NEWNS), "unshare of the mount namespace")
+        libc.mount(None, "/", None, MS_REC | MS_PRIVATE, "making the mounts private")  # nothing propagates out
+        root = os.path.join(policy.write_dirs[0], ".root")
+        os.makedirs(root, exist_ok=True)
+        libc.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs for the new root")
+        bound: list[tuple[str, bool]] = []
+        for path, writable in _bind_list(policy):
+            target = root + path
+            covered = any(path == b or path.startswith(b.rstrip("/") + "/") for b, w in bound if w == writable)
+            if os.path.islink(path):
+                if not os.path.lexists(target):
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    os.symlink(os.readlink(path), target)
+                continue
+            if covered:
+                continue  # already there through a bound parent, with the same rights
+            if os.path.isdir(path):
+                os.makedirs(target, exist_ok=True)
+            elif not os.path.exists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "a").close()  # a file to bind a file on
+            if writable:  # without what is mounted beneath (the new root itself is, in the private folder)
+                libc.mount(path, target, None, MS_BIND, f"binding {path}")
+            else:  # with what is mounted beneath (/sys), all read-only, before anything writable is bound inside
+                libc.mount(path, target, None, MS_BIND | MS_REC, f"binding {path}")
+                libc.read_only(target, recursive=True)
+            bound.append((path, writable))
+        proc = root + "/proc"
+        os.makedirs(proc, exist_ok=True)
+        try:
+            libc.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of its own")
+            proc_note = "/proc of its own PID namespace"
+        except _Refused as exc:
+            libc.mount("/proc", proc, None, MS_BIND | MS_REC, "binding /proc")
+            libc.read_only(proc, recursive=True)
+            proc_note = f"the host's /proc, read-only ({exc})"
+        old = os.path.join(root, ".old-root")
+        os.makedirs(old, exist_ok=True)
+        libc.pivot_root(root, old)
+        os.chdir("/")
+        libc._check(libc.c.umount2(b"/.old-root", MNT_DETACH), "detaching the old root")
+        os.rmdir("/.old-root")
+        libc.read_only("/", recursive=False)  # the tmpfs itself: no new files beside the bound paths
+    except (_Refused, OSError) as exc:
+        return f"no root of its own ({exc})"
+    try:
+        os.chdir(cwd)
+    except OSError:
+        os.chdir(policy.write_dirs[0])
+    return ""
+
+
+def describe() -> str:
+    return "a root of the policy's paths only, read-only but the private folder"
