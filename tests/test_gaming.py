@@ -114,6 +114,7 @@ def test_the_check_and_model_processes_can_change_no_file_by_path_nor_reach_a_da
     for name in ("preflight.log", "eval-model-rank0.log", "eval-check-rank0.log"):
         text = (logs / name).read_text()
         assert "MEDDLE chmod ENOENT utime ENOENT" in text and "MEDDLE socket ENOENT" in text, (name, text[-800:])
+        assert "MEDDLE fchmod" in text and (logs / name).stat().st_mode & 0o7777 == 0o644, name  # undone after
     assert record["sandbox"]["check"]["filesystem"]["active"] is True
     assert all(r["filesystem"]["active"] is True for r in record["sandbox"]["evaluation"].values())
     assert not [w for w in record["warnings"] if "isolation" in w]

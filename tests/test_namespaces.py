@@ -83,7 +83,11 @@ args = json.loads(sys.argv[1])
 policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"],
                               read_files=[args["checkpoint"]])
 assert namespaces.isolate() == ""
-out = {"why": rootfs.confine(policy)}
+why, proc_note = rootfs.confine(policy)
+out = {"why": why, "proc": proc_note, "root": sorted(os.listdir("/")),  # what the root holds (Landlock hides it)
+       "other": sorted(os.listdir(os.path.dirname(args["victim"]))),
+       "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+out["landlock"] = sandbox.apply(policy).active  # as the model process does
 
 def attempt(name, fn):
     try:
@@ -106,9 +110,20 @@ attempt("root_through_private", lambda: open(os.path.join(args["private"], ".roo
 out["planted"] = os.path.exists("/planted")
 out["reads_team_file"] = open(team_file).read()
 out["reads_checkpoint"] = open(args["checkpoint"]).read()
-out["root"] = sorted(os.listdir("/"))
-out["other"] = sorted(os.listdir(os.path.dirname(args["victim"])))
-out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+attr = (ctypes.c_uint64 * 4)(0, 1, 0, 0)  # mount_attr: clear MOUNT_ATTR_RDONLY
+
+def syscall_ok(result):
+    if result != 0:
+        raise OSError(ctypes.get_errno(), "refused")
+
+# With every capability of its user namespace, it could undo the read-only flags it was given.
+attempt("clear_read_only", lambda: syscall_ok(libc.syscall(442, -100, args["submission"].encode(), 0x8000, attr, 32)))
+attempt("unmount", lambda: syscall_ok(libc.umount2(args["submission"].encode(), 2)))
+attempt("new_namespaces", lambda: syscall_ok(libc.unshare(0x10000000 | 0x00020000)))
+attempt("clear_read_only_again", lambda: syscall_ok(libc.syscall(442, -100, args["submission"].encode(), 0x8000, attr, 32)))
 print(json.dumps(out), flush=True)
 """
 
@@ -137,7 +152,9 @@ def test_a_model_process_can_change_no_file_it_did_not_make_and_reach_no_socket(
         got = run(CONFINED.replace("sys.argv[1]", repr(json.dumps(args))))
     finally:
         server.close()
-    assert got["why"] == "", got
+    assert got["why"] == "" and got["landlock"] is True and got["proc"].startswith("a /proc of its own"), got
+    assert got["clear_read_only"] == "EPERM" and got["unmount"] == "EPERM", got  # no capability left
+    assert got["clear_read_only_again"] in ("EPERM", "EINVAL"), got  # a new namespace's copies are locked
     assert got["chmod_victim"] == got["utime_victim"] == "ENOENT", got  # not in its root at all
     assert got["socket"] == "ENOENT", got
     for name in ("chmod_team_file", "utime_checkpoint", "xattr_team_file", "chmod_python", "new_file_at_root"):

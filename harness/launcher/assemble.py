@@ -145,6 +145,10 @@ def sandbox_warnings(record: RunRecord) -> None:
                     line = f"the {where} ran without its {part} isolation: {sub.get('why') or 'unknown reason'}"
                     if line not in record.warnings:
                         record.warnings.append(line)
+                elif isinstance(sub, dict) and sub.get("active") and sub.get("own_proc") is False:
+                    line = f"the {where} saw the host's processes: {sub.get('why')}"
+                    if line not in record.warnings:
+                        record.warnings.append(line)
         elif isinstance(report, dict):
             for name, sub in report.items():
                 walk(f"{where} ({name} process)", sub)

@@ -57,29 +57,62 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
     env = sandbox.private_environment(tmp)
-    with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
-        t_start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp, env=env)
-        if meanwhile is not None:
-            meanwhile()  # an exception here leaves the scope, which ends the process
-        try:
-            code = proc.wait(timeout=max(0.0, timeout_s - (time.monotonic() - t_start)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return {"ok": False, "problems": [{"file": str(submission_dir), "problem":
-                    f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
-                    "fix": "make get_model and one forward at batch 2 fast"}]}
+    # The process's sandbox report comes over a pipe, sent before any team code runs: report.json is in
+    # its writable folder, where the team's code could rewrite it.
+    box_read, box_write = os.pipe()
+    try:
+        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
+            t_start = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep),
+                                     str(box_write)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=tmp, env=env, pass_fds=(box_write,))
+            os.close(box_write)
+            box_write = -1
+            if meanwhile is not None:
+                meanwhile()  # an exception here leaves the scope, which ends the process
+            try:
+                code = proc.wait(timeout=max(0.0, timeout_s - (time.monotonic() - t_start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                        f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
+                        "fix": "make get_model and one forward at batch 2 fast"}]}
+        box = _read_all(box_read)
+    finally:
+        os.close(box_read)
+        if box_write >= 0:
+            os.close(box_write)
+        sandbox.reset_log(log_path)
     try:
         report = json.loads(rep.read_text())
     except (OSError, ValueError):
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        report["sandbox"] = json.loads(box)
+    except ValueError:
+        report["sandbox"] = {"active": False, "why": "the check process sent no sandbox report"}
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report
+
+
+def _read_all(fd: int) -> bytes:
+    """What the check process wrote to its report pipe (every writer is gone: it ended, and it closed
+    the pipe before team code ran)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:  # a writer still holds it open: take what was sent
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- training and evaluation

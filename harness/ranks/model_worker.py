@@ -73,13 +73,15 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     # torch or the submission.
     policy = sandbox.Policy.from_dict(setup["policy"]) if setup.get("policy") else None
     isolation = namespaces.isolate() if policy else "the track turns the sandbox off"
+    proc_note = ""
     if policy is None:
         root = "the track turns the sandbox off"
     else:
-        root = rootfs.confine(policy) if not isolation else "no namespaces, so no root of its own"
+        root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
     report = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "the track turns the sandbox off")
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
-    report.filesystem = {"active": not root, "why": root or rootfs.describe()}
+    report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
+                         "own_proc": bool(proc_note.startswith("a /proc of its own"))}
     # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
     # change what the scorer records.
     send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())

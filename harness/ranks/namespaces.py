@@ -25,7 +25,7 @@ import signal
 import sys
 
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -52,6 +52,9 @@ def isolate() -> str:
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
         return ""
+    # Not dumpable: the child, same user and same user namespace, could otherwise reach this process's
+    # files (/proc/<pid>/root: the host's root) where it sees the host's /proc (rootfs.py's fallback).
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     for sig in FORWARDED:  # a signal meant for "the model process" reaches the process that runs the model
         signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
     while True:  # the parent: nothing but waiting, so the scorer's kill of the session reaches both

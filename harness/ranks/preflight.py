@@ -1,6 +1,6 @@
 """Checks a submission in a throw-away process before any process group starts.
 
-    python -m harness.ranks.preflight <request.json> <report.json>
+    python -m harness.ranks.preflight <request.json> <report.json> [<sandbox report fd>]
 
 Imports the submission, checks CONFIG and the hooks, builds the model from CONFIG, runs one
 forward and backward at a tiny batch, and checks the outputs. The submission's code never runs
@@ -10,6 +10,7 @@ in the launcher process, which writes the records.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -302,13 +303,18 @@ def main(argv: list[str]) -> None:
     # paths only, then Landlock, all before torch or the submission. It needs no network either.
     policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
     isolation = namespaces.isolate() if policy else "no sandbox was asked for"
+    proc_note = ""
     if policy is None:
         root = "no sandbox was asked for"
     else:
-        root = rootfs.confine(policy) if not isolation else "no namespaces, so no root of its own"
+        root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
     box = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "no sandbox was asked for")
     box.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
-    box.filesystem = {"active": not root, "why": root or rootfs.describe()}
+    box.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
+                      "own_proc": bool(proc_note.startswith("a /proc of its own"))}
+    if len(argv) > 3:  # the launcher's pipe: the report leaves before any team code can change it
+        with os.fdopen(int(argv[3]), "wb") as pipe:
+            pipe.write(json.dumps(box.to_dict()).encode())
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
@@ -318,7 +324,7 @@ def main(argv: list[str]) -> None:
         report = run_open_checks(request) if request.get("division") == "open" else run_checks(request)
     except BaseException as exc:
         report = {"ok": False, "problems": [_problem(exc)]}
-    report["sandbox"] = box.to_dict()
+    report["sandbox"] = box.to_dict()  # the launcher takes the pipe's copy; this one is for a reader of the file
     Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
     sys.stdout.flush()
 

@@ -91,71 +91,110 @@ def _bind_list(policy) -> list[tuple[str, bool]]:
             continue
         seen.add((path, writable))
         out.append((path, writable))
-        if os.path.islink(path):  # kept as a link; what it points to is bound too
-            queue.append((os.path.realpath(path), writable))
+        if os.path.islink(path):  # kept as a link; what it points to is bound too (each hop of a chain)
+            hop = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+            queue.append((hop, writable))
     return sorted(out, key=lambda pw: (_depth(pw[0]), pw[1], pw[0]))
 
 
-def confine(policy, cwd: str | None = None) -> str:
-    """Enter a new mount namespace and a root of the policy's paths only; "" on success, else why not."""
+def confine(policy, cwd: str | None = None) -> tuple[str, str]:
+    """Enter a new mount namespace and a root of the policy's paths only. Returns ("", what /proc is)
+    on success, else (why not, ""). Whatever happened, the process then holds no capability: in its
+    user namespace it had them all, and with them it could clear the read-only flags it set itself
+    (mount_setattr has no Landlock hook), unmount a bind or mount over one."""
     if not sys.platform.startswith("linux"):
-        return f"mount namespaces are Linux-only; this is {sys.platform}"
+        return f"mount namespaces are Linux-only; this is {sys.platform}", ""
     if not policy.write_dirs:
-        return "the policy names no private folder to build the new root in"
+        return "the policy names no private folder to build the new root in", ""
     libc = _Libc()
     cwd = cwd or os.getcwd()
     try:
-        libc._check(libc.c.unshare(CLONE_NEWNS), "unshare of the mount namespace")
-        libc.mount(None, "/", None, MS_REC | MS_PRIVATE, "making the mounts private")  # nothing propagates out
-        root = os.path.join(policy.write_dirs[0], ".root")
-        os.makedirs(root, exist_ok=True)
-        libc.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs for the new root")
-        bound: list[tuple[str, bool]] = []
-        for path, writable in _bind_list(policy):
-            target = root + path
-            covered = any(path == b or path.startswith(b.rstrip("/") + "/") for b, w in bound if w == writable)
-            if os.path.islink(path):
-                if not os.path.lexists(target):
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    os.symlink(os.readlink(path), target)
-                continue
-            if covered:
-                continue  # already there through a bound parent, with the same rights
-            if os.path.isdir(path):
-                os.makedirs(target, exist_ok=True)
-            elif not os.path.exists(target):
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                open(target, "a").close()  # a file to bind a file on
-            if writable:  # without what is mounted beneath (the new root itself is, in the private folder)
-                libc.mount(path, target, None, MS_BIND, f"binding {path}")
-            else:  # with what is mounted beneath (/sys), all read-only, before anything writable is bound inside
-                libc.mount(path, target, None, MS_BIND | MS_REC, f"binding {path}")
-                libc.read_only(target, recursive=True)
-            bound.append((path, writable))
-        proc = root + "/proc"
-        os.makedirs(proc, exist_ok=True)
-        try:
-            libc.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of its own")
-            proc_note = "/proc of its own PID namespace"
-        except _Refused as exc:
-            libc.mount("/proc", proc, None, MS_BIND | MS_REC, "binding /proc")
-            libc.read_only(proc, recursive=True)
-            proc_note = f"the host's /proc, read-only ({exc})"
-        old = os.path.join(root, ".old-root")
-        os.makedirs(old, exist_ok=True)
-        libc.pivot_root(root, old)
-        os.chdir("/")
-        libc._check(libc.c.umount2(b"/.old-root", MNT_DETACH), "detaching the old root")
-        os.rmdir("/.old-root")
-        libc.read_only("/", recursive=False)  # the tmpfs itself: no new files beside the bound paths
+        proc_note, why = _build_and_enter(libc, policy), ""
     except (_Refused, OSError) as exc:
-        return f"no root of its own ({exc})"
+        proc_note, why = "", f"no root of its own ({exc})"
+    try:
+        drop_capabilities(libc)
+    except _Refused as exc:
+        proc_note, why = "", why or f"its capabilities could not be dropped ({exc})"
     try:
         os.chdir(cwd)
     except OSError:
-        os.chdir(policy.write_dirs[0])
-    return ""
+        os.chdir(policy.write_dirs[0] if os.path.isdir(policy.write_dirs[0]) else "/")
+    return why, proc_note
 
 
-def describe() -> str:
-    return "a root of the policy's paths only, read-only but the private folder"
+def _build_and_enter(libc: _Libc, policy) -> str:
+    libc._check(libc.c.unshare(CLONE_NEWNS), "unshare of the mount namespace")
+    libc.mount(None, "/", None, MS_REC | MS_PRIVATE, "making the mounts private")  # nothing propagates out
+    root = os.path.join(policy.write_dirs[0], ".root")
+    os.makedirs(root, exist_ok=True)
+    libc.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs for the new root")
+    bound: list[tuple[str, bool]] = []
+    for path, writable in _bind_list(policy):
+        target = root + path
+        covered = any(path == b or path.startswith(b.rstrip("/") + "/") for b, w in bound if w == writable)
+        if os.path.islink(path):
+            if not os.path.lexists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.symlink(os.readlink(path), target)
+            continue
+        if covered:
+            continue  # already there through a bound parent, with the same rights
+        if os.path.isdir(path):
+            os.makedirs(target, exist_ok=True)
+        elif not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()  # a file to bind a file on
+        if writable:  # without what is mounted beneath (the new root itself is, in the private folder)
+            libc.mount(path, target, None, MS_BIND, f"binding {path}")
+        else:  # with what is mounted beneath (/sys), all read-only, before anything writable is bound inside
+            libc.mount(path, target, None, MS_BIND | MS_REC, f"binding {path}")
+            libc.read_only(target, recursive=True)
+        bound.append((path, writable))
+    proc = root + "/proc"
+    os.makedirs(proc, exist_ok=True)
+    try:
+        libc.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of its own")
+        proc_note = "a /proc of its own PID namespace"
+    except _Refused as exc:  # hosts that mask parts of /proc refuse a new one to a user namespace
+        libc.mount("/proc", proc, None, MS_BIND | MS_REC, "binding /proc")
+        libc.read_only(proc, recursive=True)
+        proc_note = f"the host's /proc, read-only: a new one was refused ({exc})"
+    old = os.path.join(root, ".old-root")
+    os.makedirs(old, exist_ok=True)
+    libc.pivot_root(root, old)
+    os.chdir("/")
+    libc._check(libc.c.umount2(b"/.old-root", MNT_DETACH), "detaching the old root")
+    os.rmdir("/.old-root")
+    libc.read_only("/", recursive=False)  # the tmpfs itself: no new files beside the bound paths
+    return proc_note
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+PR_CAPBSET_DROP, LINUX_CAPABILITY_VERSION_3 = 24, 0x20080522
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+
+
+def drop_capabilities(libc: _Libc | None = None) -> None:
+    """No capability, now or after an exec (the bounding set emptied, then effective, permitted and
+    inheritable set to nothing). A new user namespace made later gets capabilities again, but only over
+    copies of these mounts, which the kernel then locks: read-only stays read-only."""
+    libc = libc or _Libc()
+    for cap in range(64):  # past the kernel's last capability the call fails with EINVAL: nothing to drop
+        libc.c.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    number = SYS_CAPSET.get(os.uname().machine)
+    if number is None:
+        raise _Refused(f"capset: unknown syscall number on {os.uname().machine}")
+    data = (_CapData * 2)()
+    libc._check(libc.c.syscall(number, ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+
+
+def describe(proc_note: str) -> str:
+    return f"a root of the policy's paths only, read-only but the private folder; {proc_note}; no capabilities"

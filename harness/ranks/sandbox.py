@@ -83,8 +83,10 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if gpu:
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
-    if gpu and os.path.isdir("/run/nvidia-persistenced"):
-        read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (other daemons' sockets)
+    if gpu and training and os.path.isdir("/run"):
+        read_dirs.append("/run")  # nvidia-persistenced's socket, and resolv.conf where it links into /run
+    elif gpu and os.path.isdir("/run/nvidia-persistenced"):
+        read_dirs.append("/run/nvidia-persistenced")  # no network here: its socket, not other daemons'
     write_dirs = [private_dir]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
@@ -171,3 +173,16 @@ def apply(policy: Policy) -> SandboxReport:
     except Exception as exc:
         return SandboxReport(False, f"Landlock refused the rules ({type(exc).__name__}: {exc})", abi, threads)
     return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict())
+
+
+def reset_log(path: str | Path) -> None:
+    """Undo what a sandboxed process can do to the log file it was handed as stdout: no sandbox governs
+    fchmod or fsetxattr on a descriptor it already holds (a setuid bit, mode 000, extended attributes).
+    Called once the process and everything it started are gone; its content stays as written."""
+    try:
+        os.chmod(path, 0o644, follow_symlinks=False)
+        for name in os.listxattr(path, follow_symlinks=False):
+            if name.startswith("user."):
+                os.removexattr(path, name, follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass

@@ -278,6 +278,9 @@ class ModelWorker:
         """Give the log its role's name (`log_path`). Called once every model process of the scorer is
         dead: a later one must not find an earlier one's log by a name it can guess (stat() by path is
         not Landlock's), nor learn its size or times."""
+        from harness.ranks.sandbox import reset_log
+
+        reset_log(self._live_log)
         if self.log_path != self._live_log:
             try:
                 os.replace(self._live_log, self.log_path)
