@@ -84,6 +84,7 @@ policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=arg
                               read_files=[args["checkpoint"]])
 assert namespaces.isolate() == ""
 why, proc_note = rootfs.confine(policy)
+assert rootfs.drop_capabilities() == ""  # as the model process does, after confine
 out = {"why": why, "proc": proc_note, "root": sorted(os.listdir("/")),  # what the root holds (Landlock hides it)
        "other": sorted(os.listdir(os.path.dirname(args["victim"]))),
        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
@@ -167,3 +168,38 @@ def test_a_model_process_can_change_no_file_it_did_not_make_and_reach_no_socket(
     assert got["pids"] == [1], got["pids"]  # a /proc of its own PID namespace
     after = [os.stat(p) for p in (victim, checkpoint, team / "submission.py")]
     assert [(s.st_mode, s.st_mtime_ns) for s in after] == [(s.st_mode, s.st_mtime_ns) for s in before]
+
+
+HALF_BUILT = """
+import json, os, sys
+from harness.ranks import namespaces, rootfs, sandbox
+args = json.loads(sys.argv[1])
+policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"])
+real = rootfs._Libc.read_only
+def refuse_team_folder(self, target, recursive):
+    if target.endswith(args["submission"]):
+        raise rootfs._Refused("read-only refused (simulated)")
+    return real(self, target, recursive)
+rootfs._Libc.read_only = refuse_team_folder
+assert namespaces.isolate() == ""
+why, _ = rootfs.confine(policy)
+rootfs.drop_capabilities()
+through = os.path.join(args["private"], ".root", args["submission"].lstrip("/"), "submission.py")
+try:
+    open(through, "a").write("# changed")
+    wrote = "yes"
+except OSError as exc:
+    wrote = type(exc).__name__
+print(json.dumps({"why": why, "wrote": wrote}), flush=True)
+"""
+
+
+def test_a_root_that_fails_half_built_leaves_nothing_writable_behind(tmp_path):
+    """If a step fails after some paths were bound (a kernel or seccomp profile that refuses
+    mount_setattr), the half-built root is detached: no bind stays writable through the private folder."""
+    team, private = tmp_path / "team", tmp_path / "private"
+    team.mkdir(), private.mkdir()
+    (team / "submission.py").write_text("# the team's code\n")
+    got = run(HALF_BUILT.replace("sys.argv[1]", repr(json.dumps({"submission": str(team), "private": str(private)}))))
+    assert got["why"].startswith("no root of its own") and "simulated" in got["why"], got
+    assert got["wrote"] != "yes" and (team / "submission.py").read_text() == "# the team's code\n", got

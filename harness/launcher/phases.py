@@ -84,19 +84,49 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         if box_write >= 0:
             os.close(box_write)
         sandbox.reset_log(log_path)
-    try:
-        report = json.loads(rep.read_text())
-    except (OSError, ValueError):
+    report = _read_report(rep)
+    if report is None:
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        report["sandbox"] = json.loads(box)
+        sent = json.loads(box)
     except ValueError:
+        sent = None
+    if isinstance(sent, dict):  # what the process sent before team code ran; report.json's copies are not taken
+        report["sandbox"], report["screen"] = sent.get("sandbox"), sent.get("screen", [])
+    else:
         report["sandbox"] = {"active": False, "why": "the check process sent no sandbox report"}
+        report["screen"] = []
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report
+
+
+REPORT_MAX_BYTES = 16 << 20
+
+
+def _read_report(path: Path) -> dict | None:
+    """report.json as the check process left it, or None. Team code ran in that folder: the file may be
+    a link (to /dev/zero, a fifo), huge, or not an object; it is read without following links, only
+    as a regular file, and only so far."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(REPORT_MAX_BYTES + 1)
+        report = json.loads(data) if len(data) <= REPORT_MAX_BYTES else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return report if isinstance(report, dict) else None
 
 
 def _read_all(fd: int) -> bytes:
@@ -230,3 +260,4 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
     finally:
         reporter.end_progress()
         channel.close()
+        sandbox.settle_logs(job.log_dir)  # every scorer and model process is gone: _run_job ended them

@@ -78,6 +78,8 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
         root = "the track turns the sandbox off"
     else:
         root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
+        dropped = rootfs.drop_capabilities()  # whatever happened above
+        root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
     report = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "the track turns the sandbox off")
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),

@@ -211,13 +211,24 @@ def _at_eval_length(model, vocab_size: int, eval_len: int, device, file: str):
         raise _eval_length_error(file, eval_len, exc) from exc
 
 
+def _screen(request: dict) -> list[dict]:
+    """The static screen of the submission's files (it reads them and runs none)."""
+    from harness.submission.screen import screen_folder
+
+    try:
+        return screen_folder(Path(request["submission_dir"]),
+                             script=request.get("script") if request.get("division") == "open" else None)
+    except Exception as exc:  # noqa: BLE001  (an unreadable file: the checks report it with its name)
+        return [{"file": ".", "line": 0, "category": "screen failed", "what": f"{type(exc).__name__}: {exc}",
+                 "code": ""}]
+
+
 def run_checks(request: dict) -> dict:
     """Every problem found, at once where they are independent; the static screen always."""
     from harness.submission.contract import config_warnings, import_submission_module, inspect_submission
-    from harness.submission.screen import screen_folder
 
     folder = Path(request["submission_dir"])
-    report: dict = {"ok": False, "problems": [], "warnings": [], "screen": screen_folder(folder)}
+    report: dict = {"ok": False, "problems": [], "warnings": [], "screen": request.get("screen") or _screen(request)}
     try:
         module = import_submission_module(folder)
         if isinstance(getattr(module, "CONFIG", None), dict):
@@ -255,11 +266,10 @@ def run_open_checks(request: dict) -> dict:
     length, causality, FLOPs)."""
     from harness.ranks.checkpoint import unwrap
     from harness.submission.contract import SubmissionError, import_submission_module
-    from harness.submission.screen import screen_folder
 
     folder = Path(request["submission_dir"])
     model_file = request["model_file"]
-    report: dict = {"ok": False, "problems": [], "screen": screen_folder(folder, script=request.get("script"))}
+    report: dict = {"ok": False, "problems": [], "screen": request.get("screen") or _screen(request)}
     try:
         for path in sorted(folder.rglob("*.py")):
             source = path.read_text(errors="replace")
@@ -308,13 +318,18 @@ def main(argv: list[str]) -> None:
         root = "no sandbox was asked for"
     else:
         root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
+        dropped = rootfs.drop_capabilities()  # whatever happened above
+        root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
     box = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "no sandbox was asked for")
     box.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     box.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
                       "own_proc": bool(proc_note.startswith("a /proc of its own"))}
-    if len(argv) > 3:  # the launcher's pipe: the report leaves before any team code can change it
+    # The static screen reads the team's files and runs none of them: it is taken now, and leaves with
+    # the sandbox report over the launcher's pipe before any team code can change either.
+    request["screen"] = _screen(request)
+    if len(argv) > 3:  # the launcher's pipe
         with os.fdopen(int(argv[3]), "wb") as pipe:
-            pipe.write(json.dumps(box.to_dict()).encode())
+            pipe.write(json.dumps({"sandbox": box.to_dict(), "screen": request["screen"]}).encode())
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")

@@ -92,30 +92,30 @@ def _bind_list(policy) -> list[tuple[str, bool]]:
         seen.add((path, writable))
         out.append((path, writable))
         if os.path.islink(path):  # kept as a link; what it points to is bound too (each hop of a chain)
-            hop = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+            hop = os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path)), os.readlink(path)))
             queue.append((hop, writable))
     return sorted(out, key=lambda pw: (_depth(pw[0]), pw[1], pw[0]))
 
 
 def confine(policy, cwd: str | None = None) -> tuple[str, str]:
     """Enter a new mount namespace and a root of the policy's paths only. Returns ("", what /proc is)
-    on success, else (why not, ""). Whatever happened, the process then holds no capability: in its
-    user namespace it had them all, and with them it could clear the read-only flags it set itself
-    (mount_setattr has no Landlock hook), unmount a bind or mount over one."""
+    on success, else (why not, ""). The caller then calls drop_capabilities, whatever happened: in
+    its user namespace the process has them all, and with them it could clear the read-only flags it
+    set itself (mount_setattr has no Landlock hook), unmount a bind or mount over one."""
     if not sys.platform.startswith("linux"):
         return f"mount namespaces are Linux-only; this is {sys.platform}", ""
     if not policy.write_dirs:
         return "the policy names no private folder to build the new root in", ""
     libc = _Libc()
     cwd = cwd or os.getcwd()
+    root = os.path.join(policy.write_dirs[0], ".root")
     try:
-        proc_note, why = _build_and_enter(libc, policy), ""
+        proc_note, why = _build_and_enter(libc, policy, root), ""
     except (_Refused, OSError) as exc:
         proc_note, why = "", f"no root of its own ({exc})"
-    try:
-        drop_capabilities(libc)
-    except _Refused as exc:
-        proc_note, why = "", why or f"its capabilities could not be dropped ({exc})"
+        # A half-built root must not stay: a bind not yet read-only would be writable through the
+        # private folder, where Landlock allows writing. Detaching the tmpfs takes every bind with it.
+        libc.c.umount2(os.fsencode(root), MNT_DETACH)
     try:
         os.chdir(cwd)
     except OSError:
@@ -123,10 +123,9 @@ def confine(policy, cwd: str | None = None) -> tuple[str, str]:
     return why, proc_note
 
 
-def _build_and_enter(libc: _Libc, policy) -> str:
+def _build_and_enter(libc: _Libc, policy, root: str) -> str:
     libc._check(libc.c.unshare(CLONE_NEWNS), "unshare of the mount namespace")
     libc.mount(None, "/", None, MS_REC | MS_PRIVATE, "making the mounts private")  # nothing propagates out
-    root = os.path.join(policy.write_dirs[0], ".root")
     os.makedirs(root, exist_ok=True)
     libc.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs for the new root")
     bound: list[tuple[str, bool]] = []
@@ -182,11 +181,25 @@ PR_CAPBSET_DROP, LINUX_CAPABILITY_VERSION_3 = 24, 0x20080522
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 
 
-def drop_capabilities(libc: _Libc | None = None) -> None:
-    """No capability, now or after an exec (the bounding set emptied, then effective, permitted and
-    inheritable set to nothing). A new user namespace made later gets capabilities again, but only over
-    copies of these mounts, which the kernel then locks: read-only stays read-only."""
-    libc = libc or _Libc()
+def drop_capabilities(libc: _Libc | None = None) -> str:
+    """No capability, now or after an exec (no new privileges, the bounding set emptied, then effective,
+    permitted and inheritable set to nothing); "" when done, else why not. A new user namespace made
+    later gets capabilities again, but only over copies of these mounts, which the kernel then locks:
+    read-only stays read-only."""
+    if not sys.platform.startswith("linux"):
+        return f"capabilities are Linux's; this is {sys.platform}"
+    try:
+        _drop(libc or _Libc())
+    except _Refused as exc:
+        return str(exc)
+    return ""
+
+
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _drop(libc: _Libc) -> None:
+    libc._check(libc.c.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     for cap in range(64):  # past the kernel's last capability the call fails with EINVAL: nothing to drop
         libc.c.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     number = SYS_CAPSET.get(os.uname().machine)
@@ -194,6 +207,13 @@ def drop_capabilities(libc: _Libc | None = None) -> None:
         raise _Refused(f"capset: unknown syscall number on {os.uname().machine}")
     data = (_CapData * 2)()
     libc._check(libc.c.syscall(number, ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+    # Checked, not assumed. The bounding set may stay full where the process could not empty it (no
+    # CAP_SETPCAP: then it had nothing to lose), and no_new_privs means no exec can raise it again.
+    with open("/proc/self/status") as fh:
+        left = [line.split()[0] for line in fh if line.startswith(("CapEff", "CapPrm"))
+                and int(line.split()[1], 16) != 0]
+    if left:
+        raise _Refused(f"capabilities left after dropping them: {', '.join(left)}")
 
 
 def describe(proc_note: str) -> str:

@@ -83,10 +83,14 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if gpu:
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
-    if gpu and training and os.path.isdir("/run"):
-        read_dirs.append("/run")  # nvidia-persistenced's socket, and resolv.conf where it links into /run
-    elif gpu and os.path.isdir("/run/nvidia-persistenced"):
-        read_dirs.append("/run/nvidia-persistenced")  # no network here: its socket, not other daemons'
+    if gpu and os.path.isdir("/run/nvidia-persistenced"):
+        read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (secrets, other daemons)
+    read_files = list(read_files)
+    if training:  # name resolution for the process group, where these link out of /etc (into /run, often)
+        for name in ("/etc/resolv.conf", "/etc/hosts"):
+            real = os.path.realpath(name)
+            if real != name and os.path.isfile(real):
+                read_files.append(real)
     write_dirs = [private_dir]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
@@ -175,14 +179,48 @@ def apply(policy: Policy) -> SandboxReport:
     return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict())
 
 
+LIVE_LOGS = ".live"  # where evaluation's model processes write their logs while they run (workers.py)
+
+
 def reset_log(path: str | Path) -> None:
     """Undo what a sandboxed process can do to the log file it was handed as stdout: no sandbox governs
     fchmod or fsetxattr on a descriptor it already holds (a setuid bit, mode 000, extended attributes).
-    Called once the process and everything it started are gone; its content stays as written."""
+    Called once the process is gone; its content stays as written. Read and write bits stay within
+    0644 and the owner keeps read-write; nothing else survives."""
+    import stat
+
     try:
-        os.chmod(path, 0o644, follow_symlinks=False)
-        for name in os.listxattr(path, follow_symlinks=False):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        os.fchmod(fd, (stat.S_IMODE(st.st_mode) & 0o644) | 0o600)
+        for name in os.listxattr(fd):
             if name.startswith("user."):
-                os.removexattr(path, name, follow_symlinks=False)
-    except (OSError, NotImplementedError):
+                os.removexattr(fd, name)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def settle_logs(logs_dir: str | Path) -> None:
+    """After evaluation, whatever happened to the scorer: the live logs of its model processes (left
+    under their random names when it was killed) are reset and join the other logs."""
+    live = Path(logs_dir) / LIVE_LOGS
+    if not live.is_dir() or live.is_symlink():
+        return
+    for entry in list(live.iterdir()):
+        reset_log(entry)
+        if entry.is_file() and not entry.is_symlink():
+            try:
+                os.replace(entry, live.parent / entry.name)
+            except OSError:
+                pass
+    try:
+        live.rmdir()
+    except OSError:
         pass

@@ -160,8 +160,14 @@ class ModelWorker:
         # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
         # it gives the process a role) only when every model process of the scorer is dead (name_log):
         # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.
-        self._live_log = log_dir / f"eval-{secrets.token_hex(8)}.log"
-        self.log_path = self._live_log
+        # It lives in a folder only the harness's user can enter until then: the process holds the file
+        # open and could make it setuid (fchmod is no sandbox's); name_log (or the launcher's
+        # settle_logs, if this scorer is killed first) resets it before it joins the other logs.
+        live = log_dir / sandbox.LIVE_LOGS
+        live.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(live, 0o700)
+        self._live_log = live / f"eval-{secrets.token_hex(8)}.log"
+        self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
@@ -278,14 +284,11 @@ class ModelWorker:
         """Give the log its role's name (`log_path`). Called once every model process of the scorer is
         dead: a later one must not find an earlier one's log by a name it can guess (stat() by path is
         not Landlock's), nor learn its size or times."""
-        from harness.ranks.sandbox import reset_log
-
-        reset_log(self._live_log)
-        if self.log_path != self._live_log:
-            try:
-                os.replace(self._live_log, self.log_path)
-            except OSError:
-                pass
+        sandbox.reset_log(self._live_log)
+        try:
+            os.replace(self._live_log, self.log_path)
+        except OSError:
+            pass
 
 
 def _remove_tree(folder: Path) -> None:
