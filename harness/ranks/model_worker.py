@@ -66,24 +66,11 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     if kind != SETUP:
         raise ValueError("expected setup first")
     setup = json.loads(payload)
-    from harness.ranks import namespaces, rootfs, sandbox
+    from harness.ranks import sandbox
 
-    # Namespaces first (writing the uid map needs /proc, which Landlock then closes), then a root of the
-    # policy's paths only (mounting needs the new user namespace), then Landlock: all before numpy,
-    # torch or the submission.
+    # All before numpy, torch or the submission (sandbox.enter).
     policy = sandbox.Policy.from_dict(setup["policy"]) if setup.get("policy") else None
-    isolation = namespaces.isolate() if policy else "the track turns the sandbox off"
-    proc_note = ""
-    if policy is None:
-        root = "the track turns the sandbox off"
-    else:
-        root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
-        dropped = rootfs.drop_capabilities()  # whatever happened above
-        root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
-    report = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "the track turns the sandbox off")
-    report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
-    report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
-                         "own_proc": bool(proc_note.startswith("a /proc of its own"))}
+    report = sandbox.enter(policy, "the track turns the sandbox off")
     # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can
     # change what the scorer records.
     send(replies, SANDBOX, payload=json.dumps(report.to_dict()).encode())

@@ -307,23 +307,11 @@ def run_open_checks(request: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     request = json.loads(Path(argv[1]).read_text())
-    from harness.ranks import namespaces, rootfs, sandbox
+    from harness.ranks import sandbox
 
-    # As evaluation's model processes (harness/ranks/model_worker.py): namespaces, a root of the policy's
-    # paths only, then Landlock, all before torch or the submission. It needs no network either.
+    # As evaluation's model processes (harness/ranks/model_worker.py): it needs no network either.
     policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
-    isolation = namespaces.isolate() if policy else "no sandbox was asked for"
-    proc_note = ""
-    if policy is None:
-        root = "no sandbox was asked for"
-    else:
-        root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
-        dropped = rootfs.drop_capabilities()  # whatever happened above
-        root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
-    box = sandbox.apply(policy) if policy else sandbox.SandboxReport(False, "no sandbox was asked for")
-    box.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
-    box.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
-                      "own_proc": bool(proc_note.startswith("a /proc of its own"))}
+    box = sandbox.enter(policy, "no sandbox was asked for")
     # The static screen reads the team's files and runs none of them: it is taken now, and leaves with
     # the sandbox report over the launcher's pipe before any team code can change either.
     request["screen"] = _screen(request)

@@ -224,3 +224,27 @@ def settle_logs(logs_dir: str | Path) -> None:
         live.rmdir()
     except OSError:
         pass
+
+
+def enter(policy: Policy | None, off_why: str) -> SandboxReport:
+    """Everything a process that runs team code without the network enters, in order, before numpy,
+    torch or the submission: new namespaces (harness/ranks/namespaces.py: writing the uid map needs
+    /proc, which Landlock then closes), a root of the policy's paths only (harness/ranks/rootfs.py:
+    mounting needs the new user namespace), no capabilities, then Landlock. `off_why` says why there
+    is no policy. On success this process has forked (namespaces.isolate): the caller goes on in
+    the child."""
+    if policy is None:
+        report = SandboxReport(False, off_why)
+        report.namespaces = report.filesystem = {"active": False, "why": off_why}
+        return report
+    from harness.ranks import namespaces, rootfs
+
+    isolation = namespaces.isolate()
+    root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
+    dropped = rootfs.drop_capabilities()  # whatever happened above
+    root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
+    report = apply(policy)
+    report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
+    report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
+                         "own_proc": proc_note.startswith("a /proc of its own")}
+    return report
