@@ -147,3 +147,24 @@ def test_accumulated_gradients_equal_one_large_batch(tmp_path):
     step = weights[1] - start
     assert step.abs().max() > 1e-3, "the step did not move the weights: nothing was compared"
     torch.testing.assert_close(weights[4] - start, step, rtol=1e-4, atol=1e-6)
+
+
+UNWRAP = """
+import sys, torch
+from torch.nn.parallel import DistributedDataParallel
+from harness.ranks.checkpoint import unwrap
+
+model = torch.nn.Linear(4, 4)
+plain = unwrap(model)
+imported_for_a_plain_model = "torch._dynamo" in sys.modules
+compiled = torch.compile(model)  # wrapped, not compiled: nothing has called it
+print(plain is model, imported_for_a_plain_model, unwrap(compiled) is model, type(compiled).__name__)
+"""
+
+
+def test_unwrap_opens_torch_compiles_wrapper_and_imports_no_dynamo_for_a_plain_model():
+    # Each model process of an evaluation unwraps what get_model returns: importing torch._dynamo there
+    # for a plain model costs seconds of CPU per process; a compiled one must still be opened.
+    out = subprocess.run([sys.executable, "-c", UNWRAP], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "True", "OptimizedModule"]

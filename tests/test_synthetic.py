@@ -46,3 +46,24 @@ def test_corpus_is_built_once_deterministically(tmp_path):
     assert not list((tmp_path / "a").glob(".building-*"))
     floor = loss_floor(data, a, 64)
     assert meta["entropy_rate_nats"] - 0.3 < floor < meta["unigram_entropy_nats"]
+
+
+def test_the_floor_is_computed_once_per_evaluation_length_and_a_bad_file_is_not_trusted(tmp_path, monkeypatch):
+    import harness.data.synthetic as synthetic
+
+    data = DataSpec(source="synthetic", vocab_size=32, val_tokens=2048, synthetic=SPEC)
+    corpus = build_synthetic(data, tmp_path)
+    computed = {64: loss_floor(data, corpus, 64), 32: loss_floor(data, corpus, 32)}
+    assert computed[64] != computed[32]  # each length its own file: the first targets of windows differ
+
+    def no_source(*_a, **_k):
+        raise AssertionError("the floor was computed again")
+
+    with monkeypatch.context() as m:  # kept: a later run reads it back, exactly
+        m.setattr(synthetic, "MarkovSource", no_source)
+        assert loss_floor(data, corpus, 64) == computed[64] and loss_floor(data, corpus, 32) == computed[32]
+    for bad in ("{", json.dumps({"format_version": 1, "seq_len": 32, "loss_floor": 0.5}), "NaN",
+                json.dumps({"format_version": 1, "seq_len": 64, "loss_floor": float("nan")})):
+        (corpus / "floor-seq64.json").write_text(bad)  # torn, another length's, not an object, not finite
+        assert loss_floor(data, corpus, 64) == computed[64]
+    assert not list(corpus.glob(".floor-*")), "a temporary file was left behind"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 
@@ -23,12 +24,18 @@ def file_sha256(path: str | Path) -> str:
 def unwrap(module):
     """The plain module under torch.compile's and DDP's wrappers: its state dict has no `_orig_mod.`
     or `module.` prefixes and loads into what get_model(config) returns. Only those two wrapper
-    types are opened (a team's own attribute called `module` is left alone)."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    types are opened (a team's own attribute called `module` is left alone).
+
+    torch._dynamo is not imported for this: it costs seconds of CPU (twice per evaluation, once in
+    each model process), and a module torch.compile wrapped exists only once torch.compile has
+    imported it, so a process where it was never loaded holds no such wrapper."""
     from torch.nn.parallel import DistributedDataParallel
 
+    compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    compiled = compiled if isinstance(compiled, type) else ()
+
     while True:
-        if isinstance(module, OptimizedModule):
+        if isinstance(module, compiled):
             module = module._orig_mod
         elif isinstance(module, DistributedDataParallel):
             module = module.module
