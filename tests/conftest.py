@@ -85,21 +85,39 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def tiny_track_with(folder: Path, **values) -> Path:
-    """tiny.toml with some keys set, each already in it: top-level keys by name, a table's as
-    `eval__timeout_s`. The name stays `tiny`, so records and the leaderboard land where the other tests
-    look, and the run stays official."""
+def tiny_track_with(folder: Path, base: Path = TINY_TRACK, **values) -> Path:
+    """tiny.toml (or another of tests/fixtures/tracks) with some keys set, each already in it: top-level
+    keys by name, a table's as `eval__timeout_s`. The name stays, so records and the leaderboard land
+    where the other tests look, and the run stays official."""
     import re
 
-    text = TINY_TRACK.read_text()
+    text = base.read_text()
+    assert not (folder / base.name).exists(), f"{folder / base.name} is written once per test"
     for key, value in values.items():
         table, _, name = key.rpartition("__")
         parts = re.split(r"(?m)^(?=\[)", text)  # the top level, then one part per [table]
         i = next((i for i, part in enumerate(parts) if (part.startswith(f"[{table}]\n") if table else i == 0)), None)
-        assert i is not None, f"no table [{table}] in {TINY_TRACK.name}"
+        assert i is not None, f"no table [{table}] in {base.name}"
         parts[i], n = re.subn(rf"^{name} = .*$", f"{name} = {json.dumps(value)}", parts[i], flags=re.M)
-        assert n == 1, f"{key} is not a key of {TINY_TRACK.name}"
+        assert n == 1, f"{key} is not a key of {base.name}"
         text = "".join(parts)
-    path = folder / "tiny.toml"
+    path = folder / base.name
     path.write_text(text)
     return path
+
+
+def one_rank(folder: Path, **values) -> Path:
+    """tiny on one rank of one thread: for a test of what a single process does, where a second rank
+    would only double the CPU the suite spends (each run's ranks import torch and train in parallel
+    on a 2-core machine)."""
+    return tiny_track_with(folder, nproc_per_node=1, cpu_threads_per_rank=1, **values)
+
+
+QUICK_STEPS = 20
+
+
+def quick_track(folder: Path, **values) -> Path:
+    """tiny on one rank for QUICK_STEPS steps, not to the 4 s budget: for a submission whose test is about
+    the check, evaluation or the record, where neither the number of ranks nor the budget is under test.
+    The hard limit still holds, and the run stays official."""
+    return one_rank(folder, max_steps=QUICK_STEPS, **values)

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from conftest import FIXTURES, TINY_TRACK, processes_of_run, run_dirs
+from conftest import FIXTURES, one_rank, processes_of_run, quick_track, run_dirs
 
 
 def _records(runs):
@@ -29,16 +29,19 @@ def _wait(predicate, what: str, timeout_s: float = 180.0):
 
 def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, tmp_path):
     """A holds in evaluation (its record says `evaluating`) until B's ranks train under B's guard; then A
-    finishes and writes its final record while B is still training (B's budget: 40 s). B's guard must
-    neither restore A's earlier record nor flag B."""
+    finishes and writes its final record while B is still training (B's budget: 30 s). B's guard must
+    neither restore A's earlier record nor flag B. Each on one rank: what is under test is two runs'
+    records, not their ranks."""
     runs = tmp_path / "runs"
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
 
-    def start(sub, *extra):
-        return subprocess.Popen([sys.executable, "-m", "harness", "run", str(sub), "--track", str(TINY_TRACK), *extra],
+    def start(sub, track, *extra):
+        return subprocess.Popen([sys.executable, "-m", "harness", "run", str(sub), "--track", str(track), *extra],
                                 env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    a = start(FIXTURES / "gated_eval")
+    a = start(FIXTURES / "gated_eval", quick_track(tmp_path / "a"))
 
     def a_evaluates() -> bool:  # `evaluating`; before it existed, a record said `ok` with no val_loss here
         rec = _records(runs).get("gated_eval", (None, {}))[1]
@@ -46,8 +49,8 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
 
     _wait(a_evaluates, "A to evaluate")
     run_a = _records(runs)["gated_eval"][1]["run_id"]
-    b = start(FIXTURES / "ok_bigram", "--budget-s", "40")  # A's check process starts only after its scoring is done
-    _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank1.log"),
+    b = start(FIXTURES / "ok_bigram", one_rank(tmp_path / "b"), "--budget-s", "30")  # A's check starts after its scoring
+    _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank0.log"),
           "B to train")
     assert _model_processes(run_a), "A's model processes"
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, TINY_TRACK, processes_of_run, tiny_track_with
+from conftest import FIXTURES, TINY_TRACK, one_rank, processes_of_run, quick_track
 from records_factory import make_run
 
 
@@ -22,7 +22,7 @@ def test_a_model_that_peeks_ahead_is_invalid_before_training(cli, tmp_path):
 
 
 def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_path):
-    result = cli("run", str(FIXTURES / "sneaky_peek"), "--track", str(TINY_TRACK))
+    result = cli("run", str(FIXTURES / "sneaky_peek"), "--track", str(quick_track(tmp_path)))
     assert result.code == 1
     record = _record(tmp_path / "runs", "sneaky_peek")
     assert record["status"] == "invalid" and "non-causal" in record["reason"]
@@ -33,7 +33,7 @@ def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_p
 def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_path):
     """The cheat's clocks run at 0.6: it trains a 4 s budget in about 6.7 s. The grace (20 s here, not
     tiny's 3) keeps the hard limit far from that on a slow machine: the run ends ok, and flagged."""
-    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(tiny_track_with(tmp_path, grace_s=20.0)),
+    result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(one_rank(tmp_path, grace_s=20.0)),
                  leaderboard=True)
     record = _record(tmp_path / "runs", "clock_cheat")
     assert record["status"] == "ok", record["reason"]
@@ -60,10 +60,10 @@ def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_pat
     sub = tmp_path / "tamper"
     shutil.copytree(FIXTURES / "tamper", sub)
     (sub / "targets.json").write_text(json.dumps({"records": [str(victim)], "leaderboard": [str(board)]}))
-    track = tmp_path / "tiny.toml"
-    track.write_text(TINY_TRACK.read_text().replace('name = "tiny"', f'name = "tiny"\nsandbox = "{sandbox}"'))
+    quick = quick_track(tmp_path)
+    quick.write_text(quick.read_text().replace('name = "tiny"', f'name = "tiny"\nsandbox = "{sandbox}"'))
 
-    result = cli("run", str(sub), "--track", str(track), env={"HARNESS_DATA_ROOT": "/secret/data"})
+    result = cli("run", str(sub), "--track", str(quick), env={"HARNESS_DATA_ROOT": "/secret/data"})
     assert victim.read_bytes() == before, "another team's record was changed"
     record = _record(runs, "tamper")
     (log,) = (runs / "tiny" / "tamper").glob("*/logs/rank0.log")
@@ -103,7 +103,7 @@ def test_the_check_and_model_processes_can_change_no_file_by_path_nor_reach_a_da
     daemon.listen(4)
     (sub / "targets.json").write_text(json.dumps({"files": [str(victim)], "socket": str(tmp_path / "daemon.sock")}))
     try:
-        result = cli("run", str(sub), "--track", str(TINY_TRACK))
+        result = cli("run", str(sub), "--track", str(quick_track(tmp_path)))
     finally:
         daemon.close()
     after = os.stat(victim)
@@ -122,9 +122,10 @@ def test_the_check_and_model_processes_can_change_no_file_by_path_nor_reach_a_da
 
 def test_a_claimed_end_of_training_does_not_stop_the_launchers_clock(cli, tmp_path):
     """The submission reports "training ended" at its 3rd step through its own channel and trains on
-    (budget 30 s): the launcher kills it a save allowance after the claim, and flags the run for the
-    progress reports that came after it."""
-    result = cli("run", str(FIXTURES / "fake_train_end"), "--track", str(TINY_TRACK), "--budget-s", "30")
+    (budget 30 s): the launcher kills it a save allowance (6 s here) after the claim, and flags the run
+    for the progress reports that came after it."""
+    result = cli("run", str(FIXTURES / "fake_train_end"), "--track", str(one_rank(tmp_path, save_allowance_s=6.0)),
+                 "--budget-s", "30")
     assert result.code == 1
     record = _record(tmp_path / "runs", "fake_train_end")
     save = record["track"]["save_allowance_s"]
@@ -135,7 +136,7 @@ def test_a_claimed_end_of_training_does_not_stop_the_launchers_clock(cli, tmp_pa
 
 
 def test_a_process_that_pretends_to_be_a_rank_is_refused_and_flags_the_run(cli, tmp_path):
-    result = cli("run", str(FIXTURES / "impostor"), "--track", str(TINY_TRACK))
+    result = cli("run", str(FIXTURES / "impostor"), "--track", str(TINY_TRACK))  # rank 1 starts the impostor
     record = _record(tmp_path / "runs", "impostor")
     assert record["status"] == "ok", record["reason"]  # its fake "training ended" changed nothing
     assert record["flagged"] is True and "pretended to be a rank" in record["flag_reason"]

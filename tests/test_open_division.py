@@ -1,8 +1,9 @@
 """The open division: a team's own train.py under the harness's clock, scored like any run.
 
 Pure parts (detection, [open] parsing, the starter kit's arguments, checkpoint normalisation) as
-unit tests; the rest as real 2-rank runs of tests/fixtures/open_modes through the CLI, one per
-failure the fixed loop is also tested for.
+unit tests; the rest as real runs of tests/fixtures/open_modes through the CLI: the honest script on
+2 ranks, and one run per failure the fixed loop is also tested for (on one rank where the failure is
+not rank 1's).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, TINY_TRACK, only_record, processes_of_run
+from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_run
 from harness.submission.contract import SubmissionError
 from harness.submission.open_division import FIXED, OPEN, division_of, read_open_spec, script_argv
 
@@ -134,7 +135,9 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
     ("exit_code", "crashed", "exited with code 3"),
 ])
 def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode, status, reason):
-    track = TINY_TRACK if status == "timeout" else ROOMY_TRACK  # killed either way / must not be, even loaded
+    base = TINY_TRACK if status == "timeout" else ROOMY_TRACK  # killed either way / must not be, even loaded
+    # crash and hang are rank 1's: two ranks; the others on one
+    track = base if mode in ("crash", "hang") else one_rank(tmp_path, base=base)
     result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(track))
     assert result.code == 1, result.text
     _, record = only_record(tmp_path / "runs")

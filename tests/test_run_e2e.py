@@ -179,10 +179,9 @@ def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
 
 
 def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
-    from conftest import FIXTURES, TINY_TRACK
+    from conftest import FIXTURES, quick_track
 
-    result = cli("run", str(FIXTURES / "config_typo"), "--track", str(TINY_TRACK), "--max-steps", "3",
-                 "--no-leaderboard")
+    result = cli("run", str(FIXTURES / "config_typo"), "--track", str(quick_track(tmp_path)), "--no-leaderboard")
     assert result.code == 0, result.err
     _, record = only_record(tmp_path / "runs")
     (warning,) = record["warnings"]
@@ -194,10 +193,10 @@ def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):
     """torch.compile compiles in the first step, on the clock (17-23 s on these CPUs, cold cache
     included): with a grace long enough for it the run ends ok, the compile step is the slow one,
     and the checkpoint holds the plain module's keys. (That the stop rule leaves the compile step
-    out of its estimate is tests/test_clock.py's.)"""
-    from conftest import FIXTURES, TINY_TRACK
+    out of its estimate is tests/test_clock.py's.) On one rank: each rank compiles on its own."""
+    from conftest import FIXTURES, one_rank
 
-    result = cli("run", str(FIXTURES / "compiled"), "--track", str(TINY_TRACK), "--budget-s", "4",
+    result = cli("run", str(FIXTURES / "compiled"), "--track", str(one_rank(tmp_path)), "--budget-s", "4",
                  "--grace-s", "90")
     assert result.code == 0, result.err
     run_dir, record = only_record(tmp_path / "runs")
