@@ -29,7 +29,7 @@ def _wait(predicate, what: str, timeout_s: float = 180.0):
 
 def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, tmp_path):
     """A holds in evaluation (its record says `evaluating`) until B's ranks train under B's guard; then A
-    finishes and writes its final record while B is still training (B's budget: 30 s). B's guard must
+    finishes and writes its final record while B is still training (B's budget: 40 s). B's guard must
     neither restore A's earlier record nor flag B. Each on one rank: what is under test is two runs'
     records, not their ranks."""
     runs = tmp_path / "runs"
@@ -49,7 +49,7 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
 
     _wait(a_evaluates, "A to evaluate")
     run_a = _records(runs)["gated_eval"][1]["run_id"]
-    b = start(FIXTURES / "ok_bigram", one_rank(tmp_path / "b"), "--budget-s", "30")  # A's check starts after its scoring
+    b = start(FIXTURES / "ok_bigram", one_rank(tmp_path / "b"), "--budget-s", "40")  # A's check starts after its scoring
     _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank0.log"),
           "B to train")
     assert _model_processes(run_a), "A's model processes"

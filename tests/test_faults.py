@@ -325,8 +325,8 @@ def test_per_optimizer_schedules_and_gradient_clipping(cli, tmp_path):
     # The team's own schedule ran, not the default (whose warm-up and decay would move the first multiplier).
     assert len(rows) > 3 and all(float(r["lr_scale"]) == 1.0 for r in rows)
 
-    (tmp_path / "bad").mkdir()
-    bad = cli("run", str(FIXTURES / "two_optimizers"), "--track", str(quick_track(tmp_path / "bad")),
+    (tmp_path / "bad-track").mkdir()
+    bad = cli("run", str(FIXTURES / "two_optimizers"), "--track", str(quick_track(tmp_path / "bad-track")),
               env={"TWO_OPTIMIZERS_BAD": "1"}, runs_dir=tmp_path / "bad")
     assert bad.code == 1
     _, record = only_record(tmp_path / "bad")

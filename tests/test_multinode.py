@@ -31,7 +31,7 @@ def launch(node_rank: int, port: int, run_id: str, tmp_path, cache_dir, *extra: 
 
 def test_two_nodes_give_the_same_kind_of_record_as_one(tmp_path, cache_dir):
     port = free_port()
-    nodes = [launch(r, port, "two-nodes", tmp_path, cache_dir, "--max-steps", "20") for r in (1, 0)]  # the record, not the budget
+    nodes = [launch(r, port, "two-nodes", tmp_path, cache_dir) for r in (1, 0)]
     outs = [p.communicate(timeout=180) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     run_dir = tmp_path / "runs" / "tiny" / "ok_bigram" / "two-nodes"

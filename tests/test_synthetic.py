@@ -62,8 +62,13 @@ def test_the_floor_is_computed_once_per_evaluation_length_and_a_bad_file_is_not_
     with monkeypatch.context() as m:  # kept: a later run reads it back, exactly
         m.setattr(synthetic, "MarkovSource", no_source)
         assert loss_floor(data, corpus, 64) == computed[64] and loss_floor(data, corpus, 32) == computed[32]
-    for bad in ("{", json.dumps({"format_version": 1, "seq_len": 32, "loss_floor": 0.5}), "NaN",
-                json.dumps({"format_version": 1, "seq_len": 64, "loss_floor": float("nan")})):
-        (corpus / "floor-seq64.json").write_text(bad)  # torn, another length's, not an object, not finite
+    def kept(**fields):
+        return json.dumps({"floor_version": synthetic.FLOOR_VERSION, "seq_len": 64, "loss_floor": computed[64],
+                           **fields})
+
+    # torn, not an object, too deep, another length's, another version's, not finite, not the corpus's
+    for bad in ("{", "NaN", "[" * 100_000, kept(seq_len=32), kept(floor_version=synthetic.FLOOR_VERSION + 1),
+                kept(loss_floor=float("nan")), kept(loss_floor=computed[64] - 1.0)):
+        (corpus / "floor-seq64.json").write_text(bad)
         assert loss_floor(data, corpus, 64) == computed[64]
     assert not list(corpus.glob(".floor-*")), "a temporary file was left behind"

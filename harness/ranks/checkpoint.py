@@ -31,8 +31,9 @@ def unwrap(module):
     imported it, so a process where it was never loaded holds no such wrapper."""
     from torch.nn.parallel import DistributedDataParallel
 
-    compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
-    compiled = compiled if isinstance(compiled, type) else ()
+    compiled: type | tuple = ()
+    if "torch._dynamo" in sys.modules:  # free once loaded; fails loudly if torch moves the class
+        from torch._dynamo.eval_frame import OptimizedModule as compiled
 
     while True:
         if isinstance(module, compiled):
