@@ -344,7 +344,10 @@ def test_the_record_holds_the_measured_figures(shard_runs):
     t = r["timings"]
     assert t["train_s"] == pytest.approx(r["launcher_train_time_s"]) and t["startup_s"] == pytest.approx(r["startup_s"])
     phases = t["preflight_s"] + t["launch_to_train_s"] + t["train_s"] + t["save_and_teardown_s"] + t["eval_s"]
-    assert phases <= t["total_s"] <= wall_s / 2  # one of two runs in one command
+    assert phases <= t["total_s"]
+    # Two runs in one command: their totals together fit in its wall time (each alone need not fit in half
+    # of it: the runs of a --repeat differ in length).
+    assert sum(rec["timings"]["total_s"] for _, rec in records) <= wall_s
 
 
 def test_clock_start_model_build_puts_get_model_on_the_clock(shard_runs):
