@@ -62,6 +62,7 @@ def test_the_floor_is_computed_once_per_evaluation_length_and_a_bad_file_is_not_
     with monkeypatch.context() as m:  # kept: a later run reads it back, exactly
         m.setattr(synthetic, "MarkovSource", no_source)
         assert loss_floor(data, corpus, 64) == computed[64] and loss_floor(data, corpus, 32) == computed[32]
+
     def kept(**fields):
         return json.dumps({"floor_version": synthetic.FLOOR_VERSION, "seq_len": 64, "loss_floor": computed[64],
                            **fields})
