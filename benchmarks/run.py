@@ -41,9 +41,11 @@ def steady_step_s(times: list[float], steps: list[int]) -> float:
 
 def run_harness(duration_s: float, runs: Path, env: dict, extra: tuple[str, ...] = ()) -> dict:
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
-                    "--budget-s", str(duration_s), "--runs-dir", str(runs), "--no-leaderboard", *extra],
-                   check=True, env=env, capture_output=True)
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(ROOT / "submissions" / "baseline"),
+                           "--budget-s", str(duration_s), "--runs-dir", str(runs), "--no-leaderboard", *extra],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:  # say why: the run's own words, not just an exit status
+        sys.exit(f"harness run of the baseline failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     run_dir = max(runs.glob("local/baseline/*/run.json"), key=os.path.getmtime).parent
     record = json.loads((run_dir / "run.json").read_text())
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))

@@ -23,7 +23,7 @@ from harness.data.shards import inspect_shard, write_shard
 from harness.ranks.channel import ChannelClient
 from harness.ranks.jobs import TrainJob
 from harness.ranks.loop import train
-from harness.ranks.process import RankEnv
+from harness.ranks.process import RankEnv, release_and_exit
 
 READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
          torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
@@ -51,9 +51,11 @@ job = TrainJob(run_id="t", track="t", submission_dir=sys.argv[1], seed=1, budget
                cpu_threads_per_rank=1, vocab_size=256, train_shards=[inspect_shard(f"{folder}/train.bin")],
                max_steps=int(sys.argv[2]), comm_probe_steps=0)
 env = RankEnv.from_environ()
+holders = []
 with CountReads():
-    result = train(job, env, ChannelClient(None, 0), [])
-print(json.dumps({"reads": CountReads.reads, "steps": result["steps"]}))
+    result = train(job, env, ChannelClient(None, 0), holders)
+print(json.dumps({"reads": CountReads.reads, "steps": result["steps"]}), flush=True)
+release_and_exit(0, holders)  # as a rank leaves: gloo's threads stopped before the interpreter goes
 """
 
 
@@ -113,7 +115,7 @@ from harness.data.shards import inspect_shard, write_shard
 from harness.ranks.channel import ChannelClient
 from harness.ranks.jobs import TrainJob
 from harness.ranks.loop import train
-from harness.ranks.process import RankEnv
+from harness.ranks.process import RankEnv, release_and_exit
 
 folder = tempfile.mkdtemp()
 write_shard(f"{folder}/train.bin", np.random.default_rng(0).integers(0, 256, 50_000), "raw_uint16")
@@ -121,7 +123,9 @@ job = TrainJob(run_id="t", track="t", submission_dir=sys.argv[1], seed=1, budget
                backend="gloo", device="cpu", dtype="float32", log_interval_s=1e9, collective_timeout_s=60.0,
                cpu_threads_per_rank=1, vocab_size=256, train_shards=[inspect_shard(f"{folder}/train.bin")],
                max_steps=1, comm_probe_steps=0, staging_dir=sys.argv[2])
-train(job, RankEnv.from_environ(), ChannelClient(None, 0), [])
+holders = []
+train(job, RankEnv.from_environ(), ChannelClient(None, 0), holders)
+release_and_exit(0, holders)  # as a rank leaves (see SCRIPT)
 """
 
 
