@@ -85,11 +85,12 @@ def _read(path) -> str:
 
 
 def _model_processes(run_id: str) -> list:
-    """Processes of the run that run a model: model_worker processes inside their own PID namespace
-    (their NSpid has two entries; the parent that only waits for them has one)."""
+    """Processes of the run that run a model: forks of the scorer's model-process template (or, where
+    there is none, model_worker processes) inside their own PID namespace (their NSpid has two
+    entries; the template and the parent that only waits have one)."""
     found = []
     for p in processes_of_run(run_id):
-        if "harness.ranks.model_worker" not in " ".join(_cmdline(p)):
+        if not any(m in " ".join(_cmdline(p)) for m in ("harness.ranks.model_template", "harness.ranks.model_worker")):
             continue
         try:
             nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))

@@ -189,6 +189,36 @@ def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path)
     assert "torch._dynamo" not in _log(run_dir, "eval-model-rank0.log")
 
 
+def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one(cli, tmp_path):
+    """Both model processes are forks of the scorer's clean template (one import of torch for the
+    two; the record says how they started). Each holds its stdin (/dev/null), its log, its two pipes
+    and its logits buffer, nothing of the template (no socket); its environment is the private one;
+    and its random generators are seeded afresh, as a new interpreter's are."""
+    import re
+
+    from harness.ranks.sandbox import KEEP_ENV
+
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "fork_probe")
+    assert result.code == 0, record["reason"]
+    assert record["eval"]["model_processes"] == "forked from a clean template"
+    private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE"}
+    draws = []
+    for name in ("eval-model-rank0.log", "eval-check-rank0.log"):
+        text = _log(run_dir, name)
+        held = re.findall(r"^FORK-PROBE fd (\d+) (.*)$", text, re.M)
+        assert held, text[-2000:]
+        kinds = [("null" if t == "/dev/null" else "log" if "/.live/eval-" in t else "pipe" if t.startswith("pipe:")
+                  else "buffer" if t.startswith("/memfd:harness-logits") else t) for _, t in held]
+        assert sorted(set(kinds)) == ["buffer", "log", "null", "pipe"], (name, held)
+        assert kinds.count("pipe") == 2 and kinds.count("null") == 1, (name, held)
+        env = re.search(r"^FORK-PROBE env (.*)$", text, re.M).group(1).split()
+        assert set(env) <= set(KEEP_ENV) | private, set(env) - set(KEEP_ENV) - private
+        cwd, home = re.search(r"^FORK-PROBE cwd (\S+) path0 \S+ home (\S+)$", text, re.M).groups()
+        assert cwd == home and "harness-model-" in cwd
+        draws.append(re.search(r"^FORK-PROBE draws (.*)$", text, re.M).group(1).split())
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1], draws
+
+
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13
 
 

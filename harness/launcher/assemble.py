@@ -185,7 +185,7 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
         return
     r0 = ev.reports("eval_result").get(0, {})
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
-                                          "causality", "scorer_clean")}
+                                          "causality", "scorer_clean", "model_processes")}
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
     exposed = r0.get("sandbox_exposed") or []
     if exposed:

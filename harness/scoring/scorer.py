@@ -53,10 +53,15 @@ def shared_seed(env: RankEnv, device) -> int:
 
 
 def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
-    from harness.scoring.workers import ModelWorker, become_subreaper
+    from harness.scoring.workers import ModelWorker, become_subreaper, model_template
 
     t_start = perf_counter()
     become_subreaper()
+    # Before anything is read: the clean process both model processes are forked from (it imports
+    # torch once, while this process does the same; harness/ranks/model_template.py). Closed last.
+    template = model_template()
+    if template is not None:
+        holders.append(template)
     V, T = job.vocab_out, job.seq_len
     setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir,
              "device": f"cuda:{env.local_rank}" if job.device == "cuda" else "cpu",  # as setup_device picks it
@@ -66,7 +71,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     logs = Path(job.log_dir)
 
     def start() -> ModelWorker:  # the one way a model process is started, on every rank
-        worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected)
+        worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected, template=template)
         holders.append(worker)
         started.append(worker)
         return worker
@@ -183,6 +188,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
         "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
+        "model_processes": "forked from a clean template" if template is not None else "fresh interpreters",
     }
 
 
@@ -210,7 +216,7 @@ def main(argv: list[str]) -> None:
         print(report["traceback"], file=sys.stderr, flush=True)
         channel.send("error", **report)
         code = 1
-    for worker in holders:
+    for worker in reversed(holders):  # the model processes, then the template they were forked from
         if hasattr(worker, "close"):
             worker.close()
     for worker in started:

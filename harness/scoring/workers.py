@@ -153,8 +153,110 @@ class WorkerFailed(RuntimeError):
         self.harness_status, self.worker_traceback = status, traceback
 
 
+class ForkedProcess:
+    """A model process forked by the template, seen as a subprocess.Popen is (pid, wait, poll, kill):
+    the template is its parent, so its exit code comes from there."""
+
+    def __init__(self, template: "ModelTemplate", pid: int):
+        self.template, self.pid, self.returncode = template, pid, None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.template.wait(self.pid, 3600.0 if timeout is None else timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"model process {self.pid}", timeout)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0.0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.returncode is None:  # not reaped by the template yet: the pid is still this process's
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class ModelTemplate:
+    """The scorer's end of harness/ranks/model_template.py: a clean process, started before the scorer
+    reads anything, that imports torch once and forks each model process on request. Only this
+    process holds the socket to it; the children never do (Linux: SOCK_SEQPACKET and SCM_RIGHTS)."""
+
+    def __init__(self):
+        import socket
+
+        self.dir = Path(tempfile.mkdtemp(prefix="harness-template-"))
+        os.chmod(self.dir, 0o700)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:  # its output goes to the scorer's log; it prints only if it fails
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "harness.ranks.model_template", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, cwd=self.dir,
+                env=sandbox.private_environment(self.dir), close_fds=True, start_new_session=True)
+        finally:
+            theirs.close()
+        self._closed = False
+
+    def _ask(self, request: dict, fds: list[int] = (), timeout_s: float | None = None) -> dict:
+        import socket
+
+        self.sock.settimeout(timeout_s)
+        try:
+            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
+            reply = self.sock.recv(1 << 16)
+        except OSError as exc:  # its end closed, or no answer in time
+            raise WorkerFailed("crashed", f"the model-process template did not answer ({exc or 'timed out'}); "
+                                          "see the scorer's log") from None
+        if not reply:
+            code = self.proc.poll()
+            raise WorkerFailed("crashed", f"the model-process template died (exit code {code}); see the scorer's log")
+        answer = json.loads(reply)
+        if "error" in answer:
+            raise WorkerFailed("crashed", f"the model-process template refused a request: {answer['error']}")
+        return answer
+
+    def fork(self, *, log_fd: int, fds: tuple[int, int, int], logits_bytes: int, cwd: Path,
+             env: dict[str, str]) -> ForkedProcess:
+        """A new model process with `log_fd` as its output and `fds` (requests, replies, logits buffer)."""
+        answer = self._ask({"op": "fork", "cwd": str(cwd), "env": env, "logits_bytes": int(logits_bytes)},
+                           [log_fd, *fds])
+        return ForkedProcess(self, int(answer["pid"]))
+
+    def wait(self, pid: int, timeout_s: float) -> int | None:
+        try:
+            code = self._ask({"op": "wait", "pid": pid, "timeout_s": timeout_s}, timeout_s=timeout_s + 30.0)["code"]
+        except WorkerFailed as exc:
+            raise ChildProcessError(str(exc)) from None
+        return None if code is None else int(code)
+
+    def close(self) -> None:
+        """End the template (its children are ended by their ModelWorker.close, or die with it)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.sock.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        _remove_tree(self.dir)
+
+
+def model_template() -> ModelTemplate | None:
+    """A template where the model processes can be forked from one (Linux); None elsewhere: each is
+    then started as a fresh interpreter."""
+    return ModelTemplate() if sys.platform.startswith("linux") and hasattr(__import__("socket"), "send_fds") else None
+
+
 class ModelWorker:
-    def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str]):
+    def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
+                 template: ModelTemplate | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="harness-model-"))
         os.chmod(self.dir, 0o700)
         # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
@@ -181,14 +283,20 @@ class ModelWorker:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self._others = set(descendants(os.getpid())) if sys.platform.startswith("linux") else set()
-        with open(self._live_log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
-                 str(self.buffer_fd), str(max(1, buffer_bytes))],
-                pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=self.dir, env=env, close_fds=True, start_new_session=True)
-        os.close(req_r)
-        os.close(rep_w)
+        try:
+            with open(self._live_log, "ab") as log:
+                if template is not None:
+                    self.proc = template.fork(log_fd=log.fileno(), fds=(req_r, rep_w, self.buffer_fd),
+                                              logits_bytes=max(1, buffer_bytes), cwd=self.dir, env=env)
+                else:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
+                         str(self.buffer_fd), str(max(1, buffer_bytes))],
+                        pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                        cwd=self.dir, env=env, close_fds=True, start_new_session=True)
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
         send(self.requests, SETUP, payload=json.dumps(self.setup).encode())
         self.ready: dict = {}
 
@@ -251,7 +359,7 @@ class ModelWorker:
     def _exit_code(self, wait_s: float = 5.0):
         try:
             return self.proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, ChildProcessError):
             return None
 
     def close(self) -> None:
