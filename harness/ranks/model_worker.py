@@ -3,7 +3,8 @@
     python -u -m harness.ranks.model_worker <requests fd> <replies fd> <logits fd> <logits bytes>
 
 Started by a scorer (harness/scoring/scorer.py), which holds the validation tokens and computes
-the score. This process never holds a target: it gets the inputs of one batch at a time over a
+the score: as a fork of the scorer's clean template (harness/ranks/model_template.py calls `main`),
+or, where there is none, as the command above. This process never holds a target: it gets the inputs of one batch at a time over a
 pipe, runs forward, writes the logits into a shared buffer and says so. Before it imports
 anything of the submission it enters the sandbox (no validation data, no runs tree, no TCP;
 it never runs at the same time as the other model process of its scorer: the
@@ -68,7 +69,7 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     setup = json.loads(payload)
     from harness.ranks import sandbox
 
-    # All before numpy, torch or the submission (sandbox.enter).
+    # All before the submission, on one thread (sandbox.enter); torch is loaded below, or already (the template's).
     policy = sandbox.Policy.from_dict(setup["policy"]) if setup.get("policy") else None
     report = sandbox.enter(policy, "the track turns the sandbox off")
     # The report leaves as bytes now, before any team code runs: nothing it does later (frames, gc) can

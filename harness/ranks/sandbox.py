@@ -2,7 +2,8 @@
 
 Landlock lets an unprivileged process forbid itself, and every process it starts, access to all
 paths but those it allows; it is applied while the process still has one thread (it binds the
-calling thread and its future children), before numpy, torch or the submission are imported.
+calling thread and its future children), before anything of the submission is imported. (A model
+process forked from its template, harness/ranks/model_template.py, has torch loaded but one thread.)
 
 What a process may touch is a `Policy`, decided by the harness process that starts it:
 - read (and execute): the Python installation, the harness package, the system's libraries and
@@ -227,8 +228,8 @@ def settle_logs(logs_dir: str | Path) -> None:
 
 
 def enter(policy: Policy | None, off_why: str) -> SandboxReport:
-    """Everything a process that runs team code without the network enters, in order, before numpy,
-    torch or the submission: new namespaces (harness/ranks/namespaces.py: writing the uid map needs
+    """Everything a process that runs team code without the network enters, in order, on one thread
+    and before the submission: new namespaces (harness/ranks/namespaces.py: writing the uid map needs
     /proc, which Landlock then closes), a root of the policy's paths only (harness/ranks/rootfs.py:
     mounting needs the new user namespace), no capabilities, then Landlock. `off_why` says why there
     is no policy. On success this process has forked (namespaces.isolate): the caller goes on in

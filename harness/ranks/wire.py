@@ -7,7 +7,7 @@ could run code.
 - scorer -> model process: `setup` (JSON: checkpoint, submission folder, device, precision,
   threads, the sandbox policy), `batch` (rows, seq_len; int64 tokens), `quit`;
 - model process -> scorer: `sandbox` (JSON: the sandbox report, sent right after the sandbox is
-  entered, before numpy, torch or any team code is imported: the one the scorer records), `ready`
+  entered, before any team code is imported: the one the scorer records), `ready`
   (JSON: parameters), `logits` (rows,
   seq_len, dtype code; the values are in the shared buffer), `error` (JSON: status, reason,
   traceback).

@@ -5,7 +5,7 @@ Started by torch elastic after every training process is gone:
     python -u -m harness.scoring.scorer <eval_job.json>
 
 This process never imports the submission (its result says so: `scorer_clean`). It starts the
-scoring model process first (which imports torch and loads the checkpoint meanwhile), checks the
+scoring model process first (forked from a clean template that imports torch meanwhile), checks the
 checkpoint's sha256 against the record, reads the validation tokens, and draws a secret seed
 (shared by the scorer ranks, recorded only in the result). For each of its
 batches (harness/scoring/plan.py) it hands the inputs over, takes the logits back and computes the
@@ -80,8 +80,8 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         worker.close()
         holders.remove(worker)
 
-    # The scoring process starts before anything else: it imports torch and loads the checkpoint while
-    # this process does the same (on a small CPU each costs seconds).
+    # The scoring process starts before anything else is read: its template imports torch while this
+    # process does the same (on a small CPU each costs seconds), then forks it.
     scoring = start()
 
     import torch

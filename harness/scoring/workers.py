@@ -4,8 +4,9 @@ take its logits out of the shared buffer, end it.
 Each model process gets a private folder of its own (its working directory, HOME and TMPDIR),
 an environment that names nothing of the harness's files, two pipes and the shared buffer as
 inherited file descriptors, and its stdout and stderr as a log file the scorer opened: it never
-needs a path into the runs tree. Both model processes of a scorer are started the same way, each in
-a session of its own, and never at the same time: the scorer ends the scoring process, and every
+needs a path into the runs tree. Both model processes of a scorer are started the same way (on
+Linux as forks of one clean template, harness/ranks/model_template.py, which imports torch once;
+elsewhere as fresh interpreters), each in a session of its own, and never at the same time: the scorer ends the scoring process, and every
 process it started, before the check process exists (`kill_tree`; the scorer is a child subreaper,
 so a process that leaves its session or is orphaned is still the scorer's descendant and is found).
 """
