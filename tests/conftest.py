@@ -74,11 +74,18 @@ def only_record(runs: Path) -> tuple[Path, dict]:
 
 
 def processes_of_run(run_id: str) -> list[psutil.Process]:
-    """Live processes started for a run (they all carry HARNESS_RUN_ID)."""
+    """Live processes started for a run: they all carry HARNESS_RUN_ID. Evaluation's model-process
+    template and its copies are not dumpable (their environment cannot be read): they name the run on
+    their command line."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("HARNESS_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = proc.cmdline()
+            if "harness.ranks.model_template" in cmd and run_id in cmd:
+                found.append(proc)
+            elif proc.environ().get("HARNESS_RUN_ID") == run_id:
                 found.append(proc)
         except psutil.Error:
             continue

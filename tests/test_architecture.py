@@ -89,7 +89,8 @@ def test_the_scorer_never_reaches_the_code_that_imports_a_submission():
     """Evaluation's scorer holds the targets: nothing it imports may load a team's code (that happens
     only in harness/ranks/model_worker.py, a process of its own)."""
     forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib",
-                 "harness.ranks.model_worker", "harness.ranks.loop", "harness.ranks.preflight",
+                 "harness.ranks.model_worker", "harness.ranks.model_template", "harness.ranks.loop",
+                 "harness.ranks.preflight",
                  "harness.ranks.checkpoint.load_model", "harness.submission.contract.import_submission_module")
     assert _violations("harness.scoring", forbidden) == []
 

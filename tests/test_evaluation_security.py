@@ -190,10 +190,11 @@ def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path)
 
 
 def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one(cli, tmp_path):
-    """Both model processes are forks of the scorer's clean template (one import of torch for the
-    two; the record says how they started). Each holds its stdin (/dev/null), its log, its two pipes
-    and its logits buffer, nothing of the template (no socket); its environment is the private one;
-    and its random generators are seeded afresh, as a new interpreter's are."""
+    """Both model processes are forks of clean copies of the scorer's template (one import of torch
+    for the two; the record says how they started). Each holds its stdin (/dev/null), its log, its
+    two pipes and its logits buffer, nothing of the template (no socket); its environment is the
+    private one; its random generators are seeded afresh, as a new interpreter's are; and the harness
+    frames it inherited are shaped alike in both (no history of the first in the second's memory)."""
     import re
 
     from harness.ranks.sandbox import KEEP_ENV
@@ -202,7 +203,7 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     assert result.code == 0, record["reason"]
     assert record["eval"]["model_processes"] == "forked from a clean template"
     private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE"}
-    draws = []
+    draws, frames = [], []
     for name in ("eval-model-rank0.log", "eval-check-rank0.log"):
         text = _log(run_dir, name)
         held = re.findall(r"^FORK-PROBE fd (\d+) (.*)$", text, re.M)
@@ -216,7 +217,10 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
         cwd, home = re.search(r"^FORK-PROBE cwd (\S+) path0 \S+ home (\S+)$", text, re.M).groups()
         assert cwd == home and "harness-model-" in cwd
         draws.append(re.search(r"^FORK-PROBE draws (.*)$", text, re.M).group(1).split())
-    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1], draws
+        frames.append(json.loads(re.search(r"^FORK-PROBE frames (.*)$", text, re.M).group(1)))
+    assert all(a != b for a, b in zip(*draws)), draws  # Python's, numpy's, torch's
+    assert any(f[0] == "ranks/model_template.py" for f in frames[0]), frames[0]  # what is compared is there
+    assert frames[0] == frames[1], frames
 
 
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13

@@ -1,26 +1,36 @@
-"""Evaluation's model processes, forked from a clean template that imported torch once.
+"""Evaluation's model processes, forked from clean copies of a template that imported torch once.
 
-    python -u -m harness.ranks.model_template <control socket fd> <scorer pid>
+    python -u -m harness.ranks.model_template <run id> <scorer pid> <control fd> [<control fd> ...]
 
-A scorer starts this process before it reads anything (harness/scoring/workers.py: ModelTemplate).
-It imports what every model process loads before its sandbox (torch, numpy and the harness's own
-model-process code), then only waits on the one socket its scorer holds. It never imports a
-submission, never holds a token, a target or a checkpoint's weights, and can start nothing but a
-model process (harness/ranks/model_worker.py's `main`). Each of the scorer's two model processes is
-a fork of it: as clean as a fresh `python -m harness.ranks.model_worker`, without paying torch's
-import again (seconds per process on a small CPU), and the check process starts the moment the
-scoring one is dead.
+A scorer starts this process before it reads anything (harness/scoring/workers.py: ModelTemplate),
+with one control socket per model process it will start (two: the scoring one and the check one).
+The template imports torch, numpy and the harness's model-process code, and then, before any
+request exists, forks one copy per socket. Each copy holds only its own socket, serves exactly one
+model process, and can start nothing else (harness/ranks/model_worker.py's `main`). It never
+imports a submission. It never holds a token, a target or a checkpoint's weights.
 
-What a child keeps of the template is the code it loaded and nothing else: every descriptor but
-those its request passed is closed, its environment, working directory and import path are the
-request's, it leads a session of its own, its random generators are seeded afresh, and it then
-enters the sandbox as every model process does (namespaces, a root of its own, Landlock) before
-anything of the submission is imported. The template itself is not dumpable: no process of its user
-can read or write its memory through /proc.
+Why copies, and not one template that forks twice: a template that had served the scoring process
+would carry that history (its pid, its exit code) into the check process's memory, where team code
+could read it. That would be a channel from the first model process to the second, and it would tell
+each one its role. The copies are forked before either model process exists, so they are identical
+but for the socket each holds. The scorer picks which copy serves which role at random, so even
+that says nothing.
 
-Messages (JSON, one per SOCK_SEQPACKET datagram):
-- fork: {"op": "fork", "cwd", "env", "logits_bytes"} with four descriptors (its log, the requests
-  pipe's read end, the replies pipe's write end, the shared logits buffer) -> {"pid"}
+A model process forked from a copy keeps the code that was loaded and nothing else:
+- every descriptor is closed except those its request passed;
+- its environment, working folder and first import path are the request's;
+- it leads a session of its own;
+- torch's and numpy's generators are seeded afresh (Python's `random` reseeds itself at fork).
+Python's string-hash secret is the template's; it is fixed when an interpreter starts.
+It then enters the sandbox as every model process does (namespaces, a root of its own, Landlock),
+on one thread, before anything of the submission is imported. The template and its copies are not
+dumpable, so no process of their user can read their memory through /proc. The run id on the
+command line lets `ps` (and the tests) tell whose they are.
+
+Messages (JSON, one per SOCK_SEQPACKET datagram, on a copy's socket):
+- fork, at most once: {"op": "fork", "cwd", "env", "logits_bytes"}, with four descriptors (its log,
+  the requests pipe's read end, the replies pipe's write end, the shared logits buffer)
+  -> {"pid"};
 - wait: {"op": "wait", "pid", "timeout_s"} -> {"pid", "code"}: the exit code as subprocess reports
   it (negative: killed by that signal), null if it is still running after `timeout_s`.
 """
@@ -47,39 +57,27 @@ def _prctl(option: int, value: int) -> None:
 
 
 def _preload() -> None:
-    """What every model process imports before its sandbox and before the submission: nothing here
-    runs team code, and none of it starts a thread that must survive a fork."""
+    """What a model process would import anyway, none of it team code. (numpy's BLAS may start threads
+    here; it stops them across a fork, and a forked child has one thread.) CUDA is not started: a
+    forked child could not use it."""
     import numpy  # noqa: F401
-    import torch  # noqa: F401
+    import torch
 
     from harness.ranks import checkpoint, model_worker, namespaces, rootfs, sandbox, wire  # noqa: F401
     from harness.submission import contract  # noqa: F401
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised in the model-process template; its forks could not use it")
 
 
 def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
 
 
-def _wait(pid: int, timeout_s: float, codes: dict[int, int]) -> int | None:
-    deadline = time.monotonic() + max(0.0, timeout_s)
-    while pid not in codes:
-        try:
-            got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if got == pid:
-            codes[pid] = _exit_code(status)
-            break
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
-    return codes[pid]
-
-
 def _become_model_process(control: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the child: shed the template's state, then run as a model process. Never returns."""
+    """In the child: shed the copy's state, then run as a model process. Never returns."""
     try:
-        control.close()  # the scorer's channel to the template is not the model's
+        control.close()  # the scorer's channel to the copy is not the model's
         log, requests, replies, buffer = fds
         os.setsid()
         _prctl(PR_SET_DUMPABLE, 1)  # its own /proc files are its own again (namespaces.isolate writes them)
@@ -98,9 +96,11 @@ def _become_model_process(control: socket.socket, request: dict, fds: list[int])
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in request["env"].items()})
         sys.path[0] = request["cwd"]  # as `python -m` in that folder would have it
-        import numpy.random  # Python's `random` reseeds itself in a forked child; numpy's generator does not
+        import numpy.random
+        import torch
 
-        numpy.random.seed()
+        numpy.random.seed()  # Python's `random` reseeds itself in a forked child; these two do not
+        torch.seed()
         sys.argv = ["-m", str(requests), str(replies), str(buffer), str(int(request["logits_bytes"]))]
         from harness.ranks import model_worker
 
@@ -111,8 +111,9 @@ def _become_model_process(control: socket.socket, request: dict, fds: list[int])
         os._exit(1)
 
 
-def serve(control: socket.socket) -> None:
-    codes: dict[int, int] = {}
+def serve_once(control: socket.socket) -> None:
+    """One copy's life: fork one model process on request, then report its exit when asked."""
+    child, code = 0, None
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(control, MESSAGE_MAX_BYTES, FORK_FDS)
@@ -125,17 +126,26 @@ def serve(control: socket.socket) -> None:
         try:
             request = json.loads(data)
             op = request.get("op") if isinstance(request, dict) else None
-            if op == "fork" and len(fds) == FORK_FDS:
-                pid = os.fork()
-                if pid == 0:
+            if op == "fork" and not child and len(fds) == FORK_FDS:
+                child = os.fork()
+                if child == 0:
                     _become_model_process(control, request, fds)
-                reply = {"pid": pid}
-            elif op == "wait":
-                pid = int(request["pid"])
-                reply = {"pid": pid, "code": _wait(pid, float(request.get("timeout_s", 0.0)), codes)}
+                reply = {"pid": child}
+            elif op == "wait" and child and int(request.get("pid", 0)) == child:
+                deadline = time.monotonic() + max(0.0, float(request.get("timeout_s", 0.0)))
+                while code is None:
+                    got, status = os.waitpid(child, os.WNOHANG)
+                    if got == child:
+                        code = _exit_code(status)
+                    elif time.monotonic() >= deadline:
+                        break
+                    else:
+                        time.sleep(0.02)
+                reply = {"pid": child, "code": code}
             else:
-                reply = {"error": f"unknown request {op!r} with {len(fds)} descriptors"}
-        except (ValueError, KeyError, TypeError, OSError) as exc:
+                reply = {"error": f"refused: {op!r} with {len(fds)} descriptors (a copy forks once, and waits "
+                                  "only for its own child)"}
+        except (ValueError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for fd in fds:
@@ -143,16 +153,42 @@ def serve(control: socket.socket) -> None:
         control.send(json.dumps(reply).encode())
 
 
+def _fork_copy(mine: int, controls: list[int]) -> int:
+    """A copy that keeps `mine` of the control sockets; in the parent, its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    template = os.getppid()
+    for other in controls:
+        if other != mine:
+            os.close(other)
+    _prctl(PR_SET_PDEATHSIG, 9)  # the template gone: so is this copy
+    if os.getppid() != template:
+        os._exit(1)
+    try:
+        serve_once(socket.socket(fileno=mine))
+    finally:
+        os._exit(0)
+
+
 def main(argv: list[str]) -> None:
-    control = socket.socket(fileno=int(argv[1]))
+    scorer, controls = int(argv[2]), [int(a) for a in argv[3:]]
     _prctl(PR_SET_PDEATHSIG, 9)  # the scorer gone: so is the template (and, through theirs, its children)
-    if os.getppid() != int(argv[2]):  # it went before the line above took effect
+    if os.getppid() != scorer:  # it went before the line above took effect
         os._exit(1)
     _prctl(PR_SET_DUMPABLE, 0)
     _preload()
     sys.stdout.flush()
     sys.stderr.flush()
-    serve(control)
+    # Every copy before any request, none holding a list of the others: each is the same but for its socket.
+    copies = [_fork_copy(mine, controls) for mine in controls]
+    for fd in controls:
+        os.close(fd)
+    for pid in copies:  # then nothing but waiting: the scorer ends the template when it is done
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
     os._exit(0)
 
 

@@ -57,8 +57,9 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
 
     t_start = perf_counter()
     become_subreaper()
-    # Before anything is read: the clean process both model processes are forked from (it imports
-    # torch once, while this process does the same; harness/ranks/model_template.py). Closed last.
+    # Before anything is read: the clean process whose two copies the model processes are forked from
+    # (it imports torch once, while this process does the same; harness/ranks/model_template.py).
+    # Closed last.
     template = model_template()
     if template is not None:
         holders.append(template)

@@ -125,7 +125,7 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
     while True:
         found = descendants(me)
         targets = {pid: parent for pid, parent in found.items() if pid not in keep}
-        targets.setdefault(leader, me)  # our own child: its pid is not reused before we reap it
+        targets.setdefault(leader, me)  # gone from /proc: killed only if still our own child (a copy's is not)
         if session is not None and first:  # before the first reap: the leader's session id is still its own
             try:
                 os.killpg(session, signal.SIGKILL)
@@ -155,93 +155,136 @@ class WorkerFailed(RuntimeError):
 
 
 class ForkedProcess:
-    """A model process forked by the template, seen as a subprocess.Popen is (pid, wait, poll, kill):
-    the template is its parent, so its exit code comes from there."""
+    """A model process forked by one copy of the template, seen as ModelWorker sees a subprocess.Popen
+    (pid, wait). Its pid is read when first needed, so the scorer goes on (importing torch) while the
+    template is still importing it; the copy is its parent, so its exit code comes from there."""
 
-    def __init__(self, template: "ModelTemplate", pid: int):
-        self.template, self.pid, self.returncode = template, pid, None
+    def __init__(self, channel: "_Channel"):
+        self._channel, self._pid, self.returncode = channel, None, None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            self._pid = int(self._channel.reply(FORK_REPLY_TIMEOUT_S)["pid"])
+        return self._pid
 
     def wait(self, timeout: float | None = None) -> int:
+        """The exit code; subprocess.TimeoutExpired if it still runs after `timeout`; ChildProcessError
+        if the copy cannot say (it is gone, or broke its protocol)."""
         if self.returncode is None:
-            self.returncode = self.template.wait(self.pid, 3600.0 if timeout is None else timeout)
+            timeout_s = 3600.0 if timeout is None else max(0.0, timeout)
+            try:
+                pid = self.pid
+                self._channel.send({"op": "wait", "pid": pid, "timeout_s": timeout_s})
+                code = self._channel.reply(timeout_s + 30.0)["code"]
+            except WorkerFailed as exc:
+                raise ChildProcessError(str(exc)) from None
+            self.returncode = None if code is None else int(code)
         if self.returncode is None:
-            raise subprocess.TimeoutExpired(f"model process {self.pid}", timeout)
+            raise subprocess.TimeoutExpired(f"model process {self._pid}", timeout)
         return self.returncode
 
-    def poll(self) -> int | None:
-        try:
-            return self.wait(0.0)
-        except subprocess.TimeoutExpired:
-            return None
 
-    def kill(self) -> None:
-        if self.returncode is None:  # not reaped by the template yet: the pid is still this process's
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+FORK_REPLY_TIMEOUT_S = 600.0  # the template's import of torch on a loaded machine, at most
+
+
+class _Channel:
+    """The scorer's socket to one copy of the template. Any failure breaks it for good: a reply that
+    comes late is never taken for the answer to a later question."""
+
+    def __init__(self, sock):
+        self.sock, self.broken = sock, ""
+
+    def send(self, request: dict, fds: list[int] = ()) -> None:
+        import socket
+
+        if self.broken:
+            raise WorkerFailed("crashed", self.broken)
+        try:
+            self.sock.settimeout(30.0)
+            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
+        except OSError as exc:
+            self._break(f"the model-process template took no request ({exc})")
+
+    def reply(self, timeout_s: float) -> dict:
+        if self.broken:
+            raise WorkerFailed("crashed", self.broken)
+        try:
+            self.sock.settimeout(timeout_s)
+            data = self.sock.recv(1 << 16)
+        except OSError as exc:
+            self._break(f"the model-process template did not answer ({exc or 'timed out'}); see the scorer's log")
+        if not data:
+            self._break("the model-process template is gone; see the scorer's log")
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            answer = {"error": "an unreadable reply"}
+        if not isinstance(answer, dict) or "error" in answer:
+            self._break(f"the model-process template refused a request: {answer.get('error') if isinstance(answer, dict) else answer}")
+        return answer
+
+    def _break(self, why: str) -> None:
+        self.broken = why
+        self.sock.close()
+        raise WorkerFailed("crashed", why)
 
 
 class ModelTemplate:
     """The scorer's end of harness/ranks/model_template.py: a clean process, started before the scorer
-    reads anything, that imports torch once and forks each model process on request. Only this
-    process holds the socket to it; the children never do (Linux: SOCK_SEQPACKET and SCM_RIGHTS)."""
+    reads anything, that imports torch once and forks one single-use copy per model process before
+    any model process exists. Only this process holds the copies' sockets; a model process never does
+    (Linux: SOCK_SEQPACKET and SCM_RIGHTS). Which copy serves which role is drawn at random."""
 
-    def __init__(self):
+    def __init__(self, processes: int = 2):
         import socket
 
         self.dir = Path(tempfile.mkdtemp(prefix="harness-template-"))
         os.chmod(self.dir, 0o700)
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(processes)]
+        self._channels = [_Channel(ours) for ours, _ in pairs]
+        self._all = list(self._channels)
+        theirs = [t.fileno() for _, t in pairs]
         try:  # its output goes to the scorer's log; it prints only if it fails
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "harness.ranks.model_template", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, cwd=self.dir,
-                env=sandbox.private_environment(self.dir), close_fds=True, start_new_session=True)
+                [sys.executable, "-u", "-m", "harness.ranks.model_template", os.environ.get("HARNESS_RUN_ID", "-"),
+                 str(os.getpid()), *map(str, theirs)],
+                pass_fds=theirs, stdin=subprocess.DEVNULL, cwd=self.dir, env=sandbox.private_environment(self.dir),
+                close_fds=True, start_new_session=True)
         finally:
-            theirs.close()
+            for _, t in pairs:
+                t.close()
         self._closed = False
-
-    def _ask(self, request: dict, fds: list[int] = (), timeout_s: float | None = None) -> dict:
-        import socket
-
-        self.sock.settimeout(timeout_s)
-        try:
-            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
-            reply = self.sock.recv(1 << 16)
-        except OSError as exc:  # its end closed, or no answer in time
-            raise WorkerFailed("crashed", f"the model-process template did not answer ({exc or 'timed out'}); "
-                                          "see the scorer's log") from None
-        if not reply:
-            code = self.proc.poll()
-            raise WorkerFailed("crashed", f"the model-process template died (exit code {code}); see the scorer's log")
-        answer = json.loads(reply)
-        if "error" in answer:
-            raise WorkerFailed("crashed", f"the model-process template refused a request: {answer['error']}")
-        return answer
 
     def fork(self, *, log_fd: int, fds: tuple[int, int, int], logits_bytes: int, cwd: Path,
              env: dict[str, str]) -> ForkedProcess:
-        """A new model process with `log_fd` as its output and `fds` (requests, replies, logits buffer)."""
-        answer = self._ask({"op": "fork", "cwd": str(cwd), "env": env, "logits_bytes": int(logits_bytes)},
-                           [log_fd, *fds])
-        return ForkedProcess(self, int(answer["pid"]))
+        """A new model process with `log_fd` as its output and `fds` (requests, replies, logits buffer),
+        from a copy drawn at random among those not used yet. Returns at once: the descriptors are in
+        flight, and the pid is read when first needed."""
+        if not self._channels:
+            raise WorkerFailed("crashed", "the model-process template has no copy left")
+        channel = self._channels.pop(secrets.randbelow(len(self._channels)))
+        channel.send({"op": "fork", "cwd": str(cwd), "env": env, "logits_bytes": int(logits_bytes)},
+                     [log_fd, *fds])
+        return ForkedProcess(channel)
 
-    def wait(self, pid: int, timeout_s: float) -> int | None:
-        try:
-            code = self._ask({"op": "wait", "pid": pid, "timeout_s": timeout_s}, timeout_s=timeout_s + 30.0)["code"]
-        except WorkerFailed as exc:
-            raise ChildProcessError(str(exc)) from None
-        return None if code is None else int(code)
+    def family(self) -> set[int]:
+        """The template and its copies (its children): never a model process (a copy's child)."""
+        me = self.proc.pid
+        return {me} | {pid for pid, parent in descendants(me).items() if parent == me}
 
     def close(self) -> None:
-        """End the template (its children are ended by their ModelWorker.close, or die with it)."""
+        """End the template and its copies (the model processes are ended by their ModelWorker.close,
+        or die with their copy)."""
         if self._closed:
             return
         self._closed = True
-        self.sock.close()
-        if self.proc.poll() is None:
-            self.proc.kill()
+        for channel in self._all:
+            channel.sock.close()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its session: the template and the copies it forked
+        except (ProcessLookupError, PermissionError):
+            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -252,7 +295,9 @@ class ModelTemplate:
 def model_template() -> ModelTemplate | None:
     """A template where the model processes can be forked from one (Linux); None elsewhere: each is
     then started as a fresh interpreter."""
-    return ModelTemplate() if sys.platform.startswith("linux") and hasattr(__import__("socket"), "send_fds") else None
+    import socket
+
+    return ModelTemplate() if sys.platform.startswith("linux") and hasattr(socket, "send_fds") else None
 
 
 class ModelWorker:
@@ -283,6 +328,7 @@ class ModelWorker:
         env = sandbox.private_environment(self.dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         self._closed = False
+        self._template = template
         self._others = set(descendants(os.getpid())) if sys.platform.startswith("linux") else set()
         try:
             with open(self._live_log, "ab") as log:
@@ -295,11 +341,21 @@ class ModelWorker:
                          str(self.buffer_fd), str(max(1, buffer_bytes))],
                         pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                         cwd=self.dir, env=env, close_fds=True, start_new_session=True)
+        except BaseException:  # not started: nothing of it may stay (it is in no scorer's holders yet)
+            for fd in (self.requests, self.replies):
+                os.close(fd)
+            self.buffer.close()
+            os.close(self.buffer_fd)
+            _remove_tree(self.dir)
+            raise
         finally:
             os.close(req_r)
             os.close(rep_w)
-        send(self.requests, SETUP, payload=json.dumps(self.setup).encode())
         self.ready: dict = {}
+        try:
+            send(self.requests, SETUP, payload=json.dumps(self.setup).encode())
+        except OSError:  # it died at once: wait_ready says so, with its exit code
+            pass
 
     def wait_ready(self) -> dict:
         """The model process's `ready`, with the sandbox report it sent before any team code ran (the
@@ -371,7 +427,14 @@ class ModelWorker:
             return
         self._closed = True
         try:
-            if sys.platform.startswith("linux"):
+            if self._template is not None:
+                try:
+                    pid = self.proc.pid
+                except WorkerFailed:  # never known: if it exists, it dies with its copy (ModelTemplate.close)
+                    pid = None
+                if pid is not None:  # the template and its copies stay; this process and all it left go
+                    kill_tree(pid, pid, keep=self._others | self._template.family())
+            elif sys.platform.startswith("linux"):
                 kill_tree(self.proc.pid, self.proc.pid, keep=self._others)
             elif self.proc.poll() is None:
                 self.proc.kill()
