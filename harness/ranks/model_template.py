@@ -12,9 +12,12 @@ imports a submission. It never holds a token, a target or a checkpoint's weights
 Why copies, and not one template that forks twice: a template that had served the scoring process
 would carry that history (its pid, its exit code) into the check process's memory, where team code
 could read it. That would be a channel from the first model process to the second, and it would tell
-each one its role. The copies are forked before either model process exists, so they are identical
-but for the socket each holds. The scorer picks which copy serves which role at random, so even
-that says nothing.
+each one its role. The copies are forked before either model process exists: they differ only in
+which copy they are (the socket each holds, its number, their place in the loop that forked them).
+The scorer draws which copy serves which role, so that says nothing of the role. (Timing can: a
+check process may see that the template started long ago, as it could see the checkpoint's age
+when each model process was a fresh interpreter. Knowing it is second does not let it look ahead
+unseen: it never gets the tokens after the cut.)
 
 A model process forked from a copy keeps the code that was loaded and nothing else:
 - every descriptor is closed except those its request passed;
@@ -155,10 +158,10 @@ def serve_once(control: socket.socket) -> None:
 
 def _fork_copy(mine: int, controls: list[int]) -> int:
     """A copy that keeps `mine` of the control sockets; in the parent, its pid."""
+    template = os.getpid()
     pid = os.fork()
     if pid:
         return pid
-    template = os.getppid()
     for other in controls:
         if other != mine:
             os.close(other)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from harness.ranks.process import (
@@ -219,7 +220,11 @@ def main(argv: list[str]) -> None:
         code = 1
     for worker in reversed(holders):  # the model processes, then the template they were forked from
         if hasattr(worker, "close"):
-            worker.close()
+            try:
+                worker.close()
+            except Exception:  # noqa: BLE001  (the others are still ended; the launcher sweeps after)
+                traceback.print_exc()
+                code = 1
     for worker in started:
         worker.name_log()
     channel.close()

@@ -251,6 +251,11 @@ class ModelTemplate:
                  str(os.getpid()), *map(str, theirs)],
                 pass_fds=theirs, stdin=subprocess.DEVNULL, cwd=self.dir, env=sandbox.private_environment(self.dir),
                 close_fds=True, start_new_session=True)
+        except BaseException:
+            for channel in self._all:
+                channel.sock.close()
+            _remove_tree(self.dir)
+            raise
         finally:
             for _, t in pairs:
                 t.close()
@@ -432,8 +437,10 @@ class ModelWorker:
                     pid = self.proc.pid
                 except WorkerFailed:  # never known: if it exists, it dies with its copy (ModelTemplate.close)
                     pid = None
-                if pid is not None:  # the template and its copies stay; this process and all it left go
-                    kill_tree(pid, pid, keep=self._others | self._template.family())
+                if pid is None:  # nothing may run beside the check process unseen: end the evaluation
+                    raise WorkerFailed("crashed", "a model process's pid never came from the template, so it "
+                                                  "could not be ended; see the scorer's log")
+                kill_tree(pid, pid, keep=self._template.family())  # this process and all it left; not the copies
             elif sys.platform.startswith("linux"):
                 kill_tree(self.proc.pid, self.proc.pid, keep=self._others)
             elif self.proc.poll() is None:
