@@ -2,7 +2,7 @@
 
     python -u -m harness.ranks.model_template <run id> <scorer pid> <control fd> [<control fd> ...]
 
-A scorer starts this process before it reads anything (harness/scoring/workers.py: ModelTemplate),
+A scorer starts this process before it reads anything (harness/scoring/template.py: ModelTemplate),
 with one control socket per model process it will start (two: the scoring one and the check one).
 The template imports torch, numpy and the harness's model-process code, and then, before any
 request exists, forks one copy per socket. Each copy holds only its own socket, serves exactly one
@@ -73,10 +73,6 @@ def _preload() -> None:
         raise RuntimeError("CUDA was initialised in the model-process template; its forks could not use it")
 
 
-def _exit_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
-
-
 def _become_model_process(control: socket.socket, request: dict, fds: list[int]) -> None:
     """In the child: shed the copy's state, then run as a model process. Never returns."""
     try:
@@ -139,7 +135,7 @@ def serve_once(control: socket.socket) -> None:
                 while code is None:
                     got, status = os.waitpid(child, os.WNOHANG)
                     if got == child:
-                        code = _exit_code(status)
+                        code = os.waitstatus_to_exitcode(status)  # negative: the signal, as subprocess says
                     elif time.monotonic() >= deadline:
                         break
                     else:

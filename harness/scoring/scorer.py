@@ -54,7 +54,8 @@ def shared_seed(env: RankEnv, device) -> int:
 
 
 def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
-    from harness.scoring.workers import ModelWorker, become_subreaper, model_template
+    from harness.scoring.template import model_template
+    from harness.scoring.workers import ModelWorker, become_subreaper
 
     t_start = perf_counter()
     become_subreaper()

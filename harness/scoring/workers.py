@@ -5,9 +5,9 @@ Each model process gets a private folder of its own (its working directory, HOME
 an environment that names nothing of the harness's files, two pipes and the shared buffer as
 inherited file descriptors, and its stdout and stderr as a log file the scorer opened: it never
 needs a path into the runs tree. Both model processes of a scorer are started the same way (on
-Linux as forks of one clean template, harness/ranks/model_template.py, which imports torch once;
-elsewhere as fresh interpreters), each in a session of its own, and never at the same time: the scorer ends the scoring process, and every
-process it started, before the check process exists (`kill_tree`; the scorer is a child subreaper,
+Linux as forks of a clean template's copies, harness/scoring/template.py; elsewhere as fresh
+interpreters), each in a session of its own, and never at the same time: the scorer ends the
+scoring process, and every process it started, before the check process exists (`kill_tree`; the scorer is a child subreaper,
 so a process that leaves its session or is orphaned is still the scorer's descendant and is found).
 """
 
@@ -24,9 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.ranks import sandbox
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
+
+if TYPE_CHECKING:
+    from harness.scoring.template import ModelTemplate
 
 PR_SET_CHILD_SUBREAPER = 36
 MODEL_STATUSES = ("invalid", "crashed")  # the only statuses taken from a model process's own report
@@ -154,157 +158,6 @@ class WorkerFailed(RuntimeError):
         self.harness_status, self.worker_traceback = status, traceback
 
 
-class ForkedProcess:
-    """A model process forked by one copy of the template, seen as ModelWorker sees a subprocess.Popen
-    (pid, wait). Its pid is read when first needed, so the scorer goes on (importing torch) while the
-    template is still importing it; the copy is its parent, so its exit code comes from there."""
-
-    def __init__(self, channel: "_Channel"):
-        self._channel, self._pid, self.returncode = channel, None, None
-
-    @property
-    def pid(self) -> int:
-        if self._pid is None:
-            self._pid = int(self._channel.reply(FORK_REPLY_TIMEOUT_S)["pid"])
-        return self._pid
-
-    def wait(self, timeout: float | None = None) -> int:
-        """The exit code; subprocess.TimeoutExpired if it still runs after `timeout`; ChildProcessError
-        if the copy cannot say (it is gone, or broke its protocol)."""
-        if self.returncode is None:
-            timeout_s = 3600.0 if timeout is None else max(0.0, timeout)
-            try:
-                pid = self.pid
-                self._channel.send({"op": "wait", "pid": pid, "timeout_s": timeout_s})
-                code = self._channel.reply(timeout_s + 30.0)["code"]
-            except WorkerFailed as exc:
-                raise ChildProcessError(str(exc)) from None
-            self.returncode = None if code is None else int(code)
-        if self.returncode is None:
-            raise subprocess.TimeoutExpired(f"model process {self._pid}", timeout)
-        return self.returncode
-
-
-FORK_REPLY_TIMEOUT_S = 600.0  # the template's import of torch on a loaded machine, at most
-
-
-class _Channel:
-    """The scorer's socket to one copy of the template. Any failure breaks it for good: a reply that
-    comes late is never taken for the answer to a later question."""
-
-    def __init__(self, sock):
-        self.sock, self.broken = sock, ""
-
-    def send(self, request: dict, fds: list[int] = ()) -> None:
-        import socket
-
-        if self.broken:
-            raise WorkerFailed("crashed", self.broken)
-        try:
-            self.sock.settimeout(30.0)
-            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
-        except OSError as exc:
-            self._break(f"the model-process template took no request ({exc})")
-
-    def reply(self, timeout_s: float) -> dict:
-        if self.broken:
-            raise WorkerFailed("crashed", self.broken)
-        try:
-            self.sock.settimeout(timeout_s)
-            data = self.sock.recv(1 << 16)
-        except OSError as exc:
-            self._break(f"the model-process template did not answer ({exc or 'timed out'}); see the scorer's log")
-        if not data:
-            self._break("the model-process template is gone; see the scorer's log")
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            answer = {"error": "an unreadable reply"}
-        if not isinstance(answer, dict) or "error" in answer:
-            self._break(f"the model-process template refused a request: {answer.get('error') if isinstance(answer, dict) else answer}")
-        return answer
-
-    def _break(self, why: str) -> None:
-        self.broken = why
-        self.sock.close()
-        raise WorkerFailed("crashed", why)
-
-
-class ModelTemplate:
-    """The scorer's end of harness/ranks/model_template.py: a clean process, started before the scorer
-    reads anything, that imports torch once and forks one single-use copy per model process before
-    any model process exists. Only this process holds the copies' sockets; a model process never does
-    (Linux: SOCK_SEQPACKET and SCM_RIGHTS). Which copy serves which role is drawn at random."""
-
-    def __init__(self, processes: int = 2):
-        import socket
-
-        self.dir = Path(tempfile.mkdtemp(prefix="harness-template-"))
-        os.chmod(self.dir, 0o700)
-        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(processes)]
-        self._channels = [_Channel(ours) for ours, _ in pairs]
-        self._all = list(self._channels)
-        theirs = [t.fileno() for _, t in pairs]
-        try:  # its output goes to the scorer's log; it prints only if it fails
-            self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "harness.ranks.model_template", os.environ.get("HARNESS_RUN_ID", "-"),
-                 str(os.getpid()), *map(str, theirs)],
-                pass_fds=theirs, stdin=subprocess.DEVNULL, cwd=self.dir, env=sandbox.private_environment(self.dir),
-                close_fds=True, start_new_session=True)
-        except BaseException:
-            for channel in self._all:
-                channel.sock.close()
-            _remove_tree(self.dir)
-            raise
-        finally:
-            for _, t in pairs:
-                t.close()
-        self._closed = False
-
-    def fork(self, *, log_fd: int, fds: tuple[int, int, int], logits_bytes: int, cwd: Path,
-             env: dict[str, str]) -> ForkedProcess:
-        """A new model process with `log_fd` as its output and `fds` (requests, replies, logits buffer),
-        from a copy drawn at random among those not used yet. Returns at once: the descriptors are in
-        flight, and the pid is read when first needed."""
-        if not self._channels:
-            raise WorkerFailed("crashed", "the model-process template has no copy left")
-        channel = self._channels.pop(secrets.randbelow(len(self._channels)))
-        channel.send({"op": "fork", "cwd": str(cwd), "env": env, "logits_bytes": int(logits_bytes)},
-                     [log_fd, *fds])
-        return ForkedProcess(channel)
-
-    def family(self) -> set[int]:
-        """The template and its copies (its children): never a model process (a copy's child)."""
-        me = self.proc.pid
-        return {me} | {pid for pid, parent in descendants(me).items() if parent == me}
-
-    def close(self) -> None:
-        """End the template and its copies (the model processes are ended by their ModelWorker.close,
-        or die with their copy)."""
-        if self._closed:
-            return
-        self._closed = True
-        for channel in self._all:
-            channel.sock.close()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its session: the template and the copies it forked
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        _remove_tree(self.dir)
-
-
-def model_template() -> ModelTemplate | None:
-    """A template where the model processes can be forked from one (Linux); None elsewhere: each is
-    then started as a fresh interpreter."""
-    import socket
-
-    return ModelTemplate() if sys.platform.startswith("linux") and hasattr(socket, "send_fds") else None
-
-
 class ModelWorker:
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
                  template: ModelTemplate | None = None):
@@ -334,7 +187,8 @@ class ModelWorker:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self._template = template
-        self._others = set(descendants(os.getpid())) if sys.platform.startswith("linux") else set()
+        # Without a template: what this scorer had started before (kill_tree leaves it alone).
+        self._others = set(descendants(os.getpid())) if template is None and sys.platform.startswith("linux") else set()
         try:
             with open(self._live_log, "ab") as log:
                 if template is not None:
@@ -351,7 +205,7 @@ class ModelWorker:
                 os.close(fd)
             self.buffer.close()
             os.close(self.buffer_fd)
-            _remove_tree(self.dir)
+            remove_tree(self.dir)
             raise
         finally:
             os.close(req_r)
@@ -457,7 +311,7 @@ class ModelWorker:
                     pass
             self.buffer.close()
             os.close(self.buffer_fd)
-            _remove_tree(self.dir)
+            remove_tree(self.dir)
 
     def name_log(self) -> None:
         """Give the log its role's name (`log_path`). Called once every model process of the scorer is
@@ -470,7 +324,7 @@ class ModelWorker:
             pass
 
 
-def _remove_tree(folder: Path) -> None:
+def remove_tree(folder: Path) -> None:
     """Remove the model process's folder even where it took its own permissions away (a subfolder
     of mode 000 stops a plain rmtree for a user other than root): each refusal restores the owner's
     rights on the folder in the way and tries again."""
