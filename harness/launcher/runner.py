@@ -57,13 +57,14 @@ from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
-from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
+from harness.results.records import (
+    FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics, save_record, utc_now,
+)
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks import sandbox
 from harness.submission.open_division import OPEN, OpenSpec, division_of, read_open_spec
 from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
-from harness.results.views import leaderboard_root
 from harness.launcher.watch import AbortFlag, Deadlines, abort_on_signals
 
 
@@ -380,7 +381,8 @@ def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area
         flag_run(record, f"records of other runs were changed while this run trained "
                          f"({', '.join(report.restored)}); restored")
     if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
-        from harness.results.views import plots_root, rebuild
+        from harness.results.records import plots_root
+        from harness.results.views import rebuild
 
         rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
     return phase

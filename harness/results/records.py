@@ -37,6 +37,16 @@ def runs_root(cli_value: str | None = None) -> Path:
     return Path(cli_value or os.environ.get("HARNESS_RUNS_DIR") or "runs").expanduser().absolute()
 
 
+def leaderboard_root(cli_value: str | None = None) -> Path:
+    """--out-dir, then HARNESS_LEADERBOARD_DIR, then ./leaderboard. Here, beside runs_root, so that the
+    launcher (which guards the leaderboard during a run) needs no pandas to find it."""
+    return Path(cli_value or os.environ.get("HARNESS_LEADERBOARD_DIR") or "leaderboard")
+
+
+def plots_root(cli_value: str | None = None) -> Path:
+    return Path(cli_value or os.environ.get("HARNESS_PLOTS_DIR") or "plots")
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 

@@ -8,7 +8,6 @@ gives the same files.
 from __future__ import annotations
 
 import difflib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +32,6 @@ class Outputs:
     teams: int
     ranked: int
     unreadable: list[str]  # reasons of the run.json files that could not be read (listed, never dropped)
-
-
-def leaderboard_root(cli_value: str | None = None) -> Path:
-    return Path(cli_value or os.environ.get("HARNESS_LEADERBOARD_DIR") or "leaderboard")
-
-
-def plots_root(cli_value: str | None = None) -> Path:
-    return Path(cli_value or os.environ.get("HARNESS_PLOTS_DIR") or "plots")
 
 
 def track_ranking(rows: list[dict]) -> str:
