@@ -38,3 +38,31 @@ def test_a_mistyped_submission_folder_suggests_the_near_name(cli, tmp_path):
     assert result.code == 2 and "does not exist. Did you mean:" in result.err
     assert str(ROOT / "submissions" / "baseline") in result.err
     assert not (tmp_path / "runs").exists()
+
+
+def test_leaving_without_teardown_still_does_what_an_exit_must(tmp_path):
+    """`harness run` leaves without the interpreter's teardown (seconds of CPU once torch is loaded), yet
+    as sys.exit would: its exit code, buffered output written, atexit callbacks run, and a non-daemon
+    thread still working waited for."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "thread-done"
+    script = f"""
+import atexit, sys, threading, time
+from harness.cli import exit_without_teardown
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+def work():
+    time.sleep(0.5)
+    open({str(done)!r}, "w").write("x")
+threading.Thread(target=work).start()
+sys.stdout.write("buffered, no newline")
+exit_without_teardown(3)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered, no newline" and "atexit ran" in proc.stderr
+    assert done.read_text() == "x"
+    proc = subprocess.run([sys.executable, "-c", script.replace("threading.Thread(target=work).start()", "")],
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (3, "buffered, no newline", "atexit ran")

@@ -334,3 +334,7 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv)
+    # The report is written and sent. Leave without the interpreter's teardown: with torch, its
+    # compiler stack and the submission loaded, freeing every module's objects costs more than a
+    # CPU-second on a small CPU, and this process only ever exits. Nothing of team code's runs at exit.
+    os._exit(0)
