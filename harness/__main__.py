@@ -1,6 +1,6 @@
 """`python -m harness` is the same as the `harness` console script."""
 
-from harness.cli import main
+from harness.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

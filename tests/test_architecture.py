@@ -133,6 +133,19 @@ def test_a_rank_process_really_imports_no_launcher_or_results_modules():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_run_loads_no_pandas_or_matplotlib_until_it_refreshes_the_leaderboard():
+    """`harness run --no-leaderboard` pays for torch only: the views' libraries (0.5 s of imports on a
+    small CPU) load when a leaderboard is rebuilt, never to find where it lives."""
+    import subprocess
+    import sys
+
+    code = ("import sys, harness.cli, harness.launcher.runner, harness.launcher.rescore, harness.launcher.scale, "
+            "harness.launcher.console, harness.launcher.assemble; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'matplotlib')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_the_checker_sees_lazy_imports_and_relative_ones(tmp_path):
     """The rules above must be able to fail: an import inside a function, and a relative one, are found."""
     src = tmp_path / "harness" / "ranks" / "x.py"

@@ -41,28 +41,31 @@ def test_a_mistyped_submission_folder_suggests_the_near_name(cli, tmp_path):
 
 
 def test_leaving_without_teardown_still_does_what_an_exit_must(tmp_path):
-    """`harness run` leaves without the interpreter's teardown (seconds of CPU once torch is loaded), yet
-    as sys.exit would: its exit code, buffered output written, atexit callbacks run, and a non-daemon
-    thread still working waited for."""
+    """`harness run` leaves without the interpreter's teardown (a CPU-second once torch is loaded), yet
+    as a normal exit would: its exit code, buffered output written, atexit callbacks run, a non-daemon
+    thread still working waited for, and work handed to a thread pool (even one a daemon thread
+    started, as torch elastic's log tailer is) finished; a daemon thread is not waited for."""
     import subprocess
     import sys
 
-    done = tmp_path / "thread-done"
-    script = f"""
-import atexit, sys, threading, time
-from harness.cli import exit_without_teardown
-atexit.register(lambda: print("atexit ran", file=sys.stderr))
-def work():
-    time.sleep(0.5)
-    open({str(done)!r}, "w").write("x")
-threading.Thread(target=work).start()
-sys.stdout.write("buffered, no newline")
-exit_without_teardown(3)
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3, proc.stderr
-    assert proc.stdout == "buffered, no newline" and "atexit ran" in proc.stderr
-    assert done.read_text() == "x"
-    proc = subprocess.run([sys.executable, "-c", script.replace("threading.Thread(target=work).start()", "")],
-                          capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (3, "buffered, no newline", "atexit ran")
+    def leave(body: str) -> subprocess.CompletedProcess:
+        script = "\n".join(["import atexit, sys, threading, time, concurrent.futures",
+                            "from harness.cli import exit_without_teardown",
+                            "atexit.register(lambda: print('atexit ran', file=sys.stderr))",
+                            f"def work(path):\n    time.sleep(0.5)\n    open(path, 'w').write('x')",
+                            body, "sys.stdout.write('buffered, no newline')", "exit_without_teardown(3)"])
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+    for body, name, written in [
+        ("", None, None),
+        ("threading.Thread(target=work, args=({p!r},)).start()", "thread", True),
+        ("threading.Thread(target=work, args=({p!r},), daemon=True).start()", "daemon", False),
+        ("pool = []\ndef start():\n    pool.append(concurrent.futures.ThreadPoolExecutor(1))\n"
+         "    pool[0].submit(work, {p!r})\nt = threading.Thread(target=start, daemon=True)\nt.start(); t.join()",
+         "pool", True),
+    ]:
+        path = tmp_path / f"{name}-done"
+        proc = leave(body.format(p=str(path)))
+        assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (3, "buffered, no newline", "atexit ran"), name
+        if name:
+            assert path.exists() == written, name

@@ -333,8 +333,21 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
-    # The report is written and sent. Leave without the interpreter's teardown: with torch, its
-    # compiler stack and the submission loaded, freeing every module's objects costs more than a
-    # CPU-second on a small CPU, and this process only ever exits. Nothing of team code's runs at exit.
-    os._exit(0)
+    # Leave without the interpreter's teardown: with torch, its compiler stack and the submission loaded,
+    # freeing every module's objects costs more than a CPU-second on a small CPU, and this process only
+    # ever exits. Team code's atexit handlers and finalizers are skipped too, on every path; that
+    # narrows what it can do after the report, nothing more: report.json is in its folder, and only
+    # what went over the launcher's pipe before any team code ran is trusted.
+    code = 1
+    try:
+        main(sys.argv)
+        code = 0
+    except BaseException:  # noqa: BLE001  (the launcher reads "died before reporting" and this log)
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)

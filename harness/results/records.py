@@ -38,7 +38,7 @@ def runs_root(cli_value: str | None = None) -> Path:
 
 
 def leaderboard_root(cli_value: str | None = None) -> Path:
-    """--out-dir, then HARNESS_LEADERBOARD_DIR, then ./leaderboard. Here, beside runs_root, so that the
+    """--out, then HARNESS_LEADERBOARD_DIR, then ./leaderboard. Here, beside runs_root, so that the
     launcher (which guards the leaderboard during a run) needs no pandas to find it."""
     return Path(cli_value or os.environ.get("HARNESS_LEADERBOARD_DIR") or "leaderboard")
 
