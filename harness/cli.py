@@ -85,7 +85,6 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
             _refresh_leaderboard(runs_dir, record.track_name, reporter)
     if len(records) > 1:
         reporter.summary(repeat_summary(records))
-    _torch_was_loaded()
     sys.exit(0 if all(r.status == "ok" for r in records) else 1)
 
 
@@ -116,23 +115,15 @@ def exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-_LEAVE_WITHOUT_TEARDOWN = False  # set by a command that loaded torch; acted on only by entry()
-
-
-def _torch_was_loaded() -> None:
-    global _LEAVE_WITHOUT_TEARDOWN
-    _LEAVE_WITHOUT_TEARDOWN = True
-
-
 def entry() -> None:
-    """The `harness` console script and `python -m harness`: the click group, then, for a command that
+    """The `harness` console script and `python -m harness`: the click group, then, where the command
     loaded torch (run, eval, scale), the exit without teardown. Only here, at the very end of the
     process, never inside a command, so that calling `main` from Python (click's CliRunner, a
     profiler) returns or raises as any click command does."""
     try:
         main()
     except SystemExit as done:
-        if _LEAVE_WITHOUT_TEARDOWN and (done.code is None or isinstance(done.code, int)):
+        if "torch" in sys.modules and (done.code is None or isinstance(done.code, int)):
             exit_without_teardown(done.code or 0)
         raise
 
@@ -183,7 +174,6 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
             click.echo(f"causality: {c['checked_batches']} of {c['batches']} scoring batches re-run with their ends "
                        f"replaced; largest change before a cut {c['worst_deviation']:.3g} nats (tolerance "
                        f"{c['tolerance']:.3g})")
-    _torch_was_loaded()
     sys.exit(0 if result.status == "ok" else 1)
 
 
@@ -344,7 +334,6 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
     for line in scale_lines(record, out_dir):
         click.echo(line)
     _refresh_leaderboard(runs_dir, record["track"], ConsoleReporter())  # the track's scaling chart shows it
-    _torch_was_loaded()
 
 
 

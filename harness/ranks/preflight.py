@@ -333,21 +333,17 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Leave without the interpreter's teardown: with torch, its compiler stack and the submission loaded,
-    # freeing every module's objects costs more than a CPU-second on a small CPU, and this process only
-    # ever exits. Team code's atexit handlers and finalizers are skipped too, on every path; that
-    # narrows what it can do after the report, nothing more: report.json is in its folder, and only
-    # what went over the launcher's pipe before any team code ran is trusted.
+    # Leave as a rank does (release_and_exit: flushed, then os._exit), without the interpreter's
+    # teardown: with torch, its compiler stack and the submission loaded, freeing every module's objects
+    # costs more than a CPU-second on a small CPU. Team code's atexit handlers are skipped on every
+    # path; that narrows what it can do after the report, nothing more: report.json is in its folder,
+    # and only what went over the launcher's pipe before any team code ran is trusted.
+    from harness.ranks.process import release_and_exit
+
     code = 1
     try:
         main(sys.argv)
         code = 0
     except BaseException:  # noqa: BLE001  (the launcher reads "died before reporting" and this log)
         traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+    release_and_exit(code)

@@ -138,9 +138,8 @@ def release_and_exit(code: int, *objects_to_drop: list) -> None:
         for holder in objects_to_drop:
             holder.clear()
         gc.collect()
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
+        dist = sys.modules.get("torch.distributed")  # not imported: no group to destroy (and no torch to load)
+        if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception:  # a failing teardown must not turn a finished run into a crash
         traceback.print_exc()
