@@ -52,13 +52,6 @@ def count_training_flops_per_token(build: Callable[[], Any], vocab_size: int, ba
     """FLOPs of one forward + backward at [batch, seq_len], per token, with how they were counted."""
     import torch
 
-    def count(model, idx) -> int:
-        corrected = {torch.ops.aten.convolution_backward: conv_backward_flop}
-        with FlopCounterMode(display=False, custom_mapping=corrected) as counter:
-            _, loss = model(idx, idx)
-            loss.backward()
-        return counter.get_total_flops()
-
     def one_step(device: str, b: int) -> int:
         with torch.device(device):
             model = build()
