@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_run, quick_track, run_dirs
+from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_run, QUICK_STEPS, quick_track, run_dirs
 
 
 def _read(path) -> str:
@@ -304,6 +304,21 @@ def test_an_evaluation_past_its_timeout_is_killed(cli, tmp_path):
     assert record["status"] == "timeout" and "evaluation: did not finish within 5 s" in record["reason"], record["reason"]
     assert record["val_loss"] is None and record["steps"] > 0
     assert 5.0 <= record["timings"]["eval_s"] < 5.0 + 3 * record["track"]["shutdown_timeout_s"] + 10
+    assert_clean(record, tmp_path, cli)
+
+
+def test_a_model_process_that_dies_in_evaluation_is_crashed_with_how_it_ended(cli, tmp_path):
+    """dies_in_eval's model process segfaults on the first scoring batch: `crashed`, the reason says it
+    was killed and by what (not an unknown exit code), its log shows the team's line, no figure,
+    nothing left running."""
+    result = run_fixture(cli, "dies_in_eval", track=quick_track(tmp_path))
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed", record["reason"]
+    assert "evaluation: rank 0: the model process died (killed by SIGSEGV) without a report" in record["reason"], record["reason"]
+    assert record["val_loss"] is None and record["steps"] == QUICK_STEPS
+    log = (run_dir / "logs" / "eval-model-rank0.log").read_text()  # the team's line, not an empty log
+    assert "Segmentation fault" in log and "submission.py\", line 22 in forward" in log, log
     assert_clean(record, tmp_path, cli)
 
 

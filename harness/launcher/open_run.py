@@ -24,6 +24,7 @@ from harness.launcher.watch import Deadlines
 from harness.launcher.workarea import WorkArea
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
+from harness.ranks.process import ended_how
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.results.records import RunRecord
 from harness.submission.open_division import OpenSpec, script_argv
@@ -177,7 +178,7 @@ def normalize_in_own_process(src: Path, dst: Path, log_path: Path) -> dict:
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": f"the process that reads the checkpoint died (exit code {proc.returncode}); see {log_path}"}
+        return {"error": f"the process that reads the checkpoint died ({ended_how(proc.returncode)}); see {log_path}"}
 
 
 def finish_open_training(record: RunRecord, snapshot: Path, spec: OpenSpec, track: Track, area: WorkArea,

@@ -22,6 +22,7 @@ from harness.ranks import sandbox
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
+from harness.ranks.process import ended_how
 from harness.launcher.elastic import ElasticJob, LaunchSpec
 from harness.launcher.outcome import Outcome, classify
 from harness.launcher.watch import AbortFlag, Deadlines, WatchResult, watch
@@ -87,7 +88,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     report = _read_report(rep)
     if report is None:
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
-                  f"the check process died (exit code {code}) before reporting; see {log_path}", "fix": ""}]}
+                  f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         sent = json.loads(box)

@@ -116,6 +116,9 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
 def main(argv: list[str]) -> None:
     requests, replies, buffer_fd, size = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
     _die_with_parent()
+    from harness.ranks.process import show_native_crashes
+
+    show_native_crashes()  # its stderr is its log
     buffer = mmap.mmap(buffer_fd, size)
     code = 0
     try:

@@ -63,4 +63,10 @@ def isolate() -> str:
             break
         except InterruptedError:
             continue
+    if os.WIFSIGNALED(status):  # end as it ended, so that whoever waits for "the model process" sees the signal
+        sig = signal.Signals(os.WTERMSIG(status))
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 1)

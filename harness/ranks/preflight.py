@@ -306,6 +306,9 @@ def run_open_checks(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    from harness.ranks.process import show_native_crashes
+
+    show_native_crashes()  # its stderr is preflight.log
     request = json.loads(Path(argv[1]).read_text())
     from harness.ranks import sandbox
 

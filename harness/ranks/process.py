@@ -69,6 +69,16 @@ def redirect_output(log_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    show_native_crashes()
+
+
+def show_native_crashes() -> None:
+    """A crash in native code (a segfault in an extension, an abort) writes the Python stack of every
+    thread to stderr, this process's log, before the process dies of the same signal: the team sees
+    which line of theirs it was, where the log would otherwise be empty."""
+    import faulthandler
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def setup_device(device_kind: str, env: RankEnv, threads: int):
@@ -130,6 +140,21 @@ def describe_failure(exc: BaseException) -> dict:
     if is_collective_error(exc):
         return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "collective"}
     return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "exception"}
+
+
+def ended_how(returncode: int | None) -> str:
+    """How a child process ended, in words, from its return code as subprocess gives it (negative: the
+    signal that ended it)."""
+    import signal
+
+    if returncode is None:
+        return "how it ended is not known"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 def release_and_exit(code: int, *objects_to_drop: list) -> None:

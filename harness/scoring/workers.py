@@ -253,8 +253,7 @@ class ModelWorker:
         try:
             got, a, b, c, payload = receive(self.replies)
         except (EOFError, OSError):
-            code = self._exit_code()
-            raise WorkerFailed("crashed", f"the model process died (exit code {code}) without a report; "
+            raise WorkerFailed("crashed", f"the model process died ({self._how_it_ended()}) without a report; "
                                           f"see logs/{self.log_path.name}") from None
         except ValueError as exc:  # a malformed or oversized message
             raise WorkerFailed("crashed", f"the model process sent {exc}") from None
@@ -272,11 +271,16 @@ class ModelWorker:
             raise WorkerFailed("crashed", f"the model process answered message {got}, expected {kind}")
         return (a, b, c), (json.loads(payload) if payload else {})
 
-    def _exit_code(self, wait_s: float = 5.0):
+    def _how_it_ended(self, wait_s: float = 5.0) -> str:
+        """Its exit code, or the signal that ended it, in words; a forked one's copy may be gone too."""
+        from harness.ranks.process import ended_how
+
         try:
-            return self.proc.wait(timeout=wait_s)
-        except (subprocess.TimeoutExpired, ChildProcessError):
-            return None
+            return ended_how(self.proc.wait(timeout=wait_s))
+        except subprocess.TimeoutExpired:
+            return "its pipes closed, the process itself still ran"
+        except ChildProcessError:
+            return "its exit code is lost: the template copy that forked it is gone"
 
     def close(self) -> None:
         """End the model process and everything it started (its session, and any descendant of this
