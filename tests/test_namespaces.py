@@ -2,11 +2,13 @@
 not there for the check process that runs after it (harness/ranks/namespaces.py)."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
 WRITER = """
 import ctypes, json, os, sys
@@ -74,6 +76,36 @@ def test_a_process_that_forks_faster_than_anyone_looks_dies_with_the_model_proce
     time.sleep(0.5)
     alive = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and HOPPER.strip()[:20] in " ".join(p.info["cmdline"])]
     assert alive == [], f"{len(alive)} process(es) of the namespace survived"
+
+
+ENDING = """
+import ctypes, os, signal, sys, time
+from harness.ranks.namespaces import isolate
+assert isolate() == ""
+how = sys.argv[1]
+if how == "exit":
+    os._exit(3)
+if how == "segfault":
+    ctypes.string_at(0)
+# PID 1 of its namespace: a signal from outside reaches it only where it has a handler.
+signal.signal(signal.SIGTERM, lambda *_: os._exit(7))
+print("waiting", flush=True)
+time.sleep(60)  # SIGTERM, sent to the parent, is forwarded here
+"""
+
+
+@pytest.mark.parametrize("how, returncode", [("exit", 3), ("segfault", -signal.SIGSEGV), ("term", 7)])
+def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, returncode):
+    """Whoever waits for an isolated process (the scorer for a model process, the launcher for the check)
+    waits for its parent in the old namespace: that parent must end as its child did, exit code or
+    signal, or a crash in native code reads as a plain exit 1. A signal sent to the parent is forwarded
+    (and reaches a handler the process in the namespace set)."""
+    proc = subprocess.Popen([sys.executable, "-c", ENDING, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    if how == "term":
+        assert proc.stdout.readline().strip() == "waiting"
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == returncode, proc.stderr.read()
 
 
 CONFINED = """

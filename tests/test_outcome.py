@@ -50,7 +50,7 @@ def test_diverged_and_invalid_pass_through():
 
 def test_death_without_a_word():
     o = decide([], agent_failures={1: {"exitcode": -9, "signal": "SIGKILL"}})
-    assert o.status == "crashed" and "signal SIGKILL" in o.reason and "out of memory?" in o.reason
+    assert o.status == "crashed" and "rank 1 died (killed by SIGKILL: by the system, out of memory?)" in o.reason
 
 
 def test_a_forged_error_report_cannot_claim_success_over_a_kill():

@@ -73,9 +73,9 @@ def classify(
 
     if agent_failures:
         rank, failure = min(agent_failures.items())
-        how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exitcode')}"
-        hint = " (killed by the system: out of memory?)" if failure.get("signal") == "SIGKILL" else ""
-        return Outcome("crashed", f"rank {rank} died with {how} without a report{hint}", rank, cause="death")
+        how = f"killed by {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exitcode')}"
+        hint = ": by the system, out of memory?" if failure.get("signal") == "SIGKILL" else ""
+        return Outcome("crashed", f"rank {rank} died ({how}{hint}) without a report", rank, cause="death")
 
     if agent_error:
         return Outcome("crashed", f"launch failed: {agent_error}", cause="launch")

@@ -66,7 +66,7 @@ def _preload() -> None:
     import numpy  # noqa: F401
     import torch
 
-    from harness.ranks import checkpoint, model_worker, namespaces, rootfs, sandbox, wire  # noqa: F401
+    from harness.ranks import checkpoint, model_worker, namespaces, process, rootfs, sandbox, wire  # noqa: F401
     from harness.submission import contract  # noqa: F401
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -23,6 +23,7 @@ import ctypes
 import os
 import signal
 import sys
+from typing import NoReturn
 
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
@@ -32,7 +33,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signa
 def isolate() -> str:
     """Move into new user, PID, IPC and network namespaces; returns "" on success, else why not. On
     success this process has forked: the caller continues in the child (PID 1 of the namespace); the
-    parent waits for it and leaves with its exit status, never returning. Call single-threaded."""
+    parent waits for it and leaves with its exit status, or dies of the signal that ended it, never
+    returning. Call single-threaded."""
     if not sys.platform.startswith("linux"):
         return f"namespaces are Linux-only; this is {sys.platform}"
     libc = ctypes.CDLL(None, use_errno=True)
@@ -52,21 +54,48 @@ def isolate() -> str:
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
         return ""
-    # Not dumpable: the child, same user and same user namespace, could otherwise reach this process's
-    # files (/proc/<pid>/root: the host's root) where it sees the host's /proc (rootfs.py's fallback).
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    for sig in FORWARDED:  # a signal meant for "the model process" reaches the process that runs the model
-        signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
-    while True:  # the parent: nothing but waiting, so the scorer's kill of the session reaches both
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):  # end as it ended, so that whoever waits for "the model process" sees the signal
-        sig = signal.Signals(os.WTERMSIG(status))
-        if sig != signal.SIGKILL:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 1)
+    _wait_and_end_as(child, libc)
+
+
+def _wait_and_end_as(child: int, libc) -> NoReturn:
+    """The parent's life after the fork: forward signals to the child, wait for it, and end as it ended
+    (its exit status, or killed by the same signal, so that whoever waits for "the model process" or
+    "the check process" reads how it ended). Never returns: nothing of the caller runs here."""
+    code = 1
+    try:
+        # Not dumpable: the child, same user and same user namespace, could otherwise reach this
+        # process's files (/proc/<pid>/root: the host's root) where it sees the host's /proc.
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        try:  # a pid, once reaped, may name another process: signals go through a pidfd where there is one
+            pidfd = os.pidfd_open(child)
+        except (AttributeError, OSError):  # Linux before 5.3
+            pidfd = None
+
+        def forward(signum, _frame):  # a signal meant for "the model process" reaches the process that runs it
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signum)
+                else:
+                    os.kill(child, signum)
+            except OSError:  # it is gone already
+                pass
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        while True:  # nothing but waiting, so the scorer's kill of the session reaches both
+            try:
+                _, status = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # forward nothing more
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)  # an int: real-time signals have no name in signal.Signals
+            if sig != signal.SIGKILL:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            os.kill(os.getpid(), sig)  # single-threaded: delivered before kill returns (core: not dumpable)
+        elif os.WIFEXITED(status):
+            code = os.waitstatus_to_exitcode(status) & 0xFF
+    finally:
+        os._exit(code)

@@ -279,8 +279,8 @@ class ModelWorker:
             return ended_how(self.proc.wait(timeout=wait_s))
         except subprocess.TimeoutExpired:
             return "its pipes closed, the process itself still ran"
-        except ChildProcessError:
-            return "its exit code is lost: the template copy that forked it is gone"
+        except ChildProcessError as exc:  # the copy that forked it could not say
+            return f"its exit code is lost: {exc}"
 
     def close(self) -> None:
         """End the model process and everything it started (its session, and any descendant of this
