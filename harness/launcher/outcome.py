@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.launcher.channel import Message
+from harness.ranks.process import ended_how
 
 # What a rank's error report may say. Reports come from processes that run team code: a forged
 # error saying "ok" must not turn a killed or failed job into a score.
@@ -73,9 +74,9 @@ def classify(
 
     if agent_failures:
         rank, failure = min(agent_failures.items())
-        how = f"killed by {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exitcode')}"
         hint = ": by the system, out of memory?" if failure.get("signal") == "SIGKILL" else ""
-        return Outcome("crashed", f"rank {rank} died ({how}{hint}) without a report", rank, cause="death")
+        return Outcome("crashed", f"rank {rank} died ({ended_how(failure.get('exitcode'))}{hint}) without a report",
+                       rank, cause="death")
 
     if agent_error:
         return Outcome("crashed", f"launch failed: {agent_error}", cause="launch")
