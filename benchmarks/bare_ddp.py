@@ -2,8 +2,9 @@
 
 Same model (the baseline's get_model), same data (the track's train shard, random windows),
 same batch, world size, backend, precision (bf16 autocast or float32, as the harness
-resolved it) and AdamW as `harness run`; nothing else: no
-stop vote, no schedule, no prefetch thread, no reports. Launched with torchrun:
+resolved it) and AdamW as `harness run`; nothing else but the one agreement every correct DDP
+loop needs (a MAX all-reduce of "time is up" per step): no schedule, no prefetch thread, no
+reports. Launched with torchrun:
 
     torchrun --standalone --nproc-per-node 2 benchmarks/bare_ddp.py --shard PATH --duration-s 20 --out OUT.json
 """
@@ -58,7 +59,15 @@ def main() -> None:
     times = []
     first_step_unix = time.time()
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < args.duration_s:
+    stop = torch.zeros(1)
+    while True:
+        # The ranks agree on when to stop (a MAX of "time is up"), as any correct DDP loop must: a rank that
+        # decides alone can start one step more than its peer and wait in that step's all-reduce for a peer
+        # that has left (gloo then fails the job).
+        stop.fill_(float(time.perf_counter() - t0 >= args.duration_s))
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
         starts = rng.integers(0, len(tokens) - T - 1, size=B)
         buf = torch.from_numpy(np.stack([tokens[s: s + T + 1] for s in starts]).astype(np.int64))
         x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()

@@ -58,11 +58,13 @@ def run_bare(duration_s: float, shard: str, env: dict, precision: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
         t0 = time.time()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(ROOT / "benchmarks" / "bare_ddp.py"), "--shard", shard, "--duration-s", str(duration_s),
-                        "--submission", str(ROOT / "submissions" / "baseline"), "--out", str(out),
-                        "--precision", precision],
-                       check=True, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, cwd=tmp)
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(ROOT / "benchmarks" / "bare_ddp.py"), "--shard", shard, "--duration-s",
+                               str(duration_s), "--submission", str(ROOT / "submissions" / "baseline"), "--out",
+                               str(out), "--precision", precision],
+                              env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=tmp)
+        if proc.returncode != 0:  # say why, as run_harness does: torchrun's own words, not just an exit status
+            sys.exit(f"the bare DDP loop failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         data = json.loads(out.read_text())
     times = data["step_end_s"]
     return {"step_s": steady_step_s(times, list(range(1, len(times) + 1))), "startup_s": data["first_step_unix"] - t0}
