@@ -1,5 +1,6 @@
 """The control channel: reports are tied by the kernel to the process that sent them."""
 
+import json
 import subprocess
 import sys
 import time
@@ -7,11 +8,18 @@ import time
 from harness.launcher.channel import ChannelServer
 
 CLIENT = r"""
-import sys
+import os, sys
 from harness.ranks.channel import ChannelClient
-c = ChannelClient(sys.argv[1], int(sys.argv[2]))
+rank = int(sys.argv[2])
+c = ChannelClient(sys.argv[1], rank)
+BODIES = {  # what a harness rank sends of each kind (each fits its schema: harness/launcher/reports.py)
+    "hello": dict(pid=os.getpid(), local_rank=rank, group_rank=0, world_size=2),
+    "progress": dict(step=3, train_time_s=0.5, train_loss=2.5, lr_scale=1.0, tokens=384, tokens_per_s=768.0,
+                     grad_norm=None),
+    "train_end": dict(step=4, tokens=512, train_time_s=0.7),
+}
 for kind in sys.argv[3:]:
-    c.send(kind, claimed="x")
+    c.send(kind, **BODIES.get(kind, {}))
 """
 
 
@@ -111,5 +119,74 @@ def test_nothing_a_connection_sends_stops_the_channel():
         text = " | ".join(ch.refused)
         assert "sent a message of 1000000000 bytes" in text and "never said which rank" in text
         assert "too many connections" in text
+    finally:
+        ch.close()
+
+
+MALFORMED = r"""
+import json, os, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1])
+def send(body):
+    data = json.dumps(body).encode()
+    s.sendall(struct.pack('<I', len(data)) + data)
+send({"kind": "hello", "rank": 0, "pid": os.getpid(), "local_rank": 0, "group_rank": 0, "world_size": 1})
+for body in json.loads(sys.argv[2]):
+    send(body)
+s.close()
+"""
+
+
+def test_a_report_that_breaks_its_schema_is_dropped_and_noted():
+    """A rank's report is hostile input: a `steps` of "many" once crashed the leaderboard for every team.
+    Every field is typed and range-checked on arrival; a bad one drops the message, noted (it flags the
+    run), and the channel goes on with the good ones."""
+    bad = [
+        {"kind": "progress", "step": "many", "train_time_s": 1.0, "tokens": 5, "lr_scale": 1.0, "train_loss": 2.0},
+        {"kind": "train_end", "step": -4, "tokens": 5, "train_time_s": 1.0},
+        {"kind": "train_end", "step": 4, "tokens": 5, "train_time_s": float("inf")},
+        {"kind": "result", "steps": 4, "params": True},
+        {"kind": "progress", "step": 1, "train_time_s": 1.0, "tokens": 5, "lr_scale": 1.0, "pwned": 1},
+        {"kind": "error", "status": "crashed", "reason": "x" * 60_500},  # fits a frame, not the schema
+        {"kind": "victory"},
+        {"kind": "train_end", "step": 4, "tokens": 512, "train_time_s": 0.7},  # the one good report
+    ]
+    ch = ChannelServer(expected_ranks=[0])
+    try:
+        subprocess.run([sys.executable, "-c", MALFORMED, ch.path, json.dumps(bad)], check=True, timeout=60)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(ch.snapshot()) < 2:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert [m.kind for m in ch.snapshot()] == ["hello", "train_end"]
+        assert len(ch.malformed) == 7, ch.malformed
+        text = " | ".join(ch.malformed)
+        for part in ("step = 'many' is not a count", "step = -4 is not a count", "train_time_s = inf is not seconds",
+                     "params = True is not a count", "an unknown field 'pwned'", "reason = 'xxx",
+                     "an unknown kind of report 'victory'"):
+            assert part in text, part
+        assert ch.violation is None
+    finally:
+        ch.close()
+
+
+def test_a_rank_that_floods_the_channel_is_cut_off_and_the_job_is_ended():
+    """Report volume is capped per connection: past it the connection is cut and `violation` says so (the
+    watchdog then ends the job as invalid), and the launcher holds no more than the cap."""
+    from harness.launcher import channel as channel_module
+
+    flood = json.dumps([{"kind": "progress", "step": 1, "train_time_s": 1.0, "tokens": 5, "lr_scale": 1.0,
+                         "pad": "x" * 50}] * 2)
+    ch = ChannelServer(expected_ranks=[0])
+    code = MALFORMED.replace("for body in json.loads(sys.argv[2]):\n    send(body)",
+                             "body = {'kind': 'sandbox', 'active': True, 'why': 'y' * 1500}\n"
+                             "for _ in range(4000):\n    send(body)")
+    try:
+        subprocess.run([sys.executable, "-c", code, ch.path, flood], timeout=60)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and ch.violation is None:
+            time.sleep(0.02)
+        assert ch.violation == f"rank 0 sent more than {channel_module.MAX_BYTES_PER_CONNECTION >> 20} MiB of reports (the cap per rank)"
+        held = sum(len(json.dumps(m.body)) for m in ch.snapshot())
+        assert held <= channel_module.MAX_BYTES_PER_CONNECTION
     finally:
         ch.close()

@@ -168,6 +168,29 @@ def test_an_unreadable_record_is_listed_not_dropped(tmp_path, cli):
     assert str(cut) in result.err and str(garbage) in result.err  # said when the leaderboard is built, too
 
 
+def test_a_record_with_fields_of_the_wrong_type_is_one_unreadable_row(tmp_path, cli):
+    """A figure in a record may have come from a rank (`steps = "many"` once crashed the leaderboard for
+    every team), or a file edited by hand: such a record is one unreadable row, naming the field and
+    the file; every other team is ranked as before, and the page and charts are built."""
+    import csv
+
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0)
+    bad = make_run(runs, "bravo", 1.5, steps="many") / "run.json"
+    odd = make_run(runs, "delta", 1.7) / "run.json"
+    odd.write_text(odd.read_text().replace('"status": "ok"', '"status": "victorious"'))
+    make_run(runs, "charlie", 2.2)
+    result = cli("leaderboard", "--runs-dir", str(runs))
+    assert result.code == 0, result.err
+    rows = {r["team"]: r for r in csv.DictReader((tmp_path / "leaderboard" / "local.csv").open())}
+    assert [rows[t]["rank"] for t in ("alpha", "charlie")] == ["1", "2"]
+    assert rows["bravo"]["status"] == "unreadable" and rows["bravo"]["rank"] == ""
+    assert str(bad) in rows["bravo"]["reason"] and "field steps is 'many', not a number" in rows["bravo"]["reason"]
+    assert rows["delta"]["status"] == "unreadable" and "'victorious' is not a run status" in rows["delta"]["reason"]
+    assert str(odd) in rows["delta"]["reason"]
+    assert (tmp_path / "leaderboard" / "local.html").is_file()
+
+
 def test_divisions_are_shown_and_ranked_together_or_apart(tmp_path):
     """Open-division runs (a team's own train.py) sit on the same leaderboard with a division column,
     or are ranked on their own when the track says divisions = "separate"; their throughput is

@@ -145,7 +145,7 @@ def test_record_directory_is_self_contained(baseline_run):
         text = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert f"[harness] rank {rank}: training starts" in text and f"rank {1 - rank}:" not in text, rank
     assert "[harness] world 2 on cpu" in (run_dir / "logs" / "rank0.log").read_text()
-    assert "rendezvous" in (run_dir / "logs" / "launcher.log").read_text()  # torch elastic's own messages
+    assert "torch.distributed.elastic" in (run_dir / "logs" / "launcher.log").read_text()  # torch elastic's own messages
     for log in ("eval-rank0.log", "preflight.log"):
         assert (run_dir / "logs" / log).is_file(), log
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
@@ -154,6 +154,8 @@ def test_record_directory_is_self_contained(baseline_run):
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] == record["steps"]
     assert not (run_dir / "staging").exists()
+    # Every report of an honest run fits its schema, and nothing flags it (harness/launcher/reports.py).
+    assert "malformed_reports" not in record and "refused_reports" not in record and not record["flagged"]
 
 
 def test_nothing_of_the_run_is_left_running(baseline_run):

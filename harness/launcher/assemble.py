@@ -94,6 +94,9 @@ def check_reports(record: RunRecord, phase: PhaseResult, phase_name: str = "trai
                 and m.kind in ("progress", "train_start", "setup_start", "train_end")]
         if late:
             seen.append(f"rank {lead} reported {late[0].kind!r} after training had ended")
+    if phase.malformed:  # dropped on arrival; a harness rank never sends one, so the run is looked at
+        record.extra.setdefault("malformed_reports", []).extend(f"{phase_name}: {m}" for m in phase.malformed)
+        seen.append(f"a malformed report was sent during {phase_name} ({phase.malformed[0]})")
     if seen:
         flag_run(record, "; ".join(seen))
 

@@ -16,6 +16,11 @@ never say hello, floods of messages and too many connections are cut off and not
 other error is caught per event. `alive` says whether the channel still listens; the watchdog
 ends the job if it does not.
 
+Every message must fit its kind's schema (harness/launcher/reports.py: types, ranges, lengths);
+one that does not is dropped and noted in `malformed`, which flags the run. Each connection may
+send at most `MAX_BYTES_PER_CONNECTION`: past it the connection is cut and `violation` says so,
+and the watchdog ends the job (`invalid`): the launcher's memory is never the ranks' to fill.
+
 Every message is stamped on arrival with the launcher's own monotonic clock: its measurement of
 the training window does not trust the ranks' clocks.
 
@@ -41,11 +46,13 @@ from typing import Any
 
 import psutil
 
+from harness.launcher import reports
 from harness.ranks.channel import FRAME, MAX_MESSAGE  # one protocol for both ends
 
 MAX_UNBOUND = 64  # connections that have not said hello yet
 HELLO_WITHIN_S = 10.0  # a connection that says nothing for this long is cut off
 MAX_MESSAGES_PER_CONNECTION = 200_000
+MAX_BYTES_PER_CONNECTION = 4 << 20  # an honest rank sends a few kB a minute; 4 MiB is a thousand times that
 
 
 @dataclass
@@ -62,6 +69,7 @@ class _Peer:
     rank: int | None = None
     buffer: bytes = b""
     count: int = 0
+    bytes_in: int = 0
 
 
 def peer_pid(conn: socket.socket) -> int | None:
@@ -103,6 +111,8 @@ class ChannelServer:
         self.sock.setblocking(False)
         self.messages: list[Message] = []
         self.refused: list[str] = []  # who tried to report and was turned away, and why
+        self.malformed: list[str] = []  # reports that broke their schema (dropped), and what was wrong
+        self.violation: str | None = None  # a cap a rank broke: the watchdog ends the job
         self.lock = threading.Lock()
         self.new = threading.Condition(self.lock)
         self._bound: dict[int, int | None] = {}  # rank -> pid
@@ -142,6 +152,17 @@ class ChannelServer:
         with self.new:
             if len(self.refused) < 1000:
                 self.refused.append(why)
+            self.new.notify_all()
+
+    def _violate(self, why: str) -> None:
+        with self.new:
+            self.violation = self.violation or why
+            self.new.notify_all()
+
+    def _malformed(self, why: str) -> None:
+        with self.new:
+            if len(self.malformed) < 100:
+                self.malformed.append(why)
             self.new.notify_all()
 
     def _unbound(self) -> list:
@@ -201,6 +222,12 @@ class ChannelServer:
             self._drop(conn)
             return
         now = time.monotonic()
+        peer.bytes_in += len(data)
+        if peer.bytes_in > MAX_BYTES_PER_CONNECTION:
+            self._drop(conn)
+            who = f"rank {peer.rank}" if peer.rank is not None else f"pid {peer.pid}"
+            self._violate(f"{who} sent more than {MAX_BYTES_PER_CONNECTION >> 20} MiB of reports (the cap per rank)")
+            return
         peer.buffer += data
         while len(peer.buffer) >= FRAME.size:
             (size,) = FRAME.unpack_from(peer.buffer)
@@ -224,10 +251,11 @@ class ChannelServer:
             body = json.loads(frame.decode("utf-8", errors="replace"))
             kind = str(body.pop("kind"))
         except (ValueError, KeyError, AttributeError, TypeError, RecursionError):
-            return True  # garbled: ignore it, keep the connection
+            self._malformed(f"rank {peer.rank} (pid {peer.pid}): a frame that is not a JSON report")
+            return True  # garbled: dropped, noted, the connection kept
         if peer.rank is None:
             claimed = body.get("rank")
-            if kind != "hello" or not isinstance(claimed, int):
+            if kind != "hello" or not isinstance(claimed, int) or isinstance(claimed, bool):
                 self._refuse(f"pid {peer.pid} sent {kind!r} before saying which rank it is")
                 self._drop(conn)
                 return False
@@ -245,6 +273,10 @@ class ChannelServer:
                 self._drop(conn)
                 return False
             peer.rank = claimed
+        problem = reports.check(kind, body)
+        if problem:  # dropped: nothing downstream ever reads a value of the wrong type or range
+            self._malformed(f"rank {peer.rank} (pid {peer.pid}): {problem}")
+            return True
         body["rank"] = peer.rank  # what the kernel vouches for, not what the message says
         with self.new:
             self.messages.append(Message(kind, body, now))

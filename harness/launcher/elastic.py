@@ -1,8 +1,15 @@
 """Starting ranks with torch.distributed's own elastic launcher, in the launcher process.
 
 The agent is torchrun's: the arguments are parsed by torch.distributed.run itself, so
-RANK/LOCAL_RANK/WORLD_SIZE, the c10d rendezvous (one node) and the static rendezvous with
---node-rank (several nodes: node 0 hosts global rank 0) behave exactly as under torchrun.
+RANK/LOCAL_RANK/WORLD_SIZE and the static rendezvous with --node-rank (several nodes: node 0
+hosts global rank 0) behave exactly as under torchrun.
+
+The rendezvous keeps no pickled state. torchrun's own `--standalone` uses the c10d rendezvous,
+whose state is a pickle in a TCPStore that the agent (a thread of this process) loads about once
+a second; the ranks can reach that store (they have TCP and its address), so a rank could run
+code in the launcher. One node therefore uses `harness-local` (registered here): torch's static
+rendezvous on a TCPStore of a free loopback port, which holds only plain keys the agent reads as
+numbers and JSON. Several nodes use torch's `static` backend, which is the same.
 The agent runs in a background thread; the launcher's main thread keeps the signals, the
 clock and the kill switch, so a hung or hostile job is ended on the launcher's terms.
 """
@@ -50,9 +57,46 @@ class LaunchSpec:
             argv += ["--rdzv-backend=static", f"--rdzv-endpoint={self.rdzv_endpoint}",
                      f"--node-rank={self.node_rank}", f"--rdzv-id={self.rdzv_id or 'harness'}",
                      f"--rdzv-conf=timeout={int(self.rendezvous_timeout_s)}"]
-        else:  # torchrun --standalone: a private c10d store on a free local port
-            argv += ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", f"--rdzv-id={uuid.uuid4()}"]
+        else:  # one node: a static store on a free loopback port, no pickled state (module docstring)
+            register_local_rendezvous()
+            argv += [f"--rdzv-backend={LOCAL_RENDEZVOUS}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}"]
         return argv + ["--module", self.module, *self.args]
+
+
+LOCAL_RENDEZVOUS = "harness-local"
+
+
+def register_local_rendezvous() -> None:
+    """torch's static TCP rendezvous for one node, on a port the kernel picks (no race for a port chosen
+    beforehand, as --standalone has none). Registered once per process, through torch's own registry."""
+    from torch.distributed import PrefixStore, TCPStore
+    from torch.distributed.elastic.rendezvous import (RendezvousInfo, RendezvousStoreInfo,
+                                                      rendezvous_handler_registry)
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    if _registered:
+        return
+
+    class LocalStaticRendezvous(StaticTCPRendezvous):
+        def get_backend(self) -> str:
+            return LOCAL_RENDEZVOUS
+
+        def next_rendezvous(self) -> RendezvousInfo:
+            if not self._store:
+                self._store = TCPStore("127.0.0.1", 0, 1, True, self.timeout, multi_tenant=False)
+                self.master_port = self._store.port
+            return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1,
+                                  RendezvousStoreInfo("127.0.0.1", self.master_port))
+
+    def create(params) -> LocalStaticRendezvous:
+        timeout = int(params.config.get("timeout", 300))
+        return LocalStaticRendezvous("127.0.0.1", 0, 0, 1, params.run_id, timeout)
+
+    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, create)
+    _registered.append(True)
+
+
+_registered: list = []
 
 
 def _route_torch_logs(log_path: Path) -> logging.Handler:

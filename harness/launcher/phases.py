@@ -156,6 +156,7 @@ class PhaseResult:
     messages: list[Message] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # reports the channel turned away, and why
+    malformed: list[str] = field(default_factory=list)  # reports that broke their schema (dropped), and why
 
     def sandbox_report(self, rank: int = 0) -> dict[str, Any]:
         """What a rank said of its sandbox right after entering it, before any team code ran (the first
@@ -191,7 +192,8 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
         kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
     )
-    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused))
+    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
+                       list(channel.malformed))
 
 
 def local_ranks(launch: LaunchSpec) -> list[int]:

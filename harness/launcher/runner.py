@@ -299,7 +299,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     finally:
         area.cleanup()
     record.checkpoint_sha256 = file_sha256(checkpoint)
-    if submission_sha256(run_dir / "submission") != record.submission_sha256:
+    if _sha256_or_none(run_dir / "submission") != record.submission_sha256:
         set_outcome(record, "invalid", "the submission's files in the record changed during training; "
                      "evaluation will not import them")
         flag_run(record, record.reason)
@@ -319,6 +319,15 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.timings["total_s"] = time.monotonic() - t_begin
     apply_evaluation(record, ev)
     check_reports(record, ev, "evaluation")
+
+
+def _sha256_or_none(folder: Path) -> str | None:
+    """The record's copy of the submission, hashed as it was copied (regular files only); None when
+    something else appeared in it."""
+    try:
+        return submission_sha256(folder)
+    except SubmissionError:
+        return None
 
 
 def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,

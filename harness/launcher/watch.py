@@ -204,6 +204,8 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
+        elif channel.violation:  # a rank broke a cap (report volume): the run ends, nothing else is touched
+            _kill(job, result, "invalid", channel.violation)
         elif expired:
             _kill(job, result, "timeout", expired[0], limit_s=expired[1])
     result.exited_s = time.monotonic()

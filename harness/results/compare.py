@@ -10,13 +10,12 @@ curves of every run of every side.
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
-from harness.results.records import iter_run_dirs, match_runs, upgrade_record
+from harness.results.records import iter_run_dirs, match_runs, read_record_json, upgrade_record
 from harness.results.stats import is_finite, summarize, welch
 
 # (field, label, how differences are shown)
@@ -46,7 +45,7 @@ class Side:
 
 
 def _load(run_dir: Path) -> dict:
-    raw = upgrade_record(json.loads((run_dir / "run.json").read_text()))
+    raw = upgrade_record(read_record_json(run_dir / "run.json"))
     raw["run_dir"] = str(run_dir)
     return raw
 

@@ -18,13 +18,12 @@ Rules (docs/leaderboard.md):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.results.records import upgrade_record
+from harness.results.records import read_record_json, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
 # One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
@@ -54,12 +53,13 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
     pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
     for path in Path(root).glob(pattern):
         try:
-            raw = json.loads(path.read_text())
-            if not isinstance(raw, dict):
-                raise ValueError(f"a JSON {type(raw).__name__}, not an object")
-            raw = upgrade_record(raw)
+            raw = upgrade_record(read_record_json(path))
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             rows.append(unreadable_row(path, exc))
+            continue
+        problem = field_problem(raw)
+        if problem:  # a record whose fields have the wrong types cannot be ranked, and must not crash anything
+            rows.append(unreadable_row(path, ValueError(problem)))
             continue
         row = {k: raw.get(k) for k in FIELDS}
         row["run_dir"] = str(path.parent)
@@ -68,6 +68,39 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows
+
+
+NUMBER_FIELDS = ("val_loss", "loss_floor", "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens",
+                 "steps", "train_time_s", "startup_s", "seed", "world_size", "nproc_per_node", "nnodes")
+TEXT_FIELDS = ("run_id", "team", "track_name", "reason", "flag_reason", "submission_sha256", "started_at",
+               "precision", "device_name", "torch_version", "division", "throughput_source")
+
+
+def field_problem(raw: dict[str, Any]) -> str:
+    """"" when every field the views read has its type (numbers are numbers, the status is a status),
+    else the first that does not: a record is written by the launcher, but a figure in it may have come
+    from a rank, and a file can be edited by hand."""
+    from harness.results.records import STATUSES
+
+    if raw.get("status") not in STATUSES:
+        return f"status {str(raw.get('status'))[:40]!r} is not a run status"
+    if not isinstance(raw.get("team"), str) or not isinstance(raw.get("run_id"), str):
+        return "team and run_id must be strings"
+    for key in NUMBER_FIELDS:
+        v = raw.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"field {key} is {str(v)[:40]!r}, not a number"
+    for key in TEXT_FIELDS:
+        v = raw.get(key)
+        if v is not None and not isinstance(v, str):
+            return f"field {key} is a {type(v).__name__}, not a string"
+    for key in ("official", "flagged"):
+        if not isinstance(raw.get(key, False), bool):
+            return f"field {key} is not true or false"
+    for key in ("machine", "versions", "track"):
+        if raw.get(key) is not None and not isinstance(raw.get(key), dict):
+            return f"field {key} is not an object"
+    return ""
 
 
 def unreadable_row(path: Path, exc: Exception) -> dict[str, Any]:

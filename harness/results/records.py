@@ -219,8 +219,29 @@ def save_record(run_dir: Path, record: RunRecord) -> Path:
     return path
 
 
+RECORD_MAX_BYTES = 16 << 20  # a run.json is tens of kB; the bound keeps a planted file from filling memory
+
+
+def read_record_json(path: Path) -> dict[str, Any]:
+    """A run.json as a JSON object, read as a regular file only (never through a link, never a FIFO that
+    would block the reader) and bounded. Raises OSError or ValueError, as reading a broken file would."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(RECORD_MAX_BYTES + 1)
+    if len(data) > RECORD_MAX_BYTES:
+        raise ValueError(f"larger than {RECORD_MAX_BYTES >> 20} MiB")
+    raw = json.loads(data)
+    if not isinstance(raw, dict):
+        raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+    return raw
+
+
 def load_record(run_dir: Path) -> RunRecord:
-    return RunRecord.from_dict(json.loads((Path(run_dir) / "run.json").read_text()))
+    return RunRecord.from_dict(read_record_json(Path(run_dir) / "run.json"))
 
 
 def save_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:

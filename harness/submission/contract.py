@@ -21,11 +21,9 @@ Every error names the file, the wrong piece and the fix (docs/submission.md has 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import json
 import re
-import shutil
 import sys
 import tomllib
 import types
@@ -34,8 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 DOCS = "docs/submission.md"
-IGNORED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"}
-MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
+from harness.submission import files
+from harness.submission.files import IGNORED_DIRS, MAX_SUBMISSION_BYTES  # noqa: F401 (one definition, re-exported)
+
 PACKAGE = "_harness_submission"
 
 
@@ -137,48 +136,73 @@ def _near_folders(path: Path) -> list[str]:
 
 
 def submission_files(folder: Path) -> list[Path]:
-    """The files that make up a submission (what is hashed and copied into the record)."""
-    files = []
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder)
-        if any(part in IGNORED_DIRS for part in rel.parts) or p.suffix == ".pyc" or not p.is_file():
-            continue
-        files.append(p)
-    return files
+    """The files that make up a submission (what is hashed and copied into the record): its regular
+    files, never through a link (harness/submission/files.py); raises SubmissionError naming anything
+    else in the folder."""
+    try:
+        return [folder / e.rel for e in files.walk(folder)]
+    except files.UnsafeEntry as exc:
+        raise _unsafe(folder, exc) from None
+
+
+def _unsafe(folder: Path, exc: files.UnsafeEntry) -> SubmissionError:
+    return SubmissionError(folder / exc.rel, f"is {exc.kind}: the harness copies and imports regular files only, "
+                           "and follows no link out of a submission folder.", exc.fix)
 
 
 def submission_sha256(folder: Path) -> str:
     """One hash over the submission's files: their relative paths and contents, in sorted order."""
-    digest = hashlib.sha256()
-    for p in submission_files(folder):
-        digest.update(str(p.relative_to(folder)).encode() + b"\0")
-        digest.update(hashlib.sha256(p.read_bytes()).digest())
-    return digest.hexdigest()
+    try:
+        return files.tree_sha256(folder)
+    except files.UnsafeEntry as exc:
+        raise _unsafe(folder, exc) from None
 
 
 def snapshot_submission(folder: Path, dest: Path) -> str:
-    """Copy the submission into the run record; the run imports this copy, so later edits cannot leak in."""
-    files = submission_files(folder)
-    total = sum(p.stat().st_size for p in files)
-    if total > MAX_SUBMISSION_BYTES:
+    """Copy the submission into the run record; the run imports this copy, so later edits cannot leak in.
+    Only regular files are copied, opened without following a link: a link, FIFO, socket or device in the
+    folder is a SubmissionError naming it (a link to where the validation shard lies would otherwise make
+    the shard the team's own file)."""
+    try:
+        files.copy_tree(folder, dest, MAX_SUBMISSION_BYTES)
+    except files.UnsafeEntry as exc:
+        raise _unsafe(folder, exc) from None
+    except files.TooLarge:
         raise SubmissionError(
-            folder, f"holds {total / 2**20:.0f} MiB of files (limit {MAX_SUBMISSION_BYTES // 2**20} MiB).",
+            folder, f"holds more than {MAX_SUBMISSION_BYTES // 2**20} MiB of files.",
             "keep only code and small config files in the submission folder",
-        )
-    for p in files:
-        target = dest / p.relative_to(folder)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(p, target)
+        ) from None
     return submission_sha256(dest)
+
+
+TEAM_FILE_MAX_BYTES = 64 * 1024
+
+
+def read_team_file(folder: Path) -> str | None:
+    """submission.toml's text, read as a regular file only and bounded; None when there is none."""
+    path = folder / "submission.toml"
+    try:
+        return files.read_regular(path, TEAM_FILE_MAX_BYTES).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except files.UnsafeEntry as exc:
+        raise SubmissionError(path, f"is {exc.kind}: the harness reads regular files only.",
+                              "put the file itself in the folder") from None
+    except files.TooLarge:
+        raise SubmissionError(path, f"is larger than {TEAM_FILE_MAX_BYTES // 1024} KiB.",
+                              "keep the team and division settings only") from None
+    except OSError as exc:
+        raise SubmissionError(path, f"cannot be read ({exc.strerror or exc}).", "") from None
 
 
 def read_team(folder: Path) -> TeamInfo:
     """[team] from submission.toml, or the folder's name."""
     path = folder / "submission.toml"
-    if not path.is_file():
+    text = read_team_file(folder)
+    if text is None:
         return TeamInfo(name=folder.name)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SubmissionError(path, f"is not valid TOML: {exc}.", f"fix the syntax (see {DOCS})") from None
     team = raw.get("team", {})

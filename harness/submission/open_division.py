@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.submission.contract import DOCS, SubmissionError
+from harness.submission.contract import DOCS, SubmissionError, read_team_file
 
 FIXED, OPEN = "fixed", "open"
 DIVISIONS = (FIXED, OPEN)
@@ -68,10 +68,11 @@ class OpenSpec:
 
 def _read_toml(folder: Path) -> dict:
     path = folder / "submission.toml"
-    if not path.is_file():
+    text = read_team_file(folder)  # a regular file only, bounded: the team's folder is hostile input
+    if text is None:
         return {}
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SubmissionError(path, f"is not valid TOML: {exc}.", f"fix the syntax (see {DOCS})") from None
 
