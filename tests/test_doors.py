@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, one_rank, quick_track, run_dirs
-from records_factory import make_run
+from conftest import FIXTURES, TINY_TRACK, one_rank, quick_track
 
 
 def _record(runs: Path, team: str) -> tuple[Path, dict]:
@@ -71,3 +70,141 @@ def test_a_rank_that_writes_pickles_into_the_rendezvous_store_runs_nothing_in_th
         assert result.code == 0 and record["status"] == "ok", record["reason"]
     finally:
         mark.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- the clock's edges and the checkpoint
+
+
+def test_a_last_step_held_open_past_the_budget_is_a_timeout(cli, tmp_path):
+    """late_step trains on for 3 s inside the forward that starts just before the end of its 4 s budget:
+    the stop rule cannot see inside a step, but the launcher's window ends 2-3 s late, far more than two
+    median steps or the track's 1 s: a timeout, not scored."""
+    result = cli("run", str(FIXTURES / "late_step"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
+    assert result.code == 1
+    run_dir, record = _record(tmp_path / "runs", "late_step")
+    assert "LATE-STEP held its last step open" in (run_dir / "logs" / "rank0.log").read_text()
+    assert record["status"] == "timeout" and "a step held open past the clock" in record["reason"], record["reason"]
+    check = record["window_check"]
+    assert check["ok"] is False and check["over_s"] > 1.5 and check["allowed_s"] == pytest.approx(1.0)
+    assert record["val_loss"] is None and not (run_dir / "checkpoint.pt").exists()
+
+
+def test_an_honest_window_ends_within_its_bound(cli, tmp_path):
+    """The same tiny track, an honest bigram on two ranks: the window check passes and says by how much."""
+    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), timeout=180)
+    assert result.code == 0, result.err
+    _, record = _record(tmp_path / "runs", "ok_bigram")
+    assert record["status"] == "ok" and record["window_check"]["ok"] is True and not record["flagged"]
+    assert record["window_check"]["over_s"] < record["window_check"]["allowed_s"]
+    assert record["first_step"]["loss"] > record["first_step"]["untrained_bound"]
+
+
+@pytest.mark.parametrize("how", ["trained before the clock", "shipped weights"])
+def test_a_model_that_arrives_trained_is_flagged(cli, tmp_path, cache_dir, monkeypatch, how):
+    """pretrains sets its table to the train shards' bigram log-frequencies inside get_model (seconds,
+    within the start-up allowance), or loads weights shipped beside it: the harness's loss of the
+    first step, before any optimizer step, is far below ln V, and the run is flagged for review. Shipped
+    weights are flagged from the folder itself as well."""
+    import torch
+
+    sub = _copy_fixture("pretrains", tmp_path)
+    if how == "shipped weights":  # trained offline: the train shard's bigram log-frequencies
+        import numpy as np
+
+        from harness.data.prepare import prepare_data
+        from harness.tracks.spec import load_track
+
+        monkeypatch.setenv("HARNESS_CACHE_DIR", str(cache_dir))
+        shard = prepare_data(load_track(str(TINY_TRACK)), None).train[0]
+        t = np.memmap(shard.path, dtype=np.uint16, mode="r", offset=shard.offset_bytes, shape=(shard.num_tokens,))
+        t = np.asarray(t[:200_000], dtype=np.int64)
+        counts = np.bincount(t[:-1] * 256 + t[1:], minlength=256 * 256).reshape(256, 256) + 0.1
+        table = torch.from_numpy(np.log(counts / counts.sum(1, keepdims=True))).float()
+        torch.save({"table.weight": table}, sub / "pretrained.pt")
+    result = cli("run", str(sub), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "pretrains")
+    assert record["status"] == "ok" and record["flagged"] is True
+    first = record["first_step"]
+    assert first["loss"] < first["untrained_bound"] and "the model arrived trained" in record["flag_reason"]
+    if how == "shipped weights":
+        assert "pretrained.pt (a zip archive" in record["flag_reason"]
+        assert "PRETRAINS loaded shipped weights" in (run_dir / "logs" / "rank0.log").read_text()
+    else:
+        assert "PRETRAINS trained before the clock" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "FLAGGED" in result.err
+
+
+def test_a_checkpoint_swapped_after_the_save_is_never_scored(cli, tmp_path):
+    """swaps_checkpoint replaces staging/checkpoint.pt with a forged one right after the harness writes it.
+    The launcher takes the file when rank 0 says it is saved and checks it is the one rank 0 hashed: the
+    forged file is either never taken, or the run is invalid; it is never scored."""
+    import torch
+
+    result = cli("run", str(FIXTURES / "swaps_checkpoint"), "--track", str(quick_track(tmp_path)), timeout=180)
+    run_dir, record = _record(tmp_path / "runs", "swaps_checkpoint")
+    assert "SWAPS-CHECKPOINT replaced" in (run_dir / "logs" / "rank0.log").read_text()
+    if record["status"] == "invalid":
+        assert "was replaced after the harness saved it" in record["reason"] and record["val_loss"] is None
+    else:
+        assert result.code == 0 and record["status"] == "ok", record["reason"]
+        assert "forged" not in torch.load(run_dir / "checkpoint.pt", weights_only=True)["config"]
+
+
+def test_work_inside_the_models_own_state_dict_is_never_saved(cli, tmp_path):
+    """shadow_state trains its evaluation buffer inside its own state_dict (work after the clock, in the
+    save). The harness copies the weights without calling any method of the model: the saved buffer is
+    the zeros training left, and the model scores exactly ln V (uniform logits)."""
+    import math
+
+    result = cli("run", str(FIXTURES / "shadow_state"), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "shadow_state")
+    assert record["status"] == "ok" and record["val_loss"] == pytest.approx(math.log(256), abs=1e-4)
+    assert "SHADOW-STATE state_dict called" not in (run_dir / "logs" / "rank0.log").read_text()
+
+
+# ----------------------------------------------------------------------------- the checks' arithmetic
+
+
+def _window_record(window_s, budget_s=10.0, steps=50, median=0.1):
+    from harness.results.records import RunRecord
+
+    record = RunRecord(run_id="r", team="t", track_name="x", budget_s=budget_s, steps=steps)
+    record.launcher_train_time_s = window_s
+    record.extra["median_step_s"] = median
+    return record
+
+
+def test_the_window_bound_is_two_median_steps_or_the_tracks_allowance_and_never_above_five_percent():
+    from types import SimpleNamespace
+
+    from harness.launcher.assemble import check_window
+
+    track = SimpleNamespace(max_steps=0, overrun_allowance_s=1.0)
+    assert check_window(_window_record(10.9), track) == ""  # within 1 s
+    assert "held open" in check_window(_window_record(11.1), track)
+    assert check_window(_window_record(101.5, budget_s=100.0, median=0.8), track) == ""  # two median steps of 0.8 s
+    assert "held open" in check_window(_window_record(101.7, budget_s=100.0, median=0.8), track)
+    # Steps claimed huge: the steps' part is capped at 5% of the budget (0.5 s here), so the 1 s floor holds.
+    assert "held open" in check_window(_window_record(11.2, median=50.0), track)
+    assert "first step alone did not fit" in check_window(_window_record(25.0, steps=1), track)
+    assert check_window(_window_record(25.0), SimpleNamespace(max_steps=20, overrun_allowance_s=1.0)) == ""
+
+
+def test_an_untrained_model_scores_at_least_ln_v_and_the_bound_is_one_nat_below():
+    """The bound's premise, measured: random and zero initialisations of a bigram table and a small
+    transformer-like head on random tokens all score above ln V - 1 on their first batch."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    from harness.launcher.assemble import untrained_loss_bound
+
+    torch.manual_seed(0)
+    V = 256
+    y = torch.randint(0, V, (4096,))
+    for logits in (torch.zeros(4096, V), torch.randn(4096, V), 0.02 * torch.randn(4096, V), 3 * torch.randn(4096, V)):
+        assert F.cross_entropy(logits, y).item() > untrained_loss_bound(V)
+    assert untrained_loss_bound(V) == pytest.approx(math.log(V) - 1.0)

@@ -169,14 +169,13 @@ def test_the_scoring_process_is_gone_before_the_check_process_starts(cli, tmp_pa
 
 
 def test_patching_what_an_evaluator_would_call_changes_nothing(cli, tmp_path, cache_dir):
-    """cross_entropy, log_softmax, torch.equal, json.dump(s) and the clocks, patched at import: the score is
-    computed in a process that never imports the submission, so it is the honest one; the patched
-    clocks flag the run."""
-    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "patcher", track=one_rank(tmp_path))  # the clocks: to the budget
+    """cross_entropy, log_softmax, torch.equal and json.dump(s), patched at import: the score is computed
+    in a process that never imports the submission, so it is the honest one. (Patched clocks:
+    test_gaming.py's clock_cheat.)"""
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "patcher", track=one_rank(tmp_path))
     assert record["status"] == "ok", record["reason"]
     assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir, bigram=True), abs=1e-6)
-    assert record["val_loss"] > record["loss_floor"]
-    assert record["flagged"] and "clock disagreement" in record["flag_reason"]
+    assert record["val_loss"] > record["loss_floor"] and not record["flagged"]
     assert any("patching" in w for w in record["warnings"])
 
 

@@ -32,11 +32,13 @@ def test_a_model_that_peeks_only_once_trained_is_caught_by_evaluation(cli, tmp_p
 
 def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_path):
     """The cheat's clocks run at 0.6: it trains a 4 s budget in about 6.7 s. The grace (20 s here, not
-    tiny's 3) keeps the hard limit far from that on a slow machine: the run ends ok, and flagged."""
+    tiny's 3) keeps the hard limit far from that on a slow machine: the launcher's own window is past
+    the budget by far more than a last step may be, so the run is a timeout, and flagged."""
     result = cli("run", str(FIXTURES / "clock_cheat"), "--track", str(one_rank(tmp_path, grace_s=20.0)),
                  leaderboard=True)
     record = _record(tmp_path / "runs", "clock_cheat")
-    assert record["status"] == "ok", record["reason"]
+    assert record["status"] == "timeout" and "past its 4 s budget" in record["reason"], record["reason"]
+    assert record["window_check"]["ok"] is False and record["val_loss"] is None
     assert record["flagged"] is True and "clock disagreement" in record["flag_reason"]
     budget = record["budget_s"]
     assert record["train_time_s"] <= budget + record["max_step_s"]  # what the cheated ranks believed

@@ -192,19 +192,19 @@ def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
 
 
 def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):
-    """torch.compile compiles in the first step, on the clock (17-23 s on these CPUs, cold cache
-    included): with a grace long enough for it the run ends ok, the compile step is the slow one,
-    and the checkpoint holds the plain module's keys. (That the stop rule leaves the compile step
-    out of its estimate is tests/test_clock.py's.) On one rank: each rank compiles on its own."""
+    """torch.compile compiles in the first step, on the clock (13-23 s on these CPUs, cold cache
+    included): the compile step is the slow one, and the checkpoint holds the plain module's keys.
+    Three steps, not a budget: the compile alone is longer than any budget the suite can afford, and a
+    first step that ends past the budget is a timeout (test_clock.py: check_window). (That the stop
+    rule leaves the compile step out of its estimate is tests/test_clock.py's too.) On one rank: each
+    rank compiles on its own."""
     from conftest import FIXTURES, one_rank
 
-    result = cli("run", str(FIXTURES / "compiled"), "--track", str(one_rank(tmp_path)), "--budget-s", "4",
-                 "--grace-s", "90")
+    result = cli("run", str(FIXTURES / "compiled"), "--track", str(one_rank(tmp_path, max_steps=3)), "--grace-s", "90")
     assert result.code == 0, result.err
     run_dir, record = only_record(tmp_path / "runs")
-    assert record["status"] == "ok" and record["steps"] >= 1
-    assert record["last_step_start_s"] < record["budget_s"]  # no step started after the deadline
-    assert record["train_time_s"] <= record["budget_s"] + record["max_step_s"]
+    assert record["status"] == "ok" and record["steps"] == 3
+    assert record["max_step_s"] > 5 * record["median_step_s"]  # the compile step, left out of the median
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert list(ckpt["model"]) == ["table.weight"]
 

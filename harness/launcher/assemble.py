@@ -28,7 +28,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.steps, record.tokens = r0.get("steps"), r0.get("tokens")
     record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
     record.device_name = r0.get("device_name")
-    for key in ("max_step_s", "last_step_start_s", "tokens_per_step", "reports_dropped"):
+    for key in ("max_step_s", "median_step_s", "last_step_start_s", "tokens_per_step", "reports_dropped"):
         if key in r0:
             record.extra[key] = r0[key]
     if r0.get("config"):
@@ -40,6 +40,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
     record.startup_s = phase.watch.startup_s
     check_replicas(record, results)
+    check_first_step(record, r0, int(record.track.get("data", {}).get("vocab_size") or 0) or 2)
     check_reports(record, phase)
     if record.tokens and record.train_time_s:
         record.tokens_per_s = record.tokens / record.train_time_s
@@ -60,13 +61,13 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
 
 
 def check_replicas(record: RunRecord, results: dict[int, dict]) -> None:
-    """Rank 0's checkpoint must hold the weights it had when the clock stopped (a state_dict or a hook
-    that trains on, or swaps weights, after the clock is flagged). DDP keeps the ranks' weights
-    identical only if every rank takes the same steps with the same lr; only rank 0's are scored, so
-    a difference is noted (rank-dependent code in a submission)."""
-    if results.get(0, {}).get("checkpoint_matches_weights") is False:
-        flag_run(record, "the checkpoint rank 0 saved is not the weights it had when training ended (was the model "
-                         "changed after the clock, in its state_dict or a hook?)")
+    """Rank 0's checkpoint is harness code's copy of the weights at the last agreement point; weights that
+    moved after that copy (a thread that trains on after the clock) flag the run. DDP keeps the ranks'
+    weights identical only if every rank takes the same steps with the same lr; only rank 0's are
+    scored, so a difference is noted (rank-dependent code in a submission)."""
+    if results.get(0, {}).get("weights_changed_after_clock") is True:
+        flag_run(record, "rank 0's weights changed after the clock stopped (after harness code copied them for the "
+                         "checkpoint): something of the submission kept training past the budget")
     digests = {r: res.get("weights_sha256") for r, res in results.items() if res.get("weights_sha256")}
     if len(digests) < 2:
         return
@@ -111,6 +112,55 @@ def flag_run(record: RunRecord, reason: str) -> None:
 def clock_tolerance_s(budget_s: float) -> float:
     """How far the ranks' and the launcher's training windows may differ: report latency, not cheating."""
     return max(0.5, 0.01 * budget_s)
+
+
+def untrained_loss_bound(vocab_size: int) -> float:
+    """Below this, a first training step's loss says the model arrived trained. A model that knows nothing
+    of the data (weights drawn independently of it, exchangeable across the vocabulary) scores at least
+    ln V in expectation (Jensen: E[logsumexp z] >= ln V + E[mean z]); one micro-batch is within a
+    fraction of a nat of its expectation, so 1 nat below ln V is no honest initialisation's."""
+    return math.log(vocab_size) - 1.0
+
+
+def check_first_step(record: RunRecord, result: dict, vocab_size: int) -> None:
+    """The harness's own loss of the first micro-batch of every rank, before any optimizer step: far below
+    an untrained model's, the run is flagged for review (shipped weights, training inside get_model or
+    its imports, a state carried from an earlier run), whatever the cause."""
+    loss = result.get("first_step_loss")
+    if loss is None or not math.isfinite(loss):
+        return
+    bound = untrained_loss_bound(vocab_size)
+    record.extra["first_step"] = {"loss": loss, "untrained_bound": bound, "ln_vocab": math.log(vocab_size)}
+    if loss < bound:
+        flag_run(record, f"the model arrived trained: its first training step, before any optimizer step, scored "
+                         f"{loss:.3f} nats, below the {bound:.3f} (ln V - 1) no untrained model reaches; weights "
+                         "shipped with the submission, or training before the clock?")
+
+
+def check_window(record: RunRecord, track) -> str:
+    """"" when the launcher's training window ends within its bound, else why not. The stop rule starts no
+    step predicted to end past the budget, so an honest window ends past it by at most about one step
+    (a step slower than the slowest recent one): the bound is two median steps, or the track's
+    `overrun_allowance_s` (report latency, a busy machine) if larger; the steps' part is never more than
+    5% of the budget, whatever the ranks report of their steps. A step held open past the clock (a forward that
+    trains on, gradients all-reduced) shows here, in the launcher's own measurement."""
+    window = record.launcher_train_time_s
+    if window is None or track.max_steps or record.division == "open" or not record.budget_s:
+        return ""
+    median = float(record.extra.get("median_step_s") or 0.0)
+    allowed = max(track.overrun_allowance_s, min(2.0 * median, 0.05 * record.budget_s))
+    over = window - record.budget_s
+    record.extra["window_check"] = {"launcher_window_s": window, "budget_s": record.budget_s, "over_s": over,
+                                    "allowed_s": allowed, "median_step_s": median, "ok": over <= allowed}
+    if over <= allowed:
+        return ""
+    said = (f"training ran {window:.2f} s by the launcher's clock, {over:.2f} s past its {record.budget_s:.0f} s "
+            f"budget")
+    if (record.steps or 0) <= 1:  # no second step to compare with: the first one did not fit the budget
+        return (f"{said}: its first step alone did not fit the budget (torch.compile compiles in the first step; a "
+                "budget must hold it)")
+    return (f"{said}: more than the {allowed:.2f} s a last step may end late (two median steps of {median:.3g} s, "
+            f"or {track.overrun_allowance_s:g} s); a step held open past the clock is training off the clock")
 
 
 def check_clocks(record: RunRecord) -> None:

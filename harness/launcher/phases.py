@@ -201,8 +201,9 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
-                 reporter=None, poll: Callable[[], None] | None = None) -> PhaseResult:
-    """Train; `poll` is called on every tick of the watchdog (the record guard's refresh)."""
+                 reporter=None, poll: Callable[[WatchResult], None] | None = None) -> PhaseResult:
+    """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
+    refresh, taking the checkpoint when rank 0 says it is saved)."""
     reporter = reporter or NullReporter()
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
@@ -213,7 +214,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
     def on_tick(w: WatchResult) -> None:
         if poll:
-            poll()
+            poll(w)
         if time.monotonic() - last_shown[0] < 0.25:
             return
         last_shown[0] = time.monotonic()

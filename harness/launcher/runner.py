@@ -22,6 +22,7 @@ from typing import Any
 from harness import __version__
 from harness.launcher import process_tree
 from harness.launcher.console import NullReporter
+from harness.submission.files import weight_like_files
 from harness.submission.contract import (
     SubmissionError,
     TeamInfo,
@@ -37,6 +38,7 @@ from harness.launcher.assemble import (
     apply_evaluation,
     apply_training,
     check_reports,
+    check_window,
     flag_run,
     metrics_rows,
     name_team_files,
@@ -60,7 +62,7 @@ from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, 
 from harness.results.records import (
     FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics, save_record, utc_now,
 )
-from harness.launcher.workarea import WorkArea, patched_environ
+from harness.launcher.workarea import CheckpointTaker, WorkArea, patched_environ
 from harness.ranks import sandbox
 from harness.submission.open_division import OPEN, OpenSpec, division_of, read_open_spec
 from harness.submission.screen import summarize as screen_warnings
@@ -225,6 +227,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     except SubmissionError as exc:
         set_outcome(record, "invalid", str(exc))
         return
+    weights = weight_like_files(node.snapshot)
+    if weights:  # weights trained off the clock, shipped: a person decides (the first step's loss is checked too)
+        flag_run(record, f"the submission folder holds weight or data files: {', '.join(weights[:5])}; "
+                         "a model must be trained on the clock, from get_model's initialisation")
     if node.lead:
         save_record(run_dir, record)  # status "running": visible at once, never lost
 
@@ -269,8 +275,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
 
     area = WorkArea(node.snapshot)
     copies.append(area.submission)
+    checkpoint = run_dir / "checkpoint.pt"
+    taker = area.checkpoint_taker(checkpoint) if node.lead and spec is None else None
     try:
-        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec)
+        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker)
         metrics.extend(metrics_rows(phase))
         if spec is not None:
             apply_open_training(record, phase, spec, track.startup_allowance_s)
@@ -282,23 +290,33 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:
             record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
         record.extra["cause"] = o.cause
+        late = check_window(record, track) if record.status == "ok" else ""
+        if late:  # the launcher's own measurement of the window, enforced
+            set_outcome(record, "timeout", late)
         if o.status == "ok" and phase.leftover_pids:
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
         if node.lead and track.nnodes > 1:
             merge_node_reports(record, node, o, track.nnodes)
         if record.status != "ok" or not node.lead:
+            if record.status != "ok":  # taken when rank 0 saved it, but nothing is scored: the record holds no weights
+                checkpoint.unlink(missing_ok=True)
             return
-        checkpoint = run_dir / "checkpoint.pt"
         if spec is not None:  # the script's own file, normalised by a sandboxed check of its model
             if not finish_open_training(record, node.snapshot, spec, track, area, checkpoint, node.log("check-after.log"),
                                         opts.seed, protected_paths(opts.runs_dir, data)):
                 return
-        elif not area.take_checkpoint(checkpoint):  # from here on only the launcher and evaluation touch it
+        elif not taker.take_after_the_job():  # from here on only the launcher and evaluation touch it
             set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
             return
     finally:
         area.cleanup()
     record.checkpoint_sha256 = file_sha256(checkpoint)
+    said = (phase.reports("checkpoint_saved").get(0) or {}).get("sha256") if spec is None else None
+    if said and said != record.checkpoint_sha256:  # replaced between rank 0's save and the launcher's copy
+        set_outcome(record, "invalid", "the checkpoint in staging was replaced after the harness saved it and before "
+                    "the launcher took it (sha256 " f"{record.checkpoint_sha256[:12]}, saved as {said[:12]}): not scored")
+        flag_run(record, record.reason)
+        return
     if _sha256_or_none(run_dir / "submission") != record.submission_sha256:
         set_outcome(record, "invalid", "the submission's files in the record changed during training; "
                      "evaluation will not import them")
@@ -331,9 +349,10 @@ def _sha256_or_none(folder: Path) -> str | None:
 
 
 def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
-           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None) -> PhaseResult:
+           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
+           taker: CheckpointTaker | None = None) -> PhaseResult:
     """The ranks (the fixed loop, or an open-division script), in their private folder, with the
-    track's finished records guarded meanwhile."""
+    track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
     threads = _threads_per_rank(track, nproc)
     policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda")
     exposed = sandbox.check_protected(policy, protected_paths(opts.runs_dir, data))
@@ -356,10 +375,16 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
+    def poll(watched) -> None:
+        if guard:
+            guard.refresh()
+        if taker:
+            taker.poll(watched)
+
     with guard or contextlib.nullcontext(), area.hidden_environment():
         phase = run_training(job, launch, deadlines=deadlines,
                              log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
-                             poll=guard.refresh if guard else None)
+                             poll=poll)
         report = guard.check_and_restore() if guard else GuardReport()
     return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
 
@@ -399,7 +424,8 @@ def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area
 
 def training_deadlines(track: Track) -> Deadlines:
     return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
-                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s)
+                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s,
+                     checkpoint_allowance_s=track.checkpoint_allowance_s)
 
 
 def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:

@@ -73,6 +73,7 @@ class WatchResult:
     setup_start_s: float | None = None  # the process group is up: the team's start-up begins
     train_start_s: float | None = None
     train_end_s: float | None = None
+    checkpoint_saved_s: float | None = None  # rank 0 said its checkpoint is in staging (node 0 only)
     exited_s: float | None = None  # when the agent returned
     limit_s: float | None = None  # when the limit that caused a kill passed
     all_gone_s: float | None = None  # when every process of the job was gone after a kill
@@ -92,6 +93,8 @@ class WatchResult:
         end = self.train_end_s or self.kill_at_s
         if end is not None and self.exited_s is not None:
             out["save_and_teardown_s"] = self.exited_s - end
+        if self.train_end_s is not None and self.checkpoint_saved_s is not None:
+            out["checkpoint_s"] = self.checkpoint_saved_s - self.train_end_s  # what the checkpoint allowance bounds
         if self.all_gone_s is not None and self.limit_s is not None:
             out["kill_latency_s"] = self.all_gone_s - self.limit_s  # limit passed -> every process gone
         return out
@@ -117,12 +120,14 @@ class Deadlines:
     startup_allowance_s: float | None = None  # process group up -> training started (the team's part)
     hard_limit_s: float | None = None  # training started -> training must have ended (budget + grace)
     save_allowance_s: float = 300.0  # after training: checkpoint save, communication probe, teardown
+    checkpoint_allowance_s: float | None = None  # after training: until rank 0 says the checkpoint is saved
     total_s: float | None = None  # launch -> kill, for jobs without a training window (evaluation)
     abandon_agent_s: float = 15.0  # after a kill, how long to wait for the agent thread to return
     total_after_setup_s: float | None = None  # open division: ranks' start -> kill, no report extends it
 
     def __post_init__(self) -> None:
-        for name in ("startup_timeout_s", "startup_allowance_s", "hard_limit_s", "save_allowance_s", "total_s"):
+        for name in ("startup_timeout_s", "startup_allowance_s", "hard_limit_s", "save_allowance_s", "total_s",
+                     "checkpoint_allowance_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
@@ -138,12 +143,13 @@ def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_
 
 def _stamp(result: WatchResult, channel: ChannelServer, lead_rank: int) -> None:
     """The first report of each kind from this node's first rank, as the launcher's clock saw it."""
-    for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s")):
+    for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s"),
+                       ("checkpoint_saved", "checkpoint_saved_s")):
         m = channel.first(kind, rank=lead_rank)
         setattr(result, attr, m.received_s if m else None)
 
 
-def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple[str, float] | None:
+def _expired(r: WatchResult, d: Deadlines, launched: float, now: float, lead: bool = True) -> tuple[str, float] | None:
     """The first deadline that has passed: (reason, when it passed), or None."""
     if d.total_s is not None and now - launched > d.total_s:
         return f"did not finish within {d.total_s:.0f} s", launched + d.total_s
@@ -171,6 +177,11 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float) -> tuple
     hard = r.train_start_s + d.hard_limit_s
     if now > hard and (r.train_end_s is None or r.train_end_s > hard):  # an end reported late is still late
         return f"killed at the hard limit: {d.hard_limit_s:.1f} s (budget + grace) after training started", hard
+    if lead and d.checkpoint_allowance_s is not None and r.train_end_s is not None and r.checkpoint_saved_s is None \
+            and now > r.train_end_s + d.checkpoint_allowance_s:  # the weights leave the ranks within the allowance
+        return (f"rank 0 did not save its checkpoint within {d.checkpoint_allowance_s:.0f} s of the end of training "
+                "(the checkpoint allowance: the weights must leave as training left them, not trained on)",
+                r.train_end_s + d.checkpoint_allowance_s)
     # Whatever the ranks report, nothing runs past the hard limit plus the save allowance.
     final = hard + d.save_allowance_s
     if r.train_end_s is not None:
@@ -199,7 +210,7 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
                 result.agent_abandoned = True
                 break
             continue  # already killed: wait for the agent to notice
-        expired = _expired(result, deadlines, launched, now)
+        expired = _expired(result, deadlines, launched, now, lead=lead_rank == 0)
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted

@@ -141,9 +141,34 @@ class WorkArea:
     def take_checkpoint(self, dest: Path) -> bool:
         return bool(self.take_staged("checkpoint.pt", dest))
 
+    def checkpoint_taker(self, dest: Path) -> "CheckpointTaker":
+        return CheckpointTaker(self, dest)
+
     def cleanup(self) -> None:
         try:
             os.close(self._dir_fd)
         except OSError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class CheckpointTaker:
+    """Takes rank 0's checkpoint into the record the moment rank 0 says it is saved (the watchdog's tick
+    after its `checkpoint_saved` report arrives), while the ranks still run: the communication probe and
+    the teardown that follow run team code, and nothing they leave in staging/ is what is scored. A
+    checkpoint never announced is taken once every training process is gone (nothing can change it
+    then), and `taken_while_running` says which it was."""
+
+    def __init__(self, area: WorkArea, dest: Path):
+        self.area, self.dest = area, dest
+        self.taken = False
+        self.taken_while_running = False
+
+    def poll(self, watch) -> None:
+        if not self.taken and watch.checkpoint_saved_s is not None:
+            self.taken = self.taken_while_running = self.area.take_checkpoint(self.dest)
+
+    def take_after_the_job(self) -> bool:
+        if not self.taken:
+            self.taken = self.area.take_checkpoint(self.dest)
+        return self.taken

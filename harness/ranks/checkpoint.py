@@ -1,8 +1,16 @@
 """The checkpoint: what crosses from training to evaluation, and its checksum.
 
-Rank 0 saves {config, model, step, tokens} (the plain module's state dict) into its staging
-folder; the launcher takes it into the record and hashes it; evaluation checks the hash and
-rebuilds the model with the submission's get_model from the saved config alone.
+Rank 0 saves {config, model, step, tokens} into its staging folder and says so on the channel;
+the launcher takes the file into the record and hashes it at that moment (whatever happens in
+staging afterwards is not scored); evaluation checks the hash and rebuilds the model with the
+submission's get_model from the saved config alone.
+
+`model` is built by harness code, never by the team's: `module_state` walks the module tree's own
+dictionaries (parameters and persistent buffers, keyed as `state_dict` keys them) without calling
+a method of the team's (`state_dict`, `named_parameters`, hooks, `__getattr__`), on the weights
+as they were at the last agreement point of the loop; `load_module_state` puts them back the
+same way in evaluation (`harness eval` included), strictly: the same keys and shapes, or the
+checkpoint is not scorable.
 """
 
 from __future__ import annotations
@@ -44,15 +52,64 @@ def unwrap(module):
             return module
 
 
-def save_checkpoint(path: str | Path, module, config: dict, step: int, tokens: int) -> dict:
-    """Written beside, then renamed: the launcher never takes a half-written file. Returns the state saved."""
+_get = object.__getattribute__  # bound now: the module tree is read without any attribute hook of the team's
+
+
+def module_tensors(module, buffers: bool = True) -> list[tuple[str, object]]:
+    """(key, live tensor) of every parameter and persistent buffer (or parameters only), in state_dict's
+    order and with its keys (a tied tensor under each name it has), found through the modules' own
+    dictionaries."""
+    out: list[tuple[str, object]] = []
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        for name, p in _get(m, "_parameters").items():
+            if p is not None:
+                out.append((prefix + name, p))
+        skip = _get(m, "_non_persistent_buffers_set")
+        for name, b in (_get(m, "_buffers").items() if buffers else ()):
+            if b is not None and name not in skip:
+                out.append((prefix + name, b))
+        children = [(prefix + name + ".", c) for name, c in _get(m, "_modules").items() if c is not None]
+        stack.extend(reversed(children))  # depth first, children in order: state_dict's order
+    return out
+
+
+def module_state(module) -> dict:
+    """A copy, on the CPU, of every parameter and persistent buffer (module_tensors): the weights as they
+    are now, whatever the module's own methods would say."""
     import torch
 
-    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    with torch.no_grad():
+        return {key: t.detach().to("cpu", copy=True) for key, t in module_tensors(module)}
+
+
+def load_module_state(module, state: dict) -> None:
+    """Put a saved state back into a module built by get_model, the way module_state read it. Strict: a
+    key missing or unexpected, or a shape that differs, raises ValueError saying which."""
+    import torch
+
+    live = dict(module_tensors(module))
+    missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+    if missing or unexpected:
+        raise ValueError(f"missing keys {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected keys "
+                         f"{unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+    for key, t in live.items():
+        saved = state[key]
+        if not isinstance(saved, torch.Tensor) or tuple(saved.shape) != tuple(t.shape):
+            raise ValueError(f"{key}: saved shape {tuple(getattr(saved, 'shape', ()))}, the model's {tuple(t.shape)}")
+    with torch.no_grad():
+        for key, t in live.items():
+            t.copy_(state[key])
+
+
+def save_checkpoint(path: str | Path, state: dict, config: dict, step: int, tokens: int) -> None:
+    """Written beside, then renamed: nobody takes a half-written file. `state` is module_state's copy."""
+    import torch
+
     tmp = f"{path}.tmp"
     torch.save({"config": config, "model": state, "step": step, "tokens": tokens}, tmp)
     os.replace(tmp, path)
-    return state
 
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's and DDP's, in either order

@@ -11,8 +11,15 @@ Three parts, read top to bottom:
   time that drives every rank's lr schedule alike, and the train loss of all ranks; then
   `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
   precision, optimizer steps, grads zeroed with set_to_none;
-- `finish`: after the clock, the weights checked for NaN, the checkpoint, a digest of the
-  weights (replicas must agree), the communication probe.
+- `finish`: after the clock, the weights as they were at the last agreement point copied by
+  harness code (never the team's state_dict or hooks), checked for NaN, the checkpoint (the
+  launcher takes it the moment rank 0 says it is saved), a digest of the weights (replicas must
+  agree), whether the weights changed after the clock, the communication probe.
+
+Two figures are noted for the launcher's checks: the loss of the first micro-batch of every rank
+before any optimizer step, computed by harness code from the model's logits (a model that arrives
+trained is far below ln V there), and the median step time (the stop rule's bound on how far
+past the budget an honest last step can end).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import hashlib
 import inspect
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks.checkpoint import save_checkpoint, unwrap
+from harness.ranks.checkpoint import file_sha256, module_state, module_tensors, save_checkpoint, unwrap
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
 from harness.ranks.probe import summarize_probe, time_sync_vs_compute
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
@@ -45,6 +53,7 @@ NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
 
 
 _torch_equal = torch.equal  # bound before any submission is imported (one that patches torch.equal changes nothing here)
+_cross_entropy = torch.nn.functional.cross_entropy
 
 
 class Diverged(RuntimeError):
@@ -79,12 +88,14 @@ class Training:
     vocab_out: int
     t0: float | None = None  # set here when the clock starts at model build
     # Device-side buffers, allocated once and reused by every step.
-    agreed: Any = None  # float64 [4]: stop votes, elapsed seconds, train-loss sum, grad norm; all-reduced (SUM)
+    agreed: Any = None  # float64 [5]: stop votes, elapsed seconds, train-loss sum, grad norm, first-step loss (SUM)
     grad_clip: float | None = None  # CONFIG["grad_clip"]: max global norm of the synchronised gradients
     grad_norm: Any = None  # the last step's global gradient norm before clipping (device scalar)
     loss_sum: Any = None  # this rank's micro-batch losses since the last log
     loss_count: int = 0  # micro-batches since the last log (the same on every rank)
     lr_scale: float = 0.0
+    first_loss: Any = None  # the harness's own loss of this rank's first micro-batch, before any optimizer step
+    first_step_loss: float | None = None  # its mean over the ranks, read at the vote after step 0
 
     @property
     def file(self) -> str:
@@ -96,6 +107,8 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     (unless the track starts it at model build)."""
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
     init_process_group(job.backend, device, job.collective_timeout_s)
+    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
+
     if env.local_rank == 0:  # the team's start-up begins: the launcher holds it to the track's allowance
         channel.send("setup_start")
     check_nodes_agree(job, env)
@@ -154,7 +167,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
         prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, micro_batch_size=B, seq_len=T,
         accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
-        agreed=torch.zeros(4, dtype=torch.float64, device=device),
+        agreed=torch.zeros(5, dtype=torch.float64, device=device),
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device),
@@ -206,9 +219,16 @@ def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, f
     tr.agreed[1].fill_(now_s)
     tr.agreed[2].copy_(tr.loss_sum)
     tr.agreed[3].copy_(tr.grad_norm)
+    first_pending = tr.first_loss is not None and tr.first_step_loss is None
+    if first_pending:
+        tr.agreed[4].copy_(tr.first_loss)
+    else:
+        tr.agreed[4].zero_()
     dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
-    stops, clock_sum, loss_sum, norm_sum = tr.agreed.tolist()  # the one host sync per step
+    stops, clock_sum, loss_sum, norm_sum, first_sum = tr.agreed.tolist()  # the one host sync per step
     world = tr.env.world_size
+    if first_pending:
+        tr.first_step_loss = first_sum / world
     mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
     norm = norm_sum / world if tr.grad_clip else float("nan")
     if not math.isfinite(loss_sum):
@@ -232,6 +252,7 @@ def train_step(tr: Training, step: int, progress: float) -> None:
                 out = tr.ddp(x, y)
             if step == 0 and micro == 0:
                 check_forward_output(out, tr.micro_batch_size, tr.seq_len, tr.vocab_out, True, tr.file)
+                tr.first_loss = token_cross_entropy(out[0], y)  # before any optimizer step, on every rank
             loss = out[1]
             (loss / accum).backward()
         tr.loss_sum += loss.detach().float()
@@ -242,6 +263,20 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         opt.step()
     for opt in tr.optimizers:
         opt.zero_grad(set_to_none=True)
+
+
+def token_cross_entropy(logits, targets):
+    """The mean cross-entropy of the targets under the logits, in float32 (summed in float64), by harness
+    code and in slices of rows (a full-vocabulary float copy at once could be gigabytes): the model's own
+    loss is the team's figure, this one is what evaluation would compute. A device scalar (no sync)."""
+    with torch.no_grad():
+        flat = logits.detach().reshape(-1, logits.size(-1))
+        tgt = targets.reshape(-1)
+        rows = max(1, (16 << 20) // max(1, flat.size(-1)))
+        total = torch.zeros((), dtype=torch.float64, device=flat.device)
+        for i in range(0, flat.size(0), rows):
+            total += _cross_entropy(flat[i:i + rows].float(), tgt[i:i + rows], reduction="sum").double()
+        return (total / max(1, flat.size(0))).float()
 
 
 def lr_scales(value, n_optimizers: int, file: str) -> list[float]:
@@ -267,6 +302,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     step = tokens = 0
     last_log_s = last_step_start_s = max_step_s = prev_synced = warm_s = synced = 0.0
     stop_code, train_loss = CONTINUE, float("nan")
+    step_s: list[float] = []  # each step's time, agreement point to agreement point
 
     # ---------------------------------------------------------------- the clock runs from here
     print(f"[harness] rank {env.rank}: training starts", flush=True)
@@ -278,7 +314,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         synced = perf_counter() - t0
         rule.synced(synced)
         if step > 0:
-            max_step_s = max(max_step_s, synced - prev_synced)
+            step_s.append(synced - prev_synced)
+            max_step_s = max(max_step_s, step_s[-1])
         prev_synced = synced
         if job.max_steps and step == job.warmup_steps:
             warm_s = synced
@@ -299,14 +336,18 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         step += 1
         tokens += tr.tokens_per_step
 
+    # ---------------------------------------------------------------- the clock has stopped
+    # The first step carries one-time work (compilation): the median of the others, where there are some.
+    median_step_s = statistics.median(step_s[1:] or step_s) if step_s else 0.0
     if env.local_rank == 0:
-        channel.send("train_end", step=step, tokens=tokens, train_time_s=synced)
+        channel.send("train_end", step=step, tokens=tokens, train_time_s=synced, median_step_s=median_step_s)
     if stop_code == STOP_DIVERGED:
         tr.prefetch.close()
         raise Diverged(f"loss became NaN or inf at step {step}; training stopped")
     result = finish(tr, step, tokens, synced, warm_s)
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
-            "max_step_s": max_step_s, "last_step_start_s": last_step_start_s}
+            "max_step_s": max_step_s, "median_step_s": median_step_s, "last_step_start_s": last_step_start_s,
+            "first_step_loss": tr.first_step_loss}
 
 
 def weights_digest(named_tensors) -> str:
@@ -320,8 +361,14 @@ def weights_digest(named_tensors) -> str:
 
 
 def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
-    """After the clock: the weights checked, the checkpoint, the communication probe, this rank's figures."""
+    """After the clock: the weights copied and checked, the checkpoint, the communication probe, this rank's
+    figures. Nothing of the submission runs between the last agreement point and the copy."""
     job, env, device = tr.job, tr.env, tr.device
+    t_end = perf_counter()
+    # The weights as training left them, read by harness code (module_tensors: the modules' own dictionaries,
+    # no state_dict, hook or __getattr__ of the team's): what the checkpoint holds and the replicas compare.
+    state = module_state(tr.raw_model) if env.rank == 0 else None
+    at_end = weights_digest(module_tensors(tr.raw_model, buffers=False))  # replicas must agree on the parameters
     probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
     tr.prefetch.close()
     named = list(tr.raw_model.named_parameters(remove_duplicate=False))
@@ -339,18 +386,17 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
         import resource
 
         peak_mem_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    # The weights as training left them, before anything of the submission runs again (its
-    # state_dict, hooks): replicas must agree, and the checkpoint must hold exactly these.
-    at_end = weights_digest((name, p) for name, p in named)
-    saved, checkpoint_matches = False, None
+    saved, changed = False, None
     if env.rank == 0 and job.staging_dir:
-        live = {name: p.detach().cpu().clone() for name, p in named}  # before the submission's state_dict runs
-        state = save_checkpoint(os.path.join(job.staging_dir, "checkpoint.pt"), tr.raw_model, tr.sub.config, step,
-                                tokens)
-        common = [name for name in live if name in state]  # a state_dict may rename keys: compare what it keeps
-        checkpoint_matches = bool(common) and all(
-            state[n].shape == live[n].shape and _torch_equal(state[n].to(live[n].dtype), live[n]) for n in common)
+        path = os.path.join(job.staging_dir, "checkpoint.pt")
+        save_checkpoint(path, state, tr.sub.config, step, tokens)
+        # The launcher takes the file now: whatever happens to staging/ later is not what is scored.
+        tr.channel.send("checkpoint_saved", sha256=file_sha256(path), bytes=os.path.getsize(path),
+                        save_s=perf_counter() - t_end)
         saved = True
+        # Work after the clock (a thread that trains on) shows as weights that moved since the copy.
+        changed = any(not _torch_equal(t.detach().to("cpu"), state[key]) for key, t in module_tensors(tr.raw_model))
+        del state
     probe: dict = {}
     if job.comm_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
         probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.comm_probe_steps,
@@ -363,7 +409,7 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
         "steps": step, "tokens": tokens, "train_time_s": train_time_s,
         "params": tr.params, "peak_mem_gib": peak_mem_gib, "data_wait_s": tr.prefetch.wait_s,
         "checkpoint_saved": saved, "config": tr.sub.config, "tokens_per_step": tr.tokens_per_step,
-        "weights_sha256": at_end, "checkpoint_matches_weights": checkpoint_matches,
+        "weights_sha256": at_end, "weights_changed_after_clock": changed,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "reports_dropped": tr.channel.dropped,  # progress reports the launcher could not take in time
     }

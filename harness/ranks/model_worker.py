@@ -32,7 +32,7 @@ def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "
     evaluation speed is not scored, and compiling again could outlast the evaluation timeout)."""
     import torch
 
-    from harness.ranks.checkpoint import unwrap
+    from harness.ranks.checkpoint import load_module_state, unwrap
     from harness.submission.contract import SubmissionError, import_submission_module
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -41,9 +41,9 @@ def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "
     if not callable(get_model):
         raise SubmissionError(Path(submission_dir) / model_file, "defines no get_model.", "see docs/submission.md")
     model = unwrap(get_model(dict(ckpt["config"])))
-    try:
-        model.load_state_dict(ckpt["model"], strict=True)
-    except RuntimeError as exc:  # the team's checkpoint and its get_model(config) disagree: not scorable
+    try:  # harness code puts the weights in, never the model's own load_state_dict or hooks
+        load_module_state(model, ckpt["model"])
+    except ValueError as exc:  # the team's checkpoint and its get_model(config) disagree: not scorable
         raise SubmissionError(Path(submission_dir) / model_file, "the checkpoint does not load into "
                               f"get_model(checkpoint['config']): {str(exc)[:600]}",
                               "save the state dict of the model get_model(config) builds, with the config it was "

@@ -264,7 +264,7 @@ def run_open_checks(request: dict) -> dict:
     checkpoint, already in the harness's form): the model rebuilt from its config, the weights loaded
     strictly, and the model checked like a fixed-loop submission's (shapes, gradients, evaluation
     length, causality, FLOPs)."""
-    from harness.ranks.checkpoint import unwrap
+    from harness.ranks.checkpoint import load_module_state, unwrap
     from harness.submission.contract import SubmissionError, import_submission_module
 
     folder = Path(request["submission_dir"])
@@ -285,7 +285,7 @@ def run_open_checks(request: dict) -> dict:
             saved = torch.load(request["checkpoint"], map_location="cpu", weights_only=True)
             config = saved["config"]
             try:  # the weights must be those of get_model(config): evaluation loads them the same way
-                unwrap(get_model(dict(config))).load_state_dict(saved["model"], strict=True)
+                load_module_state(unwrap(get_model(dict(config))), saved["model"])
             except Exception as exc:
                 raise SubmissionError(folder / model_file, "the checkpoint does not load into get_model(checkpoint"
                                       f"['config']): {type(exc).__name__}: {str(exc)[:600]}",

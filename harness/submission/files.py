@@ -153,3 +153,28 @@ def tree_sha256(folder: str | Path) -> str:
         digest.update(rel.encode() + b"\0")
         digest.update(inner_digest)
     return digest.hexdigest()
+
+
+# What serialised tensors start with: torch.save (a zip archive, or a raw pickle in the legacy format), numpy's
+# .npy (and .npz, a zip), safetensors (an 8-byte header length, then a JSON header), HDF5 (Keras, h5py).
+WEIGHT_MAGIC = ((b"PK\x03\x04", "a zip archive (torch.save, numpy .npz)"), (b"\x80\x02", "a pickle"),
+                (b"\x80\x03", "a pickle"), (b"\x80\x04", "a pickle"), (b"\x80\x05", "a pickle"),
+                (b"\x93NUMPY", "a numpy array"), (b"\x89HDF", "an HDF5 file"))
+BINARY_DATA_BYTES = 1 << 20  # code is text: a binary file this large is data
+
+
+def weight_like_files(folder: str | Path) -> list[str]:
+    """Files of the folder that hold serialised tensors or a large binary payload, as "name (what, size)":
+    weights trained off the clock come this way. Read by their first bytes, never parsed."""
+    found = []
+    for entry in walk(folder):
+        with os.fdopen(open_regular(entry.name, entry.dir_fd), "rb") as fh:
+            head = fh.read(4096)
+        what = next((w for magic, w in WEIGHT_MAGIC if head.startswith(magic)), None)
+        if what is None and len(head) >= 10 and head[8:10] == b'{"':
+            what = "a safetensors file"
+        if what is None and entry.size >= BINARY_DATA_BYTES and b"\0" in head:
+            what = "binary data"
+        if what is not None:
+            found.append(f"{entry.rel} ({what}, {entry.size / 2**20:.1f} MiB)")
+    return found

@@ -180,8 +180,10 @@ class Track:
     grace_s: float = 30.0  # the launcher kills the job at budget_s + grace_s
     clock_start: str = "first_forward"
     startup_timeout_s: float = 600.0  # from launch to the first training step (rendezvous included)
-    startup_allowance_s: float = 120.0  # from the process group being up to the first step: the team's start-up
+    startup_allowance_s: float = 15.0  # from the process group being up to the first step: the team's start-up
     save_allowance_s: float = 120.0  # after training: checkpoint, communication probe, teardown; never extends the clock
+    checkpoint_allowance_s: float = 30.0  # end of training -> rank 0's checkpoint saved (the launcher takes it then)
+    overrun_allowance_s: float = 1.0  # how far past the budget a training window may end beyond two median steps
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
@@ -223,8 +225,9 @@ class Track:
             raise TrackError(f"{where}: `nproc_per_node` must be a positive integer or 'auto', got {self.nproc_per_node!r}")
         if self.nproc_per_node == "auto" and self.device != "cuda":
             raise TrackError(f"{where}: `nproc_per_node = 'auto'` counts GPUs; give a number on cpu")
-        for name in ("budget_s", "startup_timeout_s", "startup_allowance_s", "save_allowance_s",
-                     "collective_timeout_s", "rendezvous_timeout_s", "shutdown_timeout_s", "log_interval_s"):
+        for name in ("budget_s", "startup_timeout_s", "startup_allowance_s", "save_allowance_s", "checkpoint_allowance_s",
+                     "overrun_allowance_s", "collective_timeout_s", "rendezvous_timeout_s", "shutdown_timeout_s",
+                     "log_interval_s"):
             _positive(name, getattr(self, name), where)
         if self.grace_s < 0:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
