@@ -208,3 +208,60 @@ def test_an_untrained_model_scores_at_least_ln_v_and_the_bound_is_one_nat_below(
     for logits in (torch.zeros(4096, V), torch.randn(4096, V), 0.02 * torch.randn(4096, V), 3 * torch.randn(4096, V)):
         assert F.cross_entropy(logits, y).item() > untrained_loss_bound(V)
     assert untrained_loss_bound(V) == pytest.approx(math.log(V) - 1.0)
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+def test_the_validation_tokens_cannot_be_rebuilt_from_the_public_track_file(cli, tmp_path):
+    """rebuilds_val regenerates the synthetic validation tokens in evaluation with the harness's own code and
+    every seed a track file has named, and predicts by six-token context. The seed is drawn when the cache is
+    built: the rebuilt tokens are not the validation tokens, and the figure is the trained bigram's, above
+    the floor and unflagged."""
+    result = cli("run", str(FIXTURES / "rebuilds_val"), "--track", str(one_rank(tmp_path, max_steps=200)),
+                 timeout=240)
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "rebuilds_val")
+    assert "REBUILDS-VAL rebuilt" in (run_dir / "logs" / "eval-model-rank0.log").read_text()
+    assert record["status"] == "ok" and not record["flagged"]
+    assert record["val_loss"] > record["loss_floor"] + 0.3, record["val_loss"]  # a bigram's gap, not a lookup's
+    assert record["floor_check"]["below_by"] < 0
+
+
+def test_a_figure_below_the_floor_by_more_than_chance_is_flagged():
+    """The tripwire for any leak of the validation tokens: below the true source's own loss by more than
+    five standard errors of the gap (and 0.01 nats), the run is flagged; an honest model near the floor
+    is not."""
+    from harness.launcher.assemble import below_floor_margin, check_below_floor
+    from harness.results.records import RunRecord
+
+    def checked(val_loss, floor=1.6, n=131072, s_model=1.2, s_floor=1.1):
+        record = RunRecord(run_id="r", team="t", track_name="local", val_loss=val_loss, loss_floor=floor)
+        record.extra["loss_floor_token_std"] = s_floor
+        check_below_floor(record, {"val_loss_token_std": s_model, "val_tokens": n})
+        return record
+
+    margin = below_floor_margin(131072, 1.2, 1.1)
+    assert 0.03 < margin < 0.04  # 5 x 2.3 / sqrt(131072)
+    assert not checked(1.6 - margin / 2).flagged and not checked(1.9).flagged
+    flagged = checked(0.0075)
+    assert flagged.flagged and "below the data's own floor" in flagged.flag_reason
+    assert below_floor_margin(10**9, 0.0, 0.0) == 0.01
+
+
+def test_the_local_text_validation_text_is_readable_from_no_sandbox(cli, tmp_path):
+    """local-text validates on the running Python's test suite. reads_test_suite tries to list and read it in
+    the check process, the training rank and both model processes: every sandbox hides its text (the rest
+    of the standard library stays readable: the same processes import from it; a listing of its names
+    may remain where only Landlock holds, as Python's import system lists the folders on its path)."""
+    result = cli("run", str(FIXTURES / "reads_test_suite"), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "reads_test_suite")
+    if not record["sandbox"]["training"].get("active"):
+        pytest.fail(f"no sandbox on this machine: {record['sandbox']['training']}")
+    logs = run_dir / "logs"
+    for log in ("preflight.log", "rank0.log", "eval-model-rank0.log", "eval-check-rank0.log"):
+        lines = [line for line in (logs / log).read_text().splitlines() if line.startswith("READS-TEST-SUITE")]
+        assert lines, log
+        for line in lines:
+            assert "read " not in line.split(":", 1)[1] and line.count(" denied (") >= 4, (log, line)

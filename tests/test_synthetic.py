@@ -65,11 +65,32 @@ def test_the_floor_is_computed_once_per_evaluation_length_and_a_bad_file_is_not_
 
     def kept(**fields):
         return json.dumps({"floor_version": synthetic.FLOOR_VERSION, "seq_len": 64, "loss_floor": computed[64],
-                           **fields})
+                           "token_std": 1.0, **fields})
 
     # torn, not an object, too deep, another length's, another version's, not finite, not the corpus's
     for bad in ("{", "NaN", "[" * 100_000, kept(seq_len=32), kept(floor_version=synthetic.FLOOR_VERSION + 1),
-                kept(loss_floor=float("nan")), kept(loss_floor=computed[64] - 1.0)):
+                kept(loss_floor=float("nan")), kept(loss_floor=computed[64] - 1.0), kept(token_std=float("nan"))):
         (corpus / "floor-seq64.json").write_text(bad)
         assert loss_floor(data, corpus, 64) == computed[64]
     assert not list(corpus.glob(".floor-*")), "a temporary file was left behind"
+
+
+def test_a_track_without_a_seed_draws_one_secretly_when_the_cache_is_built(tmp_path):
+    """The validation tokens of the local tracks must not be a function of the public track file (a model
+    rebuilt them in evaluation and predicted by prefix lookup). Left out of the track, the seed is drawn
+    per cache: two caches of the same track hold different tokens, each keeps its own seed where only
+    the launcher reads it, and the floor is the true source's on that cache's tokens."""
+    import dataclasses
+
+    spec = dataclasses.replace(SPEC, seed=None)
+    data = DataSpec(source="synthetic", vocab_size=32, val_tokens=2048, synthetic=spec)
+    a, b = build_synthetic(data, tmp_path / "a"), build_synthetic(data, tmp_path / "b")
+    assert a.name == b.name  # one corpus folder per spec and cache
+    assert (a / "val.bin").read_bytes() != (b / "val.bin").read_bytes()
+    seeds = [json.loads((d / "meta.json").read_text())["synthetic"]["seed"] for d in (a, b)]
+    assert all(isinstance(s, int) and s > 2**32 for s in seeds) and seeds[0] != seeds[1]
+    assert oct(a.stat().st_mode & 0o777) == "0o700"  # the folder with the seed: its user only
+    for corpus, seed in zip((a, b), seeds):
+        own = MarkovSource(dataclasses.replace(SPEC, seed=seed), 32)
+        val = np.asarray(inspect_shard(corpus / "val.bin").tokens()[:2049])
+        assert loss_floor(data, corpus, 64) == pytest.approx(float(own.window_losses(val, 64).mean()))

@@ -17,6 +17,7 @@ class PreparedData:
     val: list[ShardInfo]
     fingerprint: str
     loss_floor: float | None = None  # synthetic data only: the true source's loss on the val tokens
+    loss_floor_token_std: float | None = None  # the spread of the source's per-token losses there
     unigram_entropy: float | None = None
     entropy_rate: float | None = None
     location: str = ""
@@ -29,14 +30,14 @@ class PreparedData:
 def prepare_data(track: Track, cli_root: str | None = None, say: Callable[[str], None] | None = None) -> PreparedData:
     data = track.data
     if data.source == "synthetic":
-        from harness.data.synthetic import build_synthetic, loss_floor
+        from harness.data.synthetic import build_synthetic, loss_floor_and_spread
 
         corpus = build_synthetic(data, progress=say)
         meta = json.loads((corpus / "meta.json").read_text())
         train, val = [inspect_shard(corpus / "train.bin")], [inspect_shard(corpus / "val.bin")]
+        floor, floor_std = loss_floor_and_spread(data, corpus, track.eval.seq_len)
         prepared = PreparedData(
-            train=train, val=val, fingerprint=fingerprint(train + val),
-            loss_floor=loss_floor(data, corpus, track.eval.seq_len),
+            train=train, val=val, fingerprint=fingerprint(train + val), loss_floor=floor, loss_floor_token_std=floor_std,
             unigram_entropy=meta["unigram_entropy_nats"], entropy_rate=meta["entropy_rate_nats"],
             location=str(corpus),
         )

@@ -12,16 +12,23 @@ cross-entropy the true source itself scores on exactly the val tokens, window by
 first target of a window is predicted from one token of context, the rest from two or more).
 No model can beat that floor in expectation; records show each run's gap to it.
 
-Built on first use, deterministically from the track's [data.synthetic] table, into a cache
-directory (HARNESS_CACHE_DIR, default ~/.cache/speedrun-harness), atomically (two runs that
-build it at once both end with the same complete files).
+Built on first use into a cache directory (HARNESS_CACHE_DIR, default ~/.cache/speedrun-harness),
+atomically (two runs that build it at once both end with the same complete files: the one that
+renames its folder into place first). The source and both samples come from one seed. The track's
+table leaves it out: it is drawn when the cache is built (`secrets`), and kept in the cache's
+meta.json, which no sandboxed process can read; a seed in the track file would make the validation
+tokens a public function of the file (a model could rebuild them in evaluation), so it is allowed
+for research but every record of such a track says so. Each machine's cache therefore holds its own
+draw of the same family of sources: figures on `local` compare through their gap to the floor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -32,8 +39,8 @@ import numpy as np
 from harness.data.shards import write_shard
 from harness.tracks.spec import DataSpec, SyntheticSpec
 
-FORMAT_VERSION = 1
-FLOOR_VERSION = 1  # of loss_floor's kept files: raise it when the floor's arithmetic changes
+FORMAT_VERSION = 2  # 2: the seed is drawn at build time unless the track names one
+FLOOR_VERSION = 2  # of loss_floor's kept files: raise it when the floor's arithmetic changes (2: with the spread)
 TRAIN_CHAINS = 256  # independent stationary chains generated side by side (vectorised)
 
 
@@ -148,11 +155,18 @@ class MarkovSource:
 
 
 def _cache_key(data: DataSpec) -> str:
-    blob = json.dumps(
-        {"v": FORMAT_VERSION, "vocab": data.vocab_size, "val_tokens": data.val_tokens, **asdict(data.synthetic)},
-        sort_keys=True,
-    )
+    """The corpus folder's name: the spec (a drawn seed is no part of it: one draw per spec and cache)."""
+    spec = asdict(data.synthetic)
+    if spec["seed"] is None:
+        spec["seed"] = "drawn"
+    blob = json.dumps({"v": FORMAT_VERSION, "vocab": data.vocab_size, "val_tokens": data.val_tokens, **spec},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def built_spec(corpus_dir: Path) -> SyntheticSpec:
+    """The spec a corpus was built from, with its seed (drawn or given): what the floor is computed from."""
+    return SyntheticSpec(**json.loads((corpus_dir / "meta.json").read_text())["synthetic"])
 
 
 def build_synthetic(data: DataSpec, root: Path | None = None, progress=None) -> Path:
@@ -167,6 +181,8 @@ def build_synthetic(data: DataSpec, root: Path | None = None, progress=None) -> 
     if progress:
         progress(f"building the synthetic corpus into {target} (once)")
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    if spec.seed is None:  # the secret: 63 random bits, never in the track file
+        spec = dataclasses.replace(spec, seed=secrets.randbits(63))
     try:
         source = MarkovSource(spec, data.vocab_size)
         rng = np.random.default_rng([spec.seed, 1])
@@ -189,7 +205,7 @@ def build_synthetic(data: DataSpec, root: Path | None = None, progress=None) -> 
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         try:
             os.rename(tmp, target)
-        except OSError:  # another process finished first: theirs is identical
+        except OSError:  # another process finished first: its draw is the corpus (this one is discarded)
             if not (target / "meta.json").is_file():
                 raise
     finally:
@@ -198,7 +214,13 @@ def build_synthetic(data: DataSpec, root: Path | None = None, progress=None) -> 
 
 
 def loss_floor(data: DataSpec, corpus_dir: Path, seq_len: int) -> float:
-    """The true source's cross-entropy on exactly the evaluated val tokens (nats per token).
+    """The true source's cross-entropy on exactly the evaluated val tokens (nats per token)."""
+    return loss_floor_and_spread(data, corpus_dir, seq_len)[0]
+
+
+def loss_floor_and_spread(data: DataSpec, corpus_dir: Path, seq_len: int) -> tuple[float, float]:
+    """The floor (loss_floor) and the standard deviation of the true source's per-token losses on the same
+    tokens: how far below the floor a model's figure can fall by chance is bounded with it.
 
     Kept beside the corpus once computed, one file per evaluation length: the stationary
     distribution behind it costs seconds of CPU (3 s at vocab 256 on a 2-core test machine), on
@@ -212,16 +234,18 @@ def loss_floor(data: DataSpec, corpus_dir: Path, seq_len: int) -> float:
         kept = json.loads(path.read_text())
         if (isinstance(kept, dict) and kept.get("floor_version") == FLOOR_VERSION and kept.get("seq_len") == seq_len
                 and isinstance(kept.get("loss_floor"), float) and np.isfinite(kept["loss_floor"])
+                and isinstance(kept.get("token_std"), float) and 0.0 <= kept["token_std"] < 100.0
                 and _plausible(kept["loss_floor"], corpus_dir, seq_len, data.val_tokens)):
-            return kept["loss_floor"]
+            return kept["loss_floor"], kept["token_std"]
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         pass
-    floor = _compute_loss_floor(data, corpus_dir, seq_len)
+    floor, token_std = _compute_loss_floor(data, corpus_dir, seq_len)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".floor-", dir=corpus_dir)
         with os.fdopen(fd, "w") as fh:
-            json.dump({"floor_version": FLOOR_VERSION, "seq_len": seq_len, "loss_floor": floor}, fh)
+            json.dump({"floor_version": FLOOR_VERSION, "seq_len": seq_len, "loss_floor": floor,
+                       "token_std": token_std}, fh)
         os.replace(tmp, path)  # atomic: a run reading at the same moment sees the whole file or none
     except OSError:
         if tmp is not None:
@@ -229,7 +253,7 @@ def loss_floor(data: DataSpec, corpus_dir: Path, seq_len: int) -> float:
                 os.unlink(tmp)
             except OSError:
                 pass
-    return floor
+    return floor, token_std
 
 
 def _plausible(floor: float, corpus_dir: Path, seq_len: int, val_tokens: int) -> bool:
@@ -241,9 +265,10 @@ def _plausible(floor: float, corpus_dir: Path, seq_len: int, val_tokens: int) ->
     return abs(floor - expected) <= 0.1 + 10.0 / np.sqrt(max(1, val_tokens))
 
 
-def _compute_loss_floor(data: DataSpec, corpus_dir: Path, seq_len: int) -> float:
+def _compute_loss_floor(data: DataSpec, corpus_dir: Path, seq_len: int) -> tuple[float, float]:
     from harness.data.shards import inspect_shard
 
-    source = MarkovSource(data.synthetic, data.vocab_size)  # deterministic from the seed
+    source = MarkovSource(built_spec(corpus_dir), data.vocab_size)  # deterministic from the (kept) seed
     val = np.asarray(inspect_shard(corpus_dir / "val.bin").tokens()[: data.val_tokens + 1])
-    return float(source.window_losses(val, seq_len).mean())
+    losses = source.window_losses(val, seq_len)
+    return float(losses.mean()), float(losses.std())

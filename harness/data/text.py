@@ -1,11 +1,16 @@
 """The `local-text` track's corpus: real text on every machine, without a download.
 
-The text is the running Python's own standard library (its .py files: code, comments and English
-docstrings; test folders excluded). Files are split by a hash of their path: a file whose hash is
-0 modulo `val_every` is held out for validation, so no validation text was ever seen in training,
-not even as a neighbouring line. A byte-level BPE tokenizer (the `tokenizers` library) is trained
-on the training files only, to the track's `vocab_size`, and both splits are written in the Paris
-2026 shard format (raw little-endian uint16), each file's tokens preceded by `<|endoftext|>`.
+The text is the running Python's own: training on its standard library's .py files (code,
+comments and English docstrings; test folders excluded), validation on its test suite's .py files
+(`<stdlib>/test`). The split is by folder, not by a public hash of paths, because the validation
+text must be unreadable where team code runs: every sandbox hides the Python test suites
+(harness/ranks/sandbox.py HIDDEN_GLOBS), while the rest of the standard library, which Python
+and torch need, stays readable. So no validation text was ever seen in training, and no model can
+look it up in evaluation. (The test suite is public: teams can carry it in their weights, as with
+any public validation set; local-text compares models on a laptop, it is not for prizes.) A
+byte-level BPE tokenizer (the `tokenizers` library) is trained on the training files only, to the
+track's `vocab_size`, and both splits are written in the Paris 2026 shard format (raw
+little-endian uint16), each file's tokens preceded by `<|endoftext|>`.
 
 Built once into the cache (HARNESS_CACHE_DIR, default ~/.cache/speedrun-harness), under a file
 lock so that two runs starting together build it once; the output is a pure function of the
@@ -35,9 +40,10 @@ from harness.data.shards import write_shard
 from harness.data.synthetic import cache_root
 from harness.tracks.spec import DataSpec, TextSpec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: validation from the test suite (hidden from every sandbox), not from hashed paths
 EOT = "<|endoftext|>"
 SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+TEST_SUITE = "test"  # <stdlib>/test: the validation text, matched by sandbox.HIDDEN_GLOBS
 
 
 def stdlib_files() -> tuple[Path, list[str]]:
@@ -51,17 +57,33 @@ def stdlib_files() -> tuple[Path, list[str]]:
     return root, files
 
 
+def test_suite_files() -> tuple[Path, list[str]]:
+    """The standard library's folder and its test suite's .py files (relative paths, sorted)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(str(p.relative_to(root)) for p in (root / TEST_SUITE).rglob("*.py") if "__pycache__" not in p.parts)
+    if len(files) < 100:
+        raise FileNotFoundError(
+            f"{root / TEST_SUITE} holds {len(files)} .py files: the local-text track validates on this Python's test "
+            "suite, which this installation leaves out (Debian and Ubuntu ship it as libpython3.X-testsuite). "
+            "Install it, run the harness with a Python built from source (pyenv, python.org), or use --track local")
+    return root, files
+
+
 def _path_hash(rel: str) -> int:
     return int.from_bytes(hashlib.sha256(rel.encode()).digest()[:8], "little")
 
 
-def split_files(files: list[str], spec: TextSpec) -> tuple[list[str], list[str]]:
-    """(train, val): held out by a hash of the path; each in a fixed pseudo-random order (the same hash),
-    so that the byte caps take a spread of the library, not the first letters of the alphabet."""
-    ordered = sorted(files, key=lambda rel: (_path_hash("order:" + rel), rel))
-    val = [f for f in ordered if _path_hash(f) % spec.val_every == 0]
-    train = [f for f in ordered if _path_hash(f) % spec.val_every != 0]
-    return train, val
+def in_spread_order(files: list[str]) -> list[str]:
+    """A fixed pseudo-random order (a hash of the path), so that the byte caps take a spread of the
+    library, not the first letters of the alphabet."""
+    return sorted(files, key=lambda rel: (_path_hash("order:" + rel), rel))
+
+
+def split_files() -> tuple[Path, list[str], list[str]]:
+    """(stdlib folder, train files, val files): the library for training, its test suite for validation."""
+    root, train = stdlib_files()
+    _, val = test_suite_files()
+    return root, in_spread_order(train), in_spread_order(val)
 
 
 def _take(root: Path, files: list[str], max_bytes: int) -> list[str]:
@@ -120,9 +142,9 @@ def build_text(data: DataSpec, root: Path | None = None, progress: Callable[[str
     """The directory holding train.bin, val.bin, tokenizer.json and meta.json; built once."""
     spec = data.text
     assert spec is not None
-    lib, files = stdlib_files()
+    lib, train_files, val_files = split_files()
     root = root or cache_root()
-    target = root / f"text-{_cache_key(data, files, lib)}"
+    target = root / f"text-{_cache_key(data, train_files + val_files, lib)}"
     if (target / "meta.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -134,7 +156,6 @@ def build_text(data: DataSpec, root: Path | None = None, progress: Callable[[str
                      f"{spec.train_bytes / 1e6:.1f} MB of {lib}")
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
         try:
-            train_files, val_files = split_files(files, spec)
             train_texts, val_texts = _take(lib, train_files, spec.train_bytes), _take(lib, val_files, spec.val_bytes)
             tok = train_tokenizer(train_texts, data.vocab_size)
             eot = tok.token_to_id(EOT)

@@ -260,6 +260,30 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
     set_outcome(record, "ok")  # the record is final only now
     if record.loss_floor is not None:
         record.loss_gap = record.val_loss - record.loss_floor
+        check_below_floor(record, r0)
+
+
+def below_floor_margin(n_tokens: int, model_token_std: float, floor_token_std: float) -> float:
+    """How far below the floor a figure may fall by chance. The gap (model - source, per token) has an
+    expectation >= 0 (a KL divergence); the standard error of its mean is at most (s_model + s_source)
+    / sqrt(n). Five of those, and never less than 0.01 nats (neighbouring tokens of a chain are not
+    independent): an honest model is below it with a probability under 1e-4."""
+    return max(0.01, 5.0 * (model_token_std + floor_token_std) / math.sqrt(max(1, n_tokens)))
+
+
+def check_below_floor(record: RunRecord, result: dict) -> None:
+    """A figure below the true source's own loss by more than chance: no model reaches it in expectation,
+    so the validation tokens reached the model somehow. Flagged for review, whatever the cause."""
+    spread, floor_spread = result.get("val_loss_token_std"), record.extra.get("loss_floor_token_std")
+    if spread is None or floor_spread is None:
+        return
+    margin = below_floor_margin(int(result.get("val_tokens") or 0), float(spread), float(floor_spread))
+    record.extra["floor_check"] = {"floor": record.loss_floor, "margin": margin,
+                                   "below_by": record.loss_floor - record.val_loss}
+    if record.val_loss < record.loss_floor - margin:
+        flag_run(record, f"the validation loss {record.val_loss:.4f} is below the data's own floor {record.loss_floor:.4f} "
+                         f"by more than chance allows ({margin:.4f}): no model reaches it; did the validation tokens "
+                         "reach the model?")
 
 
 def describe_noncausal(c: dict) -> str:

@@ -58,6 +58,7 @@ from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
 from harness.launcher.elastic import LaunchSpec
+from harness.scoring.plan import rows_to_detect
 from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
 from harness.results.records import (
     FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics, save_record, utc_now,
@@ -182,6 +183,12 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
         record.warnings.append(clash)
         reporter.info(f"warning: {clash}")
     record.data_fingerprint, record.loss_floor = data.fingerprint, data.loss_floor
+    if data.loss_floor_token_std is not None:
+        record.extra["loss_floor_token_std"] = data.loss_floor_token_std
+    if track.data.synthetic is not None and track.data.synthetic.seed is not None:
+        record.warnings.append("the track file names its synthetic seed: the validation tokens are a public function "
+                               "of it, and a model could rebuild them (leave `seed` out: it is then drawn, secretly, "
+                               "when the cache is built)")
     record.unigram_entropy = data.unigram_entropy
     record.precision, record.extra["precision_reason"] = resolve_precision(track.dtype, track.device)
     record.extra["data"] = data_summary(data)
@@ -444,6 +451,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
         cpu_threads_per_rank=_threads_per_rank(track, nproc),
         causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
+        causality_min_rows=rows_to_detect(track.eval.causality_detect_fraction),
         causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,
         log_dir=str(run_dir / "logs"),
     )

@@ -87,6 +87,7 @@ class EvalJob:
     vocab_out: int = 0  # the checkpoint's vocabulary (padded vocabularies are larger than the track's)
     causality_check: bool = True
     causality_fraction: float = 0.1  # of the scoring batches, re-run with the tokens after a secret cut replaced
+    causality_min_rows: int = 0  # and at least this many rows (the track's causality_detect_fraction, as rows)
     causality_tolerance: float = 1e-3  # largest honest change of a log-probability before the cut (nats)
     sandbox: str = "auto"  # auto | required | off: Landlock for the model processes
     protected: list[str] = field(default_factory=list)  # paths no model process may be able to read

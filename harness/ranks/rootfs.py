@@ -9,7 +9,8 @@ also moves into its own mount namespace and a new root that holds exactly the po
 
 - every path it may read (the Python installation, the system's folders, the submission, the
   checkpoint) and every device file, bound read-only, recursively: chmod, utime and setxattr fail
-  with EROFS whatever the files' owner;
+  with EROFS whatever the files' owner; the policy's hidden folders (the Python test suites) under
+  an empty read-only tmpfs each;
 - its private folder, bound read-write: the only place it can change anything;
 - a /proc of its own PID namespace (its own processes only; no /proc/<pid>/root into another
   process's files), or, where the kernel refuses a new one, the old /proc read-only;
@@ -150,6 +151,10 @@ def _build_and_enter(libc: _Libc, policy, root: str) -> str:
             libc.mount(path, target, None, MS_BIND | MS_REC, f"binding {path}")
             libc.read_only(target, recursive=True)
         bound.append((path, writable))
+    for hidden in getattr(policy, "hidden", ()):  # an empty, read-only folder over each (the Python test suites)
+        if os.path.isdir(root + hidden):
+            libc.mount("tmpfs", root + hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       f"hiding {hidden}")
     proc = root + "/proc"
     os.makedirs(proc, exist_ok=True)
     try:

@@ -14,7 +14,10 @@ What a process may touch is a `Policy`, decided by the harness process that star
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
 Never readable: the validation shards, the runs tree, the leaderboard, the data cache's other
-files. `check_protected` refuses a policy that would expose one of them through an allowed folder.
+files, and the Python test suites (`<stdlib>/test` of every Python in an allowed folder: the
+`local-text` track's validation text, harness/data/text.py): an allowed folder that holds one is
+granted entry by entry around it (`grant_around`), since Landlock only ever adds rights. `check_protected`
+refuses a policy that would expose one of the others through an allowed folder.
 
 Where Landlock is missing (another OS, an old or configured-out kernel), `apply` reports that
 it is not active and why; the track decides whether that is allowed (`sandbox = "auto"`) or
@@ -56,6 +59,7 @@ class Policy:
     device_files: tuple[str, ...] = ()  # read, write and ioctl (GPUs need ioctl)
     network: bool = False  # TCP bind and connect
     abstract_unix: bool = False  # abstract Unix sockets across processes (NCCL)
+    hidden: tuple[str, ...] = ()  # folders under read_dirs that stay unreadable (the Python test suites)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +78,51 @@ def python_dirs() -> list[str]:
         if p and ("site-packages" in p or "dist-packages" in p) and os.path.isdir(p):
             dirs.add(p)
     return sorted(dirs)
+
+
+# Held out of every sandbox: the Python test suites, where local-text's validation text comes from. Matched
+# under every folder a policy allows (the running Python's, and any other Python under /usr).
+HIDDEN_GLOBS = ("lib/python3*/test", "lib64/python3*/test", "python3*/test", "local/lib/python3*/test")
+
+
+def hidden_paths(roots: list[str]) -> list[str]:
+    """The existing folders under `roots` that no sandboxed process may read (HIDDEN_GLOBS)."""
+    found = set()
+    for root in roots:
+        for pattern in HIDDEN_GLOBS:
+            found.update(os.path.realpath(p) for p in glob.glob(os.path.join(root, pattern)) if os.path.isdir(p))
+    return sorted(found)
+
+
+def grant_around(dirs: list[str], hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(folders, files, folders to list only) to grant so that everything under `dirs` is reachable except
+    the contents of `hidden`: a folder that holds a hidden path is replaced by its entries, recursively
+    along the way to it (Landlock rules add rights beneath a path and cannot take any away), and may
+    still be listed (Python's import system lists every folder on its path when its caches are
+    invalidated; a listing below it shows names, never text). A few hundred rules for an installation."""
+    hidden_real = [Path(h) for h in hidden]
+    out_dirs: list[str] = []
+    out_files: list[str] = []
+    list_only: list[str] = []
+    queue = list(dirs)
+    while queue:
+        d = queue.pop()
+        real = Path(os.path.realpath(d))
+        if any(real == h or h in real.parents for h in hidden_real):
+            continue  # hidden itself, or inside it
+        if not os.path.isdir(d):
+            out_files.append(d)
+            continue
+        if not any(real in h.parents for h in hidden_real):
+            out_dirs.append(d)
+            continue
+        try:
+            entries = sorted(os.listdir(d))
+        except OSError:
+            continue
+        list_only.append(d)
+        queue.extend(os.path.join(d, e) for e in entries)
+    return sorted(set(out_dirs)), sorted(set(out_files)), sorted(set(list_only))
 
 
 def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str] = (), gpu: bool = False,
@@ -96,7 +145,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
     return Policy(read_dirs=tuple(read_dirs), read_files=tuple(read_files), write_dirs=tuple(write_dirs),
-                  device_files=tuple(devices), network=training, abstract_unix=training and gpu)
+                  device_files=tuple(devices), network=training, abstract_unix=training and gpu,
+                  hidden=tuple(hidden_paths(read_dirs)))
 
 
 def check_protected(policy: Policy, protected: list[str]) -> list[str]:
@@ -157,9 +207,15 @@ def apply(policy: Policy) -> SandboxReport:
     if abi >= 3:
         device |= AccessFs.TRUNCATE
     ll = Landlock(strict=False)  # best effort: the kernel's ABI decides which rights exist
-    for d in policy.read_dirs:
+    read_dirs, around_files, list_only = grant_around(list(policy.read_dirs), list(policy.hidden))
+    for d in read_dirs:
         if os.path.isdir(d):
             ll.add_path_rule(d, access=rx)
+    for d in list_only:  # the folders that hold a hidden one: their names, not their files
+        ll.add_path_rule(d, access=AccessFs.READ_DIR)
+    for f in around_files:  # files beside a hidden folder, granted one by one
+        if os.path.isfile(f):
+            ll.add_path_rule(f, access=AccessFs.READ_FILE | AccessFs.EXECUTE)
     for f in policy.read_files:
         if os.path.isfile(f):
             ll.add_path_rule(f, access=AccessFs.READ_FILE)

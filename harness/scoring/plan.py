@@ -58,10 +58,39 @@ def batches_for_rank(n_batches: int, rank: int, world_size: int) -> list[int]:
     return list(range(rank, n_batches, world_size))
 
 
-def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2) -> set[int]:
-    """The batches re-run for causality: at least `minimum` (all, if fewer), else a fraction."""
+def rows_to_detect(fraction: float, confidence: float = 0.95) -> int:
+    """Rows to check so that a model that looks ahead at `fraction` of the positions is caught with
+    `confidence`. Each checked row has one secret cut, uniform over its positions, and only a look past
+    the cut at the cut's own position shows: a row catches such a model with probability `fraction`,
+    and n rows with 1 - (1 - fraction)^n."""
+    if fraction <= 0:
+        return 0
+    if fraction >= 1:
+        return 1
+    return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - fraction))
+
+
+def detectable_fraction(rows: int, confidence: float = 0.95) -> float | None:
+    """The smallest fraction of looking-ahead positions that `rows` checked rows catch with `confidence`:
+    the record's statement of the check's power."""
+    return None if rows <= 0 else 1.0 - (1.0 - confidence) ** (1.0 / rows)
+
+
+def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2, rows: list[int] | None = None,
+                  min_rows: int = 0) -> set[int]:
+    """The batches re-run for causality: at least `minimum` (all, if fewer), else a fraction; and more,
+    in the same secret order, until they hold `min_rows` rows (`rows`: each batch's rows)."""
     k = min(n_batches, max(minimum, math.ceil(fraction * n_batches)))
-    return {int(b) for b in _rng(seed, 2).choice(n_batches, size=k, replace=False)}
+    order = [int(b) for b in _rng(seed, 2).permutation(n_batches)]
+    chosen = order[:k]
+    if rows is not None and min_rows:
+        have = sum(rows[b] for b in chosen)
+        for b in order[k:]:
+            if have >= min_rows:
+                break
+            chosen.append(b)
+            have += rows[b]
+    return set(chosen)
 
 
 def window_batch(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

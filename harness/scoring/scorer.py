@@ -20,6 +20,7 @@ cannot see whether a batch is being checked, nor talk to the one that checks.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import traceback
@@ -106,7 +107,8 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     n_windows = job.val_tokens // job.seq_len
     order = plan.window_order(n_windows, seed)
     batches = plan.batch_plan(n_windows, job.batch_size)
-    checks = plan.choose_checks(len(batches), job.causality_fraction, seed) if job.causality_check else set()
+    checks = plan.choose_checks(len(batches), job.causality_fraction, seed, rows=[n for _, n in batches],
+                                min_rows=job.causality_min_rows) if job.causality_check else set()
     mine = plan.batches_for_rank(len(batches), env.rank, env.world_size)
 
     # What the comparison needs of the scoring logits, bounded: every position up to each cut if it fits
@@ -126,6 +128,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     scoring.log_path = logs / f"eval-model-rank{env.rank}.log"  # given when both are dead (see main)
     ready = {"model": scoring.wait_ready()}
     total = torch.zeros((), dtype=torch.float64, device=device)
+    total_sq = torch.zeros((), dtype=torch.float64, device=device)  # for the spread of the per-token losses
     count, kept = 0, {}
     t_score = perf_counter()
     for b in mine:
@@ -136,6 +139,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         target = torch.from_numpy(y).to(device)
         losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
         total += losses.double().sum()
+        total_sq += losses.double().square().sum()
         count += losses.numel()
         if b in cuts_of:
             kept[b] = plan.keep_for_check(logits, cuts_of[b], window)
@@ -167,8 +171,9 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
             worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
     end(checker)
 
-    sums = torch.tensor([0.0, float(count), float(checked)], dtype=torch.float64, device=device)
-    sums[0] = total
+    rows_done = sum(len(cuts_of[b]) for b in mine_checked)
+    sums = torch.tensor([0.0, float(count), float(checked), 0.0, float(rows_done)], dtype=torch.float64, device=device)
+    sums[0], sums[3] = total, total_sq
     peak = torch.tensor([worst], dtype=torch.float64, device=device)
     if env.world_size > 1:
         dist.all_reduce(sums)
@@ -177,12 +182,16 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     if n != job.val_tokens:
         raise RuntimeError(f"scored {n} tokens, expected exactly {job.val_tokens}")
     worst_all = float(peak.item())
+    mean = float(sums[0].item()) / n
+    rows_all = int(sums[4].item())
     return {
-        "val_loss": float(sums[0].item()) / n, "val_tokens": n, "eval_world_size": env.world_size,
+        "val_loss": mean, "val_tokens": n, "eval_world_size": env.world_size,
+        "val_loss_token_std": max(0.0, float(sums[3].item()) / n - mean * mean) ** 0.5 if math.isfinite(mean) else None,
         "eval_time_s": perf_counter() - t_start, "eval_tokens_per_s": n / elapsed if elapsed > 0 else None,
         "causality": None if not job.causality_check else {
             "method": "scoring batches re-run with every row's tokens after a secret cut replaced",
-            "checked_batches": int(sums[2].item()), "batches": len(batches),
+            "checked_batches": int(sums[2].item()), "batches": len(batches), "rows_checked": rows_all,
+            "detects_fraction_95": plan.detectable_fraction(rows_all),
             "fraction": int(sums[2].item()) / len(batches), "worst_deviation": worst_all,
             "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",

@@ -43,7 +43,9 @@ class SyntheticSpec:
     branching: int = 4  # successors per context in each sparse component
     mix: float = 0.35  # weight of the component keyed by the older token (what makes it order 2)
     concentration: float = 0.7  # Dirichlet concentration of each sparse distribution
-    seed: int = 20260101  # the corpus is a pure function of these fields
+    # None (the default): drawn when the cache is built, and kept in the cache where no sandbox reaches; a
+    # seed in the track file makes the validation tokens a public function of it (research only).
+    seed: int | None = None
     train_tokens: int = 8_000_000
 
     def __post_init__(self) -> None:
@@ -56,6 +58,9 @@ class SyntheticSpec:
             raise TrackError(f"{where}: `mix` must be in [0, 1), got {self.mix}")
         _positive("concentration", self.concentration, where)
         _positive("train_tokens", self.train_tokens, where)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise TrackError(f"{where}: `seed` must be an integer >= 0 (or left out: drawn when the cache is built), "
+                             f"got {self.seed!r}")
 
 
 TEXT_CORPORA = ("python-stdlib",)
@@ -65,8 +70,7 @@ TEXT_CORPORA = ("python-stdlib",)
 class TextSpec:
     """Real text built on first use, without a download (see harness.data.text)."""
 
-    corpus: str = "python-stdlib"  # the .py files of the running Python's standard library (tests excluded)
-    val_every: int = 10  # a file is held out for validation when the hash of its path is 0 modulo this
+    corpus: str = "python-stdlib"  # trained on the running Python's standard library, validated on its test suite
     train_bytes: int = 4_000_000  # text taken for training (files in a fixed pseudo-random order)
     val_bytes: int = 1_000_000  # text taken for validation, from the held-out files
 
@@ -74,8 +78,6 @@ class TextSpec:
         where = "[data.text]"
         if self.corpus not in TEXT_CORPORA:
             raise TrackError(f"{where}: `corpus` must be one of {', '.join(TEXT_CORPORA)}, got {self.corpus!r}")
-        if not isinstance(self.val_every, int) or self.val_every < 2:
-            raise TrackError(f"{where}: `val_every` must be an integer >= 2, got {self.val_every!r}")
         _positive("train_bytes", self.train_bytes, where)
         _positive("val_bytes", self.val_bytes, where)
 
@@ -126,6 +128,9 @@ class EvalSpec:
     causality_check: bool = True  # re-run a secret sample of the scoring batches with their ends replaced
     causality_fraction: float = 0.1  # share of the scoring batches checked (at least 2, or all if fewer)
     causality_tolerance: float = 1e-3  # largest change of a log-probability before the cut an honest model shows
+    # Check enough rows that a model looking ahead at this fraction of positions is caught with 95%
+    # probability (more batches than causality_fraction when needed); 0: causality_fraction alone.
+    causality_detect_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len, "[eval]")
@@ -134,6 +139,8 @@ class EvalSpec:
         _positive("causality_tolerance", self.causality_tolerance, "[eval]")
         if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 0:
             raise TrackError(f"[eval]: `nproc_per_node` must be an integer >= 0, got {self.nproc_per_node!r}")
+        if not 0.0 <= self.causality_detect_fraction < 1.0:
+            raise TrackError(f"[eval]: `causality_detect_fraction` must be in [0, 1), got {self.causality_detect_fraction!r}")
         if not 0.0 < self.causality_fraction <= 1.0:
             raise TrackError(f"[eval]: `causality_fraction` must be in (0, 1], got {self.causality_fraction!r}")
         if self.seq_len < 2:
@@ -330,6 +337,9 @@ def track_from_record(d: dict[str, Any]) -> Track:
     """Rebuild the resolved Track saved in a run record (Track.to_dict output)."""
     d = dict(d)
     source = d.pop("source", "") or "run.json"
+    text = ((d.get("data") or {}).get("text") or None)
+    if isinstance(text, dict) and "val_every" in text:  # records from before local-text validated on the test suite
+        d["data"] = {**d["data"], "text": {k: v for k, v in text.items() if k != "val_every"}}
     return track_from_dict(d, source)
 
 
