@@ -265,3 +265,20 @@ def test_the_local_text_validation_text_is_readable_from_no_sandbox(cli, tmp_pat
         assert lines, log
         for line in lines:
             assert "read " not in line.split(":", 1)[1] and line.count(" denied (") >= 4, (log, line)
+
+
+def test_the_rows_a_detection_power_needs_and_the_batches_that_hold_them():
+    """A row with one secret cut catches a model that looks ahead at a fraction f of positions with
+    probability f; n rows with 1 - (1 - f)^n. The plan keeps adding batches in its secret order until
+    the rows are there (a partial last batch counts for what it holds)."""
+    from harness.scoring.plan import choose_checks, detectable_fraction, rows_to_detect
+
+    assert rows_to_detect(0.01) == 299 and 1 - 0.99 ** 299 >= 0.95 > 1 - 0.99 ** 298
+    assert rows_to_detect(0.0) == 0 and detectable_fraction(0) is None
+    assert detectable_fraction(299) == pytest.approx(0.01, rel=0.01) and detectable_fraction(64) > 0.045
+    rows = [32] * 15 + [16]
+    for seed in range(20):
+        chosen = choose_checks(16, 0.1, seed, rows=rows, min_rows=299)
+        assert sum(rows[b] for b in chosen) >= 299 and len(chosen) <= 11
+        assert choose_checks(16, 0.1, seed) <= chosen  # the fraction's batches first, then more
+    assert len(choose_checks(16, 0.1, 3)) == 2

@@ -60,6 +60,17 @@ def test_run_ends_ok_with_every_record_field(baseline_run):
     assert "scaling_efficiency" not in record
 
 
+def test_the_local_tracks_check_catches_a_one_percent_peeker_with_95_percent_probability(baseline_run):
+    """299 of the local track's 512 evaluation rows are re-run with a secret cut (10 of its 16 batches), so a
+    model that looks ahead at 1% of positions is caught with at least 95% probability; the record says
+    the fraction its own check catches."""
+    _, _, record, _, _ = baseline_run
+    causality = record["eval"]["causality"]
+    assert causality["causal"] is True and causality["rows_checked"] >= 299 and causality["checked_batches"] == 10
+    assert causality["detects_fraction_95"] <= 0.01
+    assert 1 - (1 - 0.01) ** causality["rows_checked"] >= 0.95
+
+
 def test_baseline_learns_well_below_the_unigram_entropy(baseline_run):
     _, _, record, _, _ = baseline_run
     # The unigram entropy is what a model that ignores context scores; the baseline must use context.
