@@ -282,3 +282,78 @@ def test_the_rows_a_detection_power_needs_and_the_batches_that_hold_them():
         assert sum(rows[b] for b in chosen) >= 299 and len(chosen) <= 11
         assert choose_checks(16, 0.1, seed) <= chosen  # the fraction's batches first, then more
     assert len(choose_checks(16, 0.1, 3)) == 2
+
+
+# ----------------------------------------------------------------------------- what outlives a run
+
+
+def _sysv_segment(key: int) -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).shmget(key, 0, 0)
+
+
+def _remove_carried() -> None:
+    import ctypes
+
+    Path("/dev/shm/harness-door-carry.pt").unlink(missing_ok=True)
+    shmid = _sysv_segment(0x48524E53)
+    if shmid >= 0:
+        ctypes.CDLL(None).shmctl(shmid, 0, None)  # IPC_RMID
+
+
+def test_nothing_a_run_leaves_in_shared_memory_reaches_the_next(cli, tmp_path):
+    """carries_state leaves its weights in /dev/shm and in a System V segment, and looks for an earlier run's
+    at start. Each job has a /dev/shm and an IPC namespace of its own: the second run finds nothing, and
+    nothing of the first is left on the machine."""
+    _remove_carried()
+    track = quick_track(tmp_path)
+    try:
+        for n in (1, 2):
+            result = cli("run", str(FIXTURES / "carries_state"), "--track", str(track), "--seed", str(n), timeout=180)
+            assert result.code == 0, result.err
+            assert not Path("/dev/shm/harness-door-carry.pt").exists(), "the run's /dev/shm file outlived it"
+            assert _sysv_segment(0x48524E53) < 0, "the run's System V segment outlived it"
+        logs = sorted((tmp_path / "runs" / "tiny" / "carries_state").glob("*/logs/rank0.log"))
+        assert len(logs) == 2
+        for log in logs:
+            text = log.read_text()
+            assert "CARRIES-STATE left its table" in text and "CARRIES-STATE found: nothing" in text, text[-2000:]
+        _, record = _record_of(tmp_path / "runs", "carries_state")
+        assert record["sandbox"]["training"]["namespaces"]["active"] is True
+    finally:
+        _remove_carried()
+
+
+def _record_of(runs: Path, team: str) -> tuple[Path, dict]:
+    path = sorted((runs / "tiny" / team).glob("*/run.json"))[-1]
+    return path.parent, json.loads(path.read_text())
+
+
+def test_team_code_sees_an_allowed_environment_and_never_the_launchers(cli, tmp_path):
+    """The organiser's environment holds a secret (here HARNESS_DOOR_TOKEN). reads_environment looks for it in
+    its own environment and in /proc/<pid>/environ of itself, its parent and the launcher, in every process
+    that runs team code: it finds it nowhere, and what it sees is the allow-list."""
+    import secrets as _secrets
+
+    secret = f"DOOR-SECRET-{_secrets.token_hex(8)}"
+    result = cli("run", str(FIXTURES / "reads_environment"), "--track", str(quick_track(tmp_path)), timeout=180,
+                 env={"HARNESS_DOOR_TOKEN": secret, "AWS_SECRET_ACCESS_KEY": secret})
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "reads_environment")
+    text = "\n".join(p.read_text(errors="replace") for p in (run_dir / "logs").iterdir() if p.is_file())
+    assert "READS-ENVIRONMENT rank /proc/launcher/environ" in text and "READS-ENVIRONMENT model" in text
+    assert secret not in text and secret not in (run_dir / "run.json").read_text()
+    from harness.ranks.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
+
+    elastic = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+               "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+               "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+               "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+               "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH",
+               "PYTHONDONTWRITEBYTECODE"}
+    for line in text.splitlines():
+        if line.startswith("READS-ENVIRONMENT") and " names: " in line:
+            names = set(line.split(" names: ", 1)[1].split())
+            odd = {n for n in names - elastic if n not in KEEP_ENV and not n.startswith(KEEP_ENV_PREFIXES)}
+            assert not odd, (line[:60], odd)

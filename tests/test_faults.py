@@ -4,6 +4,7 @@ collective timeout 8 s, SIGTERM->SIGKILL after 2 s; on one rank (`one_rank`, `qu
 second would show nothing more, on two where the fault is between ranks."""
 
 import csv
+import shutil
 import os
 import signal
 import subprocess
@@ -341,8 +342,10 @@ def test_per_optimizer_schedules_and_gradient_clipping(cli, tmp_path):
     assert len(rows) > 3 and all(float(r["lr_scale"]) == 1.0 for r in rows)
 
     (tmp_path / "bad-track").mkdir()
-    bad = cli("run", str(FIXTURES / "two_optimizers"), "--track", str(quick_track(tmp_path / "bad-track")),
-              env={"TWO_OPTIMIZERS_BAD": "1"}, runs_dir=tmp_path / "bad")
+    broken = tmp_path / "two_optimizers"  # a copy with a BAD file beside it: a schedule of 3 multipliers
+    shutil.copytree(FIXTURES / "two_optimizers", broken)
+    (broken / "BAD").write_text("")
+    bad = cli("run", str(broken), "--track", str(quick_track(tmp_path / "bad-track")), runs_dir=tmp_path / "bad")
     assert bad.code == 1
     _, record = only_record(tmp_path / "bad")
     assert record["status"] == "invalid" and "lr_schedule returned 3 multipliers for 2 optimizer(s)" in record["reason"]

@@ -283,6 +283,7 @@ def make_token_files(folder, seed: int = 0):
 def shard_runs(tmp_path_factory, cache_dir):
     """`harness run --repeat 2` of linear_lm on a shard-file track (--data-root), shared below."""
     import os
+    import shutil
     import subprocess
     import sys
     import time
@@ -292,10 +293,12 @@ def shard_runs(tmp_path_factory, cache_dir):
     work = tmp_path_factory.mktemp("shards")
     data = make_token_files(work / "data")
     (work / "shards.toml").write_text(SHARD_TRACK)
-    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs"),
-           "LINEAR_LM_BUILD_SLEEP_S": str(BUILD_SLEEP_S)}
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(work / "runs")}
+    sub = work / "linear_lm"  # a copy that sleeps BUILD_SLEEP_S in get_model
+    shutil.copytree(FIXTURES / "linear_lm", sub)
+    (sub / "build_sleep_s").write_text(str(BUILD_SLEEP_S))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(FIXTURES / "linear_lm"), "--track",
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(sub), "--track",
                            str(work / "shards.toml"), "--data-root", str(data), "--repeat", "2"],
                           capture_output=True, text=True, env=env, cwd=work, timeout=900)
     wall_s = time.monotonic() - t0

@@ -17,6 +17,7 @@ clock and the kill switch, so a hung or hostile job is ended on the launcher's t
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -144,9 +145,14 @@ class ElasticJob:
             self.error = exc
 
     def start(self) -> None:
+        from harness.ranks.sandbox import allowed_environment
+
         self._handler = _route_torch_logs(self.log_path)
+        # torch elastic gives each rank a copy of this process's environment: for the job's life it holds
+        # only what team code may see (sandbox.KEEP_ENV), then the job's own settings (a private TMPDIR).
+        dropped = tuple(k for k in os.environ if k not in allowed_environment())
         self._env = patched_environ({"OMP_NUM_THREADS": str(self.spec.threads_per_rank), "TMPDIR": str(self._tmp),
-                                     **self.spec.env})  # the job's own settings win (a private TMPDIR)
+                                     **self.spec.env}, unset=dropped)
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         self._thread.start()

@@ -30,6 +30,21 @@ def become_subreaper() -> bool:
         return False
 
 
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """No process of the same user may read this one's memory, environment (/proc/<pid>/environ holds
+    the environment the launcher started with: an organiser's tokens), open files or root through /proc,
+    nor attach to it. Children get their own setting back when they exec. Returns whether it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def descendants() -> list[psutil.Process]:
     try:
         return psutil.Process().children(recursive=True)

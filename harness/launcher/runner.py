@@ -54,6 +54,7 @@ from harness.launcher.open_run import (
     open_deadlines,
 )
 from harness.launcher.identity import name_clash
+from harness.launcher.job_namespace import JobNamespace, ShmSweep
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.precision import resolve_precision
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -161,6 +162,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     """Run one submission end to end; returns its final record and run directory."""
     reporter = reporter or NullReporter()
     process_tree.become_subreaper()
+    process_tree.make_undumpable()  # its environment and memory are not the ranks' to read
     resolved, data, folder, nproc = prepare_run(opts, reporter)
     track = resolved.track
     try:
@@ -371,6 +373,11 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     else:
         job = build_train_job(opts, track, data, record, area, threads, policy)
         module, deadlines = "harness.ranks.train", training_deadlines(track)
+    # A /dev/shm and System V IPC of the job's own (harness/launcher/job_namespace.py); without one, what the
+    # job leaves in /dev/shm is removed after it.
+    namespace = JobNamespace() if track.sandbox != "off" else None
+    sweep = None if namespace is not None and namespace.active else ShmSweep()
+    job.job_namespace = namespace.socket_path if namespace is not None and namespace.active else ""
     launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,
@@ -388,11 +395,18 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
         if taker:
             taker.poll(watched)
 
-    with guard or contextlib.nullcontext(), area.hidden_environment():
-        phase = run_training(job, launch, deadlines=deadlines,
-                             log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
-                             poll=poll)
-        report = guard.check_and_restore() if guard else GuardReport()
+    try:
+        with guard or contextlib.nullcontext(), area.hidden_environment():
+            phase = run_training(job, launch, deadlines=deadlines,
+                                 log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
+                                 poll=poll)
+            report = guard.check_and_restore() if guard else GuardReport()
+    finally:
+        if namespace is not None:
+            namespace.close()
+        swept = sweep.sweep() if sweep is not None else []
+    if swept:
+        record.notes.append(f"removed what the job left in /dev/shm: {', '.join(swept[:10])}")
     return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
 
 

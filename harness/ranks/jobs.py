@@ -45,6 +45,7 @@ class TrainJob:
     log_dir: str = ""
     staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
     work_dir: str = ""  # the ranks' private working directory
+    job_namespace: str = ""  # the socket of the job's namespace holder (harness/launcher/job_namespace.py)
     comm_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
     max_steps: int = 0  # >0: stop after this many steps instead of on the clock (tests, `harness scale`)
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure
@@ -124,6 +125,7 @@ class OpenJob:
     max_steps: int = 0
     log_interval_s: float = 1.0  # how often the progress line may change (the script reports when it likes)
     channel_path: str = ""
+    job_namespace: str = ""
     sandbox: str = "auto"
     sandbox_policy: dict = field(default_factory=dict)
 

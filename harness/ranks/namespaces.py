@@ -99,3 +99,40 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
             code = os.waitstatus_to_exitcode(status) & 0xFF
     finally:
         os._exit(code)
+
+
+CLONE_NEWNS = 0x00020000
+
+
+def join_job(socket_path: str, work_dir: str | None = None) -> str:
+    """A training rank enters its job's namespaces (harness/launcher/job_namespace.py): a private /dev/shm
+    and System V IPC shared with the node's other ranks only. Returns "" on success, else why not. Call
+    first, single-threaded (entering a user namespace requires it). The order matters: the user
+    namespace first (it gives the capabilities the other two need), then the mount and IPC ones; the
+    working directory is then set again (entering a mount namespace resets it)."""
+    import socket
+
+    if not sys.platform.startswith("linux"):
+        return f"namespaces are Linux-only; this is {sys.platform}"
+    cwd = work_dir or os.getcwd()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10.0)
+            conn.connect(socket_path)
+            _msg, fds, _flags, _addr = socket.recv_fds(conn, 16, 3)
+    except OSError as exc:
+        return f"the job's namespaces could not be reached ({exc})"
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return "the job's namespace holder refused this process"
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        for fd, kind, what in zip(fds, (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWIPC), ("user", "mount", "IPC")):
+            if libc.setns(fd, kind) != 0:
+                return f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    os.chdir(cwd)
+    return ""

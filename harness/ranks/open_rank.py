@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, redirect_output, release_and_exit
+from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, enter_job, redirect_output, release_and_exit
 
 
 class ScriptExit(RuntimeError):
@@ -68,12 +68,14 @@ def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
+    job_ns = enter_job(job.get("job_namespace"))  # single-threaded, before anything else
     redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
     channel = ChannelClient(job.get("channel_path"), env.rank)
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\")")
+    box.namespaces = job_ns
     channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     code = 0
     try:

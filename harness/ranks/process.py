@@ -60,6 +60,21 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def enter_job(socket_path: str | None, work_dir: str | None = None) -> dict:
+    """A training rank's first act: the job's namespaces (a private /dev/shm and IPC; harness/ranks/
+    namespaces.py join_job), where the launcher made them, then no capabilities (in its user namespace a
+    process has them all). Single-threaded, before anything else. Returns the record's account."""
+    if not socket_path:
+        return {"active": False, "why": "the launcher made no namespace for the job (sandbox off, or refused here)"}
+    from harness.ranks import namespaces, rootfs
+
+    why = namespaces.join_job(socket_path, work_dir)
+    dropped = rootfs.drop_capabilities()
+    if why or dropped:
+        return {"active": False, "why": why or f"its capabilities could not be dropped ({dropped})"}
+    return {"active": True, "why": "the job's own user, mount (a private /dev/shm) and IPC namespaces; no capabilities"}
+
+
 def redirect_output(log_path: str) -> None:
     """Send this process's stdout and stderr (fd level, so C++ output too) to its own log file."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)

@@ -37,15 +37,29 @@ DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/uran
 GPU_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 
 
-# Variables a process running team code may inherit; everything else (where runs, data and caches
-# live) is dropped, and its home, temporary folder and compiler caches are its private folder.
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES",
-            "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")
+# The one list of variables a process running team code may inherit (training ranks, the check process,
+# evaluation's model processes): the system's basics, the libraries' own settings (torch, its compilers,
+# CUDA, NCCL and the transports under it, the thread pools) and the harness's two. Everything else an
+# organiser's environment holds (tokens, credentials, where runs, data and caches live, SLURM's view
+# of the allocation) is dropped; home, temporary folder and compiler caches are the process's private
+# folder. torch elastic adds each rank's RANK, WORLD_SIZE, MASTER_ADDR... on top.
+KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "LD_LIBRARY_PATH", "PYTHONPATH",
+            "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME",
+            "CUDA_PATH", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")
+KEEP_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_", "CUDA_", "CUDNN_", "CUBLAS_",
+                     "NVIDIA_", "GLOO_", "UCX_", "FI_", "OMP_", "KMP_", "MKL_", "NVSHMEM_", "CUTLASS_")
+
+
+def allowed_environment(environ=None) -> dict[str, str]:
+    """The variables of `environ` (default: this process's) that team code may see (KEEP_ENV)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in KEEP_ENV or k.startswith(KEEP_ENV_PREFIXES)}
 
 
 def private_environment(private_dir: str | Path) -> dict[str, str]:
     d = Path(private_dir)
-    env = {k: v for k, v in os.environ.items() if k in KEEP_ENV}
+    env = allowed_environment()
     env.update(HOME=str(d), TMPDIR=str(d), TORCHINDUCTOR_CACHE_DIR=str(d / "inductor"), TRITON_CACHE_DIR=str(d / "triton"),
                CUDA_CACHE_PATH=str(d / "cuda"), PYTHONDONTWRITEBYTECODE="1")
     return env

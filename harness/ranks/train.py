@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, redirect_output, release_and_exit
+from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, enter_job, redirect_output, release_and_exit
 
 
 class SandboxMissing(RuntimeError):
@@ -31,6 +31,7 @@ def main(argv: list[str]) -> None:
     raw = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
+    job_ns = enter_job(raw.get("job_namespace"), raw.get("work_dir"))  # single-threaded, before anything else
     if raw.get("work_dir"):
         os.chdir(raw["work_dir"])  # the private folder: files a submission writes land there, not in runs/
     redirect_output(f"{raw['log_dir']}/rank{env.rank}.log")
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> None:
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(raw["sandbox_policy"])) if raw.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\", or harness scale)")
+    box.namespaces = job_ns
     channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     holders: list = []
     code = 0

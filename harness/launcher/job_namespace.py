@@ -1,0 +1,207 @@
+"""The namespace a node's training ranks share: a /dev/shm and System V IPC of the job's own.
+
+Landlock (harness/ranks/sandbox.py) does not govern System V shared memory, semaphores or message
+queues, and training ranks must write /dev/shm (NCCL's shared-memory transport, Python's
+multiprocessing): whatever one run left there, the next could read (weights left by a first run
+were loaded by the team's second). Each training job therefore gets, for its ranks on this node:
+
+- a user namespace (the launcher's uid mapped to itself: files keep their owner);
+- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs, made in a first user
+  namespace and entered through a second one, so the kernel locks it: a rank cannot unmount it to
+  find the host's /dev/shm beneath;
+- an IPC namespace: System V objects and POSIX message queues of the job's own.
+
+The network is the host's (NCCL, InfiniBand). Everything goes away with the last process of the job.
+
+A small process of harness code (this module, run as `python -m harness.launcher.job_namespace`)
+makes the namespaces before the ranks exist and hands them out: each rank connects to its Unix
+socket as its very first act (single-threaded, before the sandbox), receives the three namespace
+descriptors (SCM_RIGHTS) and enters them (harness/ranks/namespaces.py `join_job`). The holder
+accepts only processes that descend from its launcher (the kernel's SO_PEERCRED pid), as the control
+channel does. Where the host forbids user namespaces, the job runs without one, the record says so,
+and the launcher removes what the job left in /dev/shm afterwards (`ShmSweep`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+PR_SET_PDEATHSIG = 1
+READY_WITHIN_S = 20.0
+
+
+class JobNamespace:
+    """The launcher's handle on the holder process. `socket_path` goes into the job file; `active` and
+    `why` into the record."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="harness-ns-"))  # 0700: the launcher's user only
+        self.socket_path = str(self.dir / "ns.sock")
+        self.active, self.why = False, ""
+        self.proc: subprocess.Popen | None = None
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "harness.launcher.job_namespace", self.socket_path,
+                                          str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            line = _read_line(self.proc, READY_WITHIN_S)
+        except OSError as exc:
+            line = f"could not start: {exc}"
+        if line == "ready":
+            self.active, self.why = True, "user, mount (a private /dev/shm, locked) and IPC namespaces of the job's own"
+        else:
+            self.why = f"no namespace of the job's own: {line or 'the holder said nothing'}"
+            self.close()
+
+    def report(self) -> dict:
+        return {"active": self.active, "why": self.why}
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        self.proc = None
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout_s):
+        return f"not ready within {timeout_s:.0f} s"
+    return proc.stdout.readline().decode(errors="replace").strip()[:500]
+
+
+class ShmSweep:
+    """Without a namespace of the job's own: the /dev/shm entries of this user that appeared while the job
+    ran are removed when it ends (an entry that was there before is never touched)."""
+
+    def __init__(self, root: str = "/dev/shm") -> None:
+        self.root = root
+        self.before = self._mine()
+
+    def _mine(self) -> set[str]:
+        try:
+            return {e.name for e in os.scandir(self.root) if e.stat(follow_symlinks=False).st_uid == os.getuid()}
+        except OSError:
+            return set()
+
+    def sweep(self) -> list[str]:
+        removed = []
+        for name in sorted(self._mine() - self.before):
+            try:
+                os.unlink(os.path.join(self.root, name))
+                removed.append(name)
+            except IsADirectoryError:
+                import shutil
+
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                removed.append(name)
+            except OSError:
+                pass
+        return removed
+
+
+# --------------------------------------------------------------------------- the holder process
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    with open("/proc/self/setgroups", "w") as fh:
+        fh.write("deny")
+    with open("/proc/self/uid_map", "w") as fh:
+        fh.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as fh:
+        fh.write(f"{gid} {gid} 1")
+
+
+def make_namespaces() -> None:
+    """In this (single-threaded) process: the job's namespaces, entered; see the module docstring."""
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
+    _map_ids(uid, gid)
+    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
+    _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777"), "a tmpfs on /dev/shm")
+    # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
+    # (they came from a more privileged namespace), so a rank with every capability in it still cannot
+    # unmount the tmpfs. Ranks join these.
+    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC), "unshare of the ranks' namespaces")
+    _map_ids(uid, gid)
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    try:
+        while pid > 1:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])  # the parent pid, after the command name
+            if pid == ancestor:
+                return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def serve(socket_path: str, launcher: int) -> None:
+    fds = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("user", "mnt", "ipc")]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)
+    server.listen(64)
+    print("ready", flush=True)
+    while True:
+        conn, _ = server.accept()
+        try:
+            pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+            if _descends_from(pid, launcher):  # a rank of this job (its launcher's descendant), nobody else
+                socket.send_fds(conn, [b"ns"], fds)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def main(argv: list[str]) -> None:
+    socket_path, launcher = argv[1], int(argv[2])
+    _libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
+    if os.getppid() != launcher:
+        sys.exit(1)
+    try:
+        make_namespaces()
+    except OSError as exc:
+        print(f"{exc.strerror or exc} (unprivileged user namespaces restricted here?)", flush=True)
+        sys.exit(1)
+    serve(socket_path, launcher)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
