@@ -357,3 +357,57 @@ def test_team_code_sees_an_allowed_environment_and_never_the_launchers(cli, tmp_
             names = set(line.split(" names: ", 1)[1].split())
             odd = {n for n in names - elastic if n not in KEEP_ENV and not n.startswith(KEEP_ENV_PREFIXES)}
             assert not odd, (line[:60], odd)
+
+
+# ----------------------------------------------------------------------------- caps
+
+
+def test_a_run_that_floods_its_log_is_ended_and_its_record_stays_small(cli, tmp_path):
+    """floods_log prints a megabyte a forward. The track caps the ranks' logs (8 MiB on tiny): the job is
+    ended, invalid, with that reason; the record's copy of the log stops at the cap. (The check process's
+    log, which has its forwards too, is bounded by the file-size limit of every sandboxed process.)"""
+    from harness.ranks.sandbox import FILE_CAP_BYTES
+
+    result = cli("run", str(FIXTURES / "floods_log"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
+    assert result.code == 1
+    run_dir, record = _record(tmp_path / "runs", "floods_log")
+    assert record["status"] == "invalid" and "more than 8 MiB to their logs" in record["reason"], record["reason"]
+    rank_log = run_dir / "logs" / "rank0.log"
+    assert rank_log.stat().st_size < 8 * 2**20 + 4096 and "cut here" in rank_log.read_text()[-300:]
+    assert (run_dir / "logs" / "preflight.log").stat().st_size <= FILE_CAP_BYTES
+
+
+def test_a_run_that_fills_its_private_folder_is_ended(cli, tmp_path):
+    """fills_scratch writes 64 MiB a forward into its working folder: past the track's scratch cap (0.25 GiB on
+    tiny) the job is ended, invalid, and its folder is gone."""
+    result = cli("run", str(FIXTURES / "fills_scratch"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
+    assert result.code == 1
+    _, record = _record(tmp_path / "runs", "fills_scratch")
+    assert record["status"] == "invalid" and "private folder holds more than 0.25 GiB" in record["reason"], record["reason"]
+
+
+def test_a_model_process_that_floods_its_log_dies_at_the_cap(cli, tmp_path):
+    """floods_eval_log prints 32 MB a forward outside training (the check process's probes, evaluation's
+    model process), where its log is a descriptor the harness cannot watch: the file-size limit of every
+    sandboxed process fails the write (EFBIG), the run ends and the reason says so; no log outgrows it."""
+    from harness.ranks.sandbox import FILE_CAP_BYTES
+
+    result = cli("run", str(FIXTURES / "floods_eval_log"), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 1
+    run_dir, record = _record(tmp_path / "runs", "floods_eval_log")
+    assert record["status"] in ("invalid", "crashed") and "File too large" in record["reason"], record["reason"]
+    for log in (run_dir / "logs").rglob("*.log"):
+        assert log.stat().st_size <= FILE_CAP_BYTES, log
+
+
+def test_reports_are_typed_and_capped_and_the_leaderboard_survives_them(cli, tmp_path):
+    """floods_reports sends, through its rank's own channel, a progress report with steps = "many", then 8.8 MB
+    of reports. The malformed one is dropped and flags the run; past 4 MiB the connection is cut and the
+    job ended, invalid; the leaderboard still builds, the run listed with its reason."""
+    result = cli("run", str(FIXTURES / "floods_reports"), "--track", str(one_rank(tmp_path, grace_s=20.0)),
+                 timeout=180, leaderboard=True)
+    assert result.code == 1
+    run_dir, record = _record(tmp_path / "runs", "floods_reports")
+    assert record["status"] == "invalid" and "more than 4 MiB of reports" in record["reason"], record["reason"]
+    assert record["flagged"] and "step = 'many' is not a count" in record["flag_reason"]
+    assert (tmp_path / "leaderboard" / "tiny.csv").read_text().count("floods_reports") == 1

@@ -285,7 +285,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     area = WorkArea(node.snapshot)
     copies.append(area.submission)
     checkpoint = run_dir / "checkpoint.pt"
-    taker = area.checkpoint_taker(checkpoint) if node.lead and spec is None else None
+    taker = (area.checkpoint_taker(checkpoint, int(track.checkpoint_cap_gib * 2**30))
+             if node.lead and spec is None else None)
     try:
         phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker)
         metrics.extend(metrics_rows(phase))
@@ -315,7 +316,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                         opts.seed, protected_paths(opts.runs_dir, data)):
                 return
         elif not taker.take_after_the_job():  # from here on only the launcher and evaluation touch it
-            set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
+            if taker.too_large is not None:
+                set_outcome(record, "invalid", taker.cap_reason())
+            else:
+                set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
             return
     finally:
         area.cleanup()
@@ -389,11 +393,14 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
+    caps = ScratchCaps(area, track)
+
     def poll(watched) -> None:
         if guard:
             guard.refresh()
         if taker:
             taker.poll(watched)
+        watched.violation = watched.violation or caps.check()
 
     try:
         with guard or contextlib.nullcontext(), area.hidden_environment():
@@ -408,6 +415,30 @@ def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, 
     if swept:
         record.notes.append(f"removed what the job left in /dev/shm: {', '.join(swept[:10])}")
     return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
+
+
+class ScratchCaps:
+    """What the training ranks write is capped (the track's log_cap_mib, scratch_cap_gib): looked at about
+    once a second while they run; past a cap, `check` says which and the watchdog ends the job (invalid).
+    A run that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone."""
+
+    def __init__(self, area: WorkArea, track: Track, every_s: float = 1.0):
+        self.area, self.every_s, self.last_s = area, every_s, 0.0
+        self.log_cap, self.scratch_cap = int(track.log_cap_mib * 2**20), int(track.scratch_cap_gib * 2**30)
+
+    def check(self) -> str | None:
+        now = time.monotonic()
+        if now - self.last_s < self.every_s:
+            return None
+        self.last_s = now
+        logs, disk = self.area.usage()
+        if logs > self.log_cap:
+            return (f"the ranks wrote more than {self.log_cap >> 20} MiB to their logs (the track's log_cap_mib): "
+                    "print less")
+        if disk > self.scratch_cap:
+            return (f"the ranks' private folder holds more than {self.scratch_cap / 2**30:g} GiB (the track's "
+                    "scratch_cap_gib)")
+        return None
 
 
 def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
@@ -426,7 +457,7 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
 
 def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area: WorkArea, phase: PhaseResult,
                     report: GuardReport, t_launch: float, leaderboard_dir: Path) -> PhaseResult:
-    area.collect_logs(node.run_dir / "logs")
+    area.collect_logs(node.run_dir / "logs", max_bytes=int(track.log_cap_mib * 2**20))
     record.timings.update(phase.watch.timings(t_launch))
     if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
         record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)

@@ -78,6 +78,7 @@ class WatchResult:
     limit_s: float | None = None  # when the limit that caused a kill passed
     all_gone_s: float | None = None  # when every process of the job was gone after a kill
     agent_abandoned: bool = False  # the agent thread did not return after the kill
+    violation: str | None = None  # a cap the job broke, seen by a tick's callback (logs, scratch, checkpoint)
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
@@ -215,8 +216,8 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
-        elif channel.violation:  # a rank broke a cap (report volume): the run ends, nothing else is touched
-            _kill(job, result, "invalid", channel.violation)
+        elif channel.violation or result.violation:  # a cap broken (reports, logs, scratch, checkpoint): the
+            _kill(job, result, "invalid", channel.violation or result.violation)  # run ends, nothing else is touched
         elif expired:
             _kill(job, result, "timeout", expired[0], limit_s=expired[1])
     result.exited_s = time.monotonic()

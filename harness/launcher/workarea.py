@@ -36,19 +36,47 @@ def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ..
                 os.environ[key] = value
 
 
-def copy_regular_file(name: str, dest: Path, dir_fd: int) -> bool:
+def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None = None) -> bool:
     """Copy `name` (in the folder open as dir_fd) if it is a regular file, opened without following a
-    link (O_NOFOLLOW); False if it is anything else (a link, a FIFO, a device) or gone."""
+    link (O_NOFOLLOW); False if it is anything else (a link, a FIFO, a device) or gone. With max_bytes,
+    only that much is copied (the rest of a log past its cap), and the copy says so at its end."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # a FIFO or a device: never read
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: never read
             return False
         with open(dest, "wb") as out:
-            shutil.copyfileobj(fh, out)
+            if max_bytes is None or st.st_size <= max_bytes:
+                shutil.copyfileobj(fh, out)
+            else:
+                left = max_bytes
+                while left > 0 and (chunk := fh.read(min(1 << 20, left))):
+                    out.write(chunk)
+                    left -= len(chunk)
+                out.write(f"\n[harness] cut here: {st.st_size} bytes in all, past the cap of {max_bytes}\n".encode())
     return True
+
+
+def tree_usage(dir_fd: int) -> tuple[int, int]:
+    """(apparent bytes of regular files, bytes on disk) under the folder open as dir_fd, without following
+    a link: a log is capped by what it would copy into the record, the folder by what it holds on disk."""
+    apparent = on_disk = 0
+    try:
+        for _root, _dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+            for name in files:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    apparent += st.st_size
+                on_disk += st.st_blocks * 512
+    except OSError:
+        pass
+    return apparent, on_disk
 
 
 HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
@@ -99,7 +127,17 @@ class WorkArea:
         except OSError:  # replaced by a link or a file, or removed
             return None
 
-    def collect_logs(self, dest: Path) -> None:
+    def usage(self) -> tuple[int, int]:
+        """(bytes of the logs, bytes the whole private folder holds on disk): what the track's caps bound."""
+        logs = self._subfolder_fd("logs")
+        try:
+            log_bytes = tree_usage(logs)[0] if logs is not None else 0
+        finally:
+            if logs is not None:
+                os.close(logs)
+        return log_bytes, tree_usage(self._dir_fd)[1]
+
+    def collect_logs(self, dest: Path, max_bytes: int | None = None) -> None:
         """The logs become plain files of the record (links replaced by copies). Only regular files are
         copied, reached without following any link: the ranks wrote this folder, and a link they left
         (a file, or the logs folder itself) could otherwise make the launcher copy any file it can read
@@ -111,7 +149,7 @@ class WorkArea:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if target.is_symlink():
                     target.unlink()
-                copy_regular_file(name, target, folder_fd)
+                copy_regular_file(name, target, folder_fd, max_bytes)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
             try:
                 where = os.readlink(link)
@@ -141,8 +179,8 @@ class WorkArea:
     def take_checkpoint(self, dest: Path) -> bool:
         return bool(self.take_staged("checkpoint.pt", dest))
 
-    def checkpoint_taker(self, dest: Path) -> "CheckpointTaker":
-        return CheckpointTaker(self, dest)
+    def checkpoint_taker(self, dest: Path, max_bytes: int | None = None) -> "CheckpointTaker":
+        return CheckpointTaker(self, dest, max_bytes)
 
     def cleanup(self) -> None:
         try:
@@ -159,16 +197,33 @@ class CheckpointTaker:
     checkpoint never announced is taken once every training process is gone (nothing can change it
     then), and `taken_while_running` says which it was."""
 
-    def __init__(self, area: WorkArea, dest: Path):
-        self.area, self.dest = area, dest
+    def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
+        self.area, self.dest, self.max_bytes = area, dest, max_bytes
         self.taken = False
         self.taken_while_running = False
+        self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
+
+    def _take(self) -> bool:
+        if self.too_large is not None:
+            return False
+        taken = self.area.take_checkpoint(self.dest)
+        if taken and self.max_bytes is not None and self.dest.stat().st_size > self.max_bytes:
+            self.too_large = self.dest.stat().st_size
+            self.dest.unlink()
+            return False
+        return taken
 
     def poll(self, watch) -> None:
         if not self.taken and watch.checkpoint_saved_s is not None:
-            self.taken = self.taken_while_running = self.area.take_checkpoint(self.dest)
+            self.taken = self.taken_while_running = self._take()
+            if self.too_large is not None:
+                watch.violation = watch.violation or self.cap_reason()
+
+    def cap_reason(self) -> str:
+        return (f"the checkpoint is {self.too_large / 2**30:.2f} GiB, past the track's cap of "
+                f"{self.max_bytes / 2**30:.2f} GiB (checkpoint_cap_gib)")
 
     def take_after_the_job(self) -> bool:
         if not self.taken:
-            self.taken = self.area.take_checkpoint(self.dest)
+            self.taken = self._take()
         return self.taken

@@ -251,6 +251,21 @@ def apply(policy: Policy) -> SandboxReport:
 
 
 LIVE_LOGS = ".live"  # where evaluation's model processes write their logs while they run (workers.py)
+FILE_CAP_BYTES = 64 << 20  # the largest file a check or model process may write (its log is one)
+
+
+def cap_file_size(limit_bytes: int) -> None:
+    """RLIMIT_FSIZE, soft and hard: a write past it fails (EFBIG, "File too large": Python ignores the
+    SIGXFSZ that would otherwise kill the process). Lowered for good (the process has no capability to
+    raise it back), and inherited by whatever it starts."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        limit = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    except (ValueError, OSError):
+        pass
 
 
 def reset_log(path: str | Path) -> None:
@@ -314,6 +329,7 @@ def enter(policy: Policy | None, off_why: str) -> SandboxReport:
     root, proc_note = rootfs.confine(policy) if not isolation else ("no namespaces, so no root of its own", "")
     dropped = rootfs.drop_capabilities()  # whatever happened above
     root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
+    cap_file_size(FILE_CAP_BYTES)  # its log included: no file it writes outgrows the cap (EFBIG past it)
     report = apply(policy)
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),

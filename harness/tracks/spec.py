@@ -191,6 +191,9 @@ class Track:
     save_allowance_s: float = 120.0  # after training: checkpoint, communication probe, teardown; never extends the clock
     checkpoint_allowance_s: float = 30.0  # end of training -> rank 0's checkpoint saved (the launcher takes it then)
     overrun_allowance_s: float = 1.0  # how far past the budget a training window may end beyond two median steps
+    log_cap_mib: float = 256.0  # what a node's training ranks may write to their logs, together
+    scratch_cap_gib: float = 64.0  # what they may leave in their private folder (logs, checkpoint, caches, tmp)
+    checkpoint_cap_gib: float = 32.0  # the checkpoint's size (8B parameters in float32)
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
@@ -234,7 +237,7 @@ class Track:
             raise TrackError(f"{where}: `nproc_per_node = 'auto'` counts GPUs; give a number on cpu")
         for name in ("budget_s", "startup_timeout_s", "startup_allowance_s", "save_allowance_s", "checkpoint_allowance_s",
                      "overrun_allowance_s", "collective_timeout_s", "rendezvous_timeout_s", "shutdown_timeout_s",
-                     "log_interval_s"):
+                     "log_interval_s", "log_cap_mib", "scratch_cap_gib", "checkpoint_cap_gib"):
             _positive(name, getattr(self, name), where)
         if self.grace_s < 0:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
