@@ -76,3 +76,26 @@ def test_every_test_named_in_the_testing_table_exists():
             tree = ast.parse((ROOT / path).read_text())
             tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
             assert name in tests, f"docs/testing.md names {path}::{name}, which is not a test of that file"
+
+
+def test_every_door_in_the_rules_names_tests_that_exist():
+    """docs/rules.md's table of doors from team code to the harness: each row names its defence's tests
+    (`test_x.py::test_name`, then `::test_other` of the same file), and each is a test of that file."""
+    import ast
+
+    text = (ROOT / "docs" / "rules.md").read_text()
+    start = text.index("### Every door from team code to the harness")
+    rows = [line for line in text[start:].split("**Defended:**")[0].splitlines()
+            if line.startswith("| ") and not line.startswith(("| door", "|---"))]
+    assert len(rows) >= 14, "the table of doors in docs/rules.md is gone"
+    tested = 0
+    for row in rows:
+        current = None
+        for path, name in re.findall(r"`(?:(test_\w+\.py))?::(test_\w+)(?:\[[^\]]*\])?`", row):
+            current = path or current
+            assert current, f"docs/rules.md names ::{name} without its file: {row[:80]}"
+            tree = ast.parse((ROOT / "tests" / current).read_text())
+            assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, \
+                f"docs/rules.md names {current}::{name}, which is not a test of that file"
+            tested += 1
+    assert tested >= 20
