@@ -39,6 +39,9 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.sandbox["training"] = phase.sandbox_report(0)
     record.launcher_train_time_s = phase.watch.launcher_train_time_s
     record.startup_s = phase.watch.startup_s
+    saved = phase.reports("checkpoint_saved").get(0)
+    if saved:  # rank 0's own account: the copy, the file and its hash (the launcher's is timings.checkpoint_s)
+        record.extra["checkpoint_write"] = {"bytes": saved.get("bytes"), "save_s": saved.get("save_s")}
     check_replicas(record, results)
     check_first_step(record, r0, int(record.track.get("data", {}).get("vocab_size") or 0) or 2)
     check_reports(record, phase)

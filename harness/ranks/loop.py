@@ -368,7 +368,6 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
     # The weights as training left them, read by harness code (module_tensors: the modules' own dictionaries,
     # no state_dict, hook or __getattr__ of the team's): what the checkpoint holds and the replicas compare.
     state = module_state(tr.raw_model) if env.rank == 0 else None
-    at_end = weights_digest(module_tensors(tr.raw_model, buffers=False))  # replicas must agree on the parameters
     probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
     tr.prefetch.close()
     named = list(tr.raw_model.named_parameters(remove_duplicate=False))
@@ -397,6 +396,8 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
         # Work after the clock (a thread that trains on) shows as weights that moved since the copy.
         changed = any(not _torch_equal(t.detach().to("cpu"), state[key]) for key, t in module_tensors(tr.raw_model))
         del state
+    # After the checkpoint has left (this costs about a second per GB, outside the checkpoint allowance).
+    at_end = weights_digest(module_tensors(tr.raw_model, buffers=False))  # replicas must agree on the parameters
     probe: dict = {}
     if job.comm_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
         probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.comm_probe_steps,
