@@ -411,3 +411,28 @@ def test_reports_are_typed_and_capped_and_the_leaderboard_survives_them(cli, tmp
     assert record["status"] == "invalid" and "more than 4 MiB of reports" in record["reason"], record["reason"]
     assert record["flagged"] and "step = 'many' is not a count" in record["flag_reason"]
     assert (tmp_path / "leaderboard" / "tiny.csv").read_text().count("floods_reports") == 1
+
+
+# ----------------------------------------------------------------------------- honest submissions are never caught
+
+
+@pytest.mark.parametrize("submission", ["submissions/baseline", "submissions/minimal", "tests/fixtures/team_like",
+                                        "tests/fixtures/ok_bigram", "tests/fixtures/linear_lm",
+                                        "tests/fixtures/two_optimizers"])
+def test_an_honest_submission_passes_every_door_unflagged(cli, tmp_path, submission):
+    """Every new check on an honest model: the reports fit their schema, the first step is an untrained
+    model's, the checkpoint is taken as saved, the weights do not move after the clock, nothing is past
+    a cap, the figure is above the floor; and the run is ok and unflagged. (On the budget, the window
+    check: test_an_honest_window_ends_within_its_bound; compiled models: test_evaluation_security.py.)"""
+    from conftest import ROOT
+
+    result = cli("run", str(ROOT / submission), "--track", str(quick_track(tmp_path)), timeout=240)
+    assert result.code == 0, result.err
+    (path,) = (tmp_path / "runs" / "tiny").glob("*/*/run.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "ok" and not record["flagged"], (record["reason"], record["flag_reason"])
+    assert "malformed_reports" not in record and "refused_reports" not in record
+    assert record["first_step"]["loss"] > record["first_step"]["untrained_bound"]
+    assert record["floor_check"]["below_by"] < record["floor_check"]["margin"]
+    assert record["sandbox"]["training"]["namespaces"]["active"] is True
+    assert record["checkpoint_write"]["bytes"] == (path.parent / "checkpoint.pt").stat().st_size

@@ -186,6 +186,7 @@ def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path)
     assert list(ckpt["model"]) == ["table.weight"], "a compiled wrapper's prefix leaked into the checkpoint"
     assert record["eval"]["causality"]["causal"] is True
     assert "torch._dynamo" not in _log(run_dir, "eval-model-rank0.log")
+    assert not record["flagged"], record["flag_reason"]  # an honest compiled model is never caught
 
 
 def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one(cli, tmp_path):
