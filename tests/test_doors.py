@@ -96,7 +96,7 @@ def test_an_honest_window_ends_within_its_bound(cli, tmp_path):
     _, record = _record(tmp_path / "runs", "ok_bigram")
     assert record["status"] == "ok" and record["window_check"]["ok"] is True and not record["flagged"]
     assert record["window_check"]["over_s"] < record["window_check"]["allowed_s"]
-    assert record["first_step"]["loss"] > record["first_step"]["untrained_bound"]
+    assert record["first_step"]["knows_tokens_by"] < record["first_step"]["bound"]
 
 
 @pytest.mark.parametrize("how", ["trained before the clock", "shipped weights"])
@@ -126,7 +126,7 @@ def test_a_model_that_arrives_trained_is_flagged(cli, tmp_path, cache_dir, monke
     run_dir, record = _record(tmp_path / "runs", "pretrains")
     assert record["status"] == "ok" and record["flagged"] is True
     first = record["first_step"]
-    assert first["loss"] < first["untrained_bound"] and "the model arrived trained" in record["flag_reason"]
+    assert first["knows_tokens_by"] > first["bound"] and "the model arrived trained" in record["flag_reason"]
     if how == "shipped weights":
         assert "pretrained.pt (a zip archive" in record["flag_reason"]
         assert "PRETRAINS loaded shipped weights" in (run_dir / "logs" / "rank0.log").read_text()
@@ -167,12 +167,13 @@ def test_work_inside_the_models_own_state_dict_is_never_saved(cli, tmp_path):
 # ----------------------------------------------------------------------------- the checks' arithmetic
 
 
-def _window_record(window_s, budget_s=10.0, steps=50, median=0.1):
+def _window_record(window_s, budget_s=10.0, steps=50, median=0.1, slowest=0.0):
     from harness.results.records import RunRecord
 
     record = RunRecord(run_id="r", team="t", track_name="x", budget_s=budget_s, steps=steps)
     record.launcher_train_time_s = window_s
     record.extra["median_step_s"] = median
+    record.extra["slowest_earlier_step_s"] = slowest
     return record
 
 
@@ -189,25 +190,61 @@ def test_the_window_bound_is_two_median_steps_or_the_tracks_allowance_and_never_
     # Steps claimed huge: the steps' part is capped at 5% of the budget (0.5 s here), so the 1 s floor holds.
     assert "held open" in check_window(_window_record(11.2, median=50.0), track)
     assert "first step alone did not fit" in check_window(_window_record(25.0, steps=1), track)
+    # A step that is slow every k steps (a preconditioner's refresh, 10x the median) may be the last one.
+    assert check_window(_window_record(601.05, budget_s=600.0, median=0.1, slowest=1.0), track) == ""
+    assert "held open" in check_window(_window_record(602.5, budget_s=600.0, median=0.1, slowest=1.0), track)
     assert check_window(_window_record(25.0), SimpleNamespace(max_steps=20, overrun_allowance_s=1.0)) == ""
 
 
-def test_an_untrained_model_scores_at_least_ln_v_and_the_bound_is_one_nat_below():
-    """The bound's premise, measured: random and zero initialisations of a bigram table and a small
-    transformer-like head on random tokens all score above ln V - 1 on their first batch."""
+def test_relabelling_the_vocabulary_costs_an_untrained_model_nothing_and_a_trained_one_nats():
+    """The premise of the first-step check, measured on modules as the loop probes them: untrained models
+    (a bigram table, a tied-embedding model whose initialisation favours repeating the current token, on
+    text where half the tokens repeat the one before) score the batch and its relabelled copy alike; the same tied
+    model scores below ln V - 1 there (a bound on the loss itself would flag it); a bigram trained on the
+    data loses more than the bound once relabelled."""
     import math
 
     import torch
+    import torch.nn as nn
     import torch.nn.functional as F
 
-    from harness.launcher.assemble import untrained_loss_bound
+    from harness.launcher.assemble import RELABEL_GAIN_BOUND
 
     torch.manual_seed(0)
-    V = 256
-    y = torch.randint(0, V, (4096,))
-    for logits in (torch.zeros(4096, V), torch.randn(4096, V), 0.02 * torch.randn(4096, V), 3 * torch.randn(4096, V)):
-        assert F.cross_entropy(logits, y).item() > untrained_loss_bound(V)
-    assert untrained_loss_bound(V) == pytest.approx(math.log(V) - 1.0)
+    V, n = 256, 8192
+    tokens = torch.randint(0, V, (n + 1,))
+    repeat = torch.rand(n + 1) < 0.5
+    for i in range(1, n + 1):  # repetitive text (padding, indentation): half the next tokens are the current one
+        if repeat[i]:
+            tokens[i] = tokens[i - 1]
+    x, y = tokens[:-1].view(8, -1), tokens[1:].view(8, -1)
+    perm = torch.randperm(V)
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, 64)
+            nn.init.normal_(self.emb.weight, std=0.12)
+            self.norm = nn.LayerNorm(64)
+
+        def forward(self, idx):  # an untrained stack's output: the input token's embedding, normalised, tied
+            return self.norm(self.emb(idx)) @ self.emb.weight.t()
+
+    def gain(model):
+        with torch.no_grad():
+            a = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+            b = F.cross_entropy(model(perm[x]).flatten(0, 1), perm[y].flatten()).item()
+        return a, b - a
+
+    bigram = nn.Embedding(V, V)
+    tied_loss, tied_gain = gain(Tied())
+    assert abs(gain(bigram)[1]) < 0.2 and abs(tied_gain) < 0.2 < RELABEL_GAIN_BOUND
+    assert tied_loss < math.log(V) - 1.0  # an honest initialisation below ln V - 1: the old bound's false positive
+    counts = torch.zeros(V, V)
+    counts.index_put_((x.flatten(), y.flatten()), torch.ones(n), accumulate=True)
+    with torch.no_grad():
+        bigram.weight.copy_(torch.log((counts + 0.1) / (counts + 0.1).sum(1, keepdim=True)))
+    assert gain(bigram)[1] > RELABEL_GAIN_BOUND  # even here, where half its knowledge (repeats) survives relabelling
 
 
 # ----------------------------------------------------------------------------- secrets
@@ -432,7 +469,36 @@ def test_an_honest_submission_passes_every_door_unflagged(cli, tmp_path, submiss
     record = json.loads(path.read_text())
     assert record["status"] == "ok" and not record["flagged"], (record["reason"], record["flag_reason"])
     assert "malformed_reports" not in record and "refused_reports" not in record
-    assert record["first_step"]["loss"] > record["first_step"]["untrained_bound"]
+    assert record["first_step"]["knows_tokens_by"] < record["first_step"]["bound"]
     assert record["floor_check"]["below_by"] < record["floor_check"]["margin"]
     assert record["sandbox"]["training"]["namespaces"]["active"] is True
     assert record["checkpoint_write"]["bytes"] == (path.parent / "checkpoint.pt").stat().st_size
+
+
+def test_without_a_job_namespace_what_the_job_made_in_shared_memory_is_swept():
+    """Where the host refuses user namespaces, the launcher removes, after the job, the /dev/shm entries and
+    System V objects of its user that appeared meanwhile, and nothing that was there before."""
+    import ctypes
+
+    from harness.launcher.job_namespace import ShmSweep
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    before_file = Path("/dev/shm/harness-test-sweep-before")
+    before_file.write_bytes(b"x")
+    old = libc.shmget(0x48525301, 4096, 0o1000 | 0o600)
+    try:
+        sweep = ShmSweep()
+        Path("/dev/shm/harness-test-sweep-after").write_bytes(b"y")
+        new = libc.shmget(0x48525302, 4096, 0o1000 | 0o600)
+        assert old >= 0 and new >= 0
+        removed = sweep.sweep()
+        assert "harness-test-sweep-after" in removed and f"System V shm {new}" in removed
+        assert not Path("/dev/shm/harness-test-sweep-after").exists() and libc.shmget(0x48525302, 0, 0) < 0
+        assert before_file.exists() and libc.shmget(0x48525301, 0, 0) == old
+    finally:
+        before_file.unlink(missing_ok=True)
+        Path("/dev/shm/harness-test-sweep-after").unlink(missing_ok=True)
+        for key in (0x48525301, 0x48525302):
+            ident = libc.shmget(key, 0, 0)
+            if ident >= 0:
+                libc.shmctl(ident, 0, None)

@@ -51,7 +51,7 @@ from harness.ranks.channel import FRAME, MAX_MESSAGE  # one protocol for both en
 
 MAX_UNBOUND = 64  # connections that have not said hello yet
 HELLO_WITHIN_S = 10.0  # a connection that says nothing for this long is cut off
-MAX_MESSAGES_PER_CONNECTION = 200_000
+MAX_MESSAGES_PER_CONNECTION = 20_000  # an honest rank sends one progress report a log interval: hundreds a run
 MAX_BYTES_PER_CONNECTION = 4 << 20  # an honest rank sends a few kB a minute; 4 MiB is a thousand times that
 
 

@@ -4,14 +4,18 @@ The agent is torchrun's: the arguments are parsed by torch.distributed.run itsel
 RANK/LOCAL_RANK/WORLD_SIZE and the static rendezvous with --node-rank (several nodes: node 0
 hosts global rank 0) behave exactly as under torchrun.
 
-The rendezvous keeps no pickled state. torchrun's own `--standalone` uses the c10d rendezvous,
-whose state is a pickle in a TCPStore that the agent (a thread of this process) loads about once
-a second; the ranks can reach that store (they have TCP and its address), so a rank could run
-code in the launcher. One node therefore uses `harness-local` (registered here): torch's static
-rendezvous on a TCPStore of a free loopback port, which holds only plain keys the agent reads as
-numbers and JSON. Several nodes use torch's `static` backend, which is the same.
-The agent runs in a background thread; the launcher's main thread keeps the signals, the
-clock and the kill switch, so a hung or hostile job is ended on the launcher's terms.
+The rendezvous keeps no pickled state, and nothing of the launcher listens for the ranks.
+torchrun's own `--standalone` uses the c10d rendezvous, whose state is a pickle in a TCPStore that
+the agent (a thread of this process) loads about once a second; the ranks can reach that store
+(they have TCP and its address), so a rank could run code in the launcher, or fill its memory.
+So (both registered here, through torch's own registry):
+- one node: `harness-local`, torch's static rendezvous on an in-memory store of the agent's (no
+  socket at all); the ranks' process group gets a store of its own, hosted by rank 0 on a free port
+  (`use_agent_store` False: TORCHELASTIC_USE_AGENT_STORE=False, as torch documents);
+- several nodes: `harness-static`, torch's static rendezvous, whose TCPStore (which the other
+  nodes' agents and every rank must reach) runs in a process of its own on node 0
+  (harness/launcher/store_server.py), not in the launcher: whatever a rank or a host writes into it
+  costs that process's memory, never the launcher's, and nothing in it is unpickled.
 """
 
 from __future__ import annotations
@@ -54,46 +58,80 @@ class LaunchSpec:
     def torchrun_argv(self) -> list[str]:
         argv = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
                 "--monitor-interval=0.1"]
+        register_rendezvous()
         if self.nnodes > 1:
-            argv += ["--rdzv-backend=static", f"--rdzv-endpoint={self.rdzv_endpoint}",
+            argv += [f"--rdzv-backend={NODES_RENDEZVOUS}", f"--rdzv-endpoint={self.rdzv_endpoint}",
                      f"--node-rank={self.node_rank}", f"--rdzv-id={self.rdzv_id or 'harness'}",
-                     f"--rdzv-conf=timeout={int(self.rendezvous_timeout_s)}"]
-        else:  # one node: a static store on a free loopback port, no pickled state (module docstring)
-            register_local_rendezvous()
+                     f"--rdzv-conf=timeout={int(self.rendezvous_timeout_s)},rank={self.node_rank}"]
+        else:  # one node: an in-memory store, no socket, no pickled state (module docstring)
             argv += [f"--rdzv-backend={LOCAL_RENDEZVOUS}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}"]
         return argv + ["--module", self.module, *self.args]
 
 
 LOCAL_RENDEZVOUS = "harness-local"
+NODES_RENDEZVOUS = "harness-static"
 
 
-def register_local_rendezvous() -> None:
-    """torch's static TCP rendezvous for one node, on a port the kernel picks (no race for a port chosen
-    beforehand, as --standalone has none). Registered once per process, through torch's own registry."""
-    from torch.distributed import PrefixStore, TCPStore
+def free_port() -> int:
+    """A port nobody listens on now (rank 0's process-group store binds it moments later, as torchrun's
+    own choice of MASTER_PORT does)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def register_rendezvous() -> None:
+    """The two rendezvous of the module docstring, registered once per process in torch's registry."""
+    from torch.distributed import HashStore, PrefixStore, TCPStore
     from torch.distributed.elastic.rendezvous import (RendezvousInfo, RendezvousStoreInfo,
                                                       rendezvous_handler_registry)
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     if _registered:
         return
 
-    class LocalStaticRendezvous(StaticTCPRendezvous):
+    class LocalRendezvous(StaticTCPRendezvous):
+        """One node: the agent's store is a HashStore in its own memory; the ranks get rank 0's."""
+
         def get_backend(self) -> str:
             return LOCAL_RENDEZVOUS
 
+        @property
+        def use_agent_store(self) -> bool:
+            return False
+
         def next_rendezvous(self) -> RendezvousInfo:
             if not self._store:
-                self._store = TCPStore("127.0.0.1", 0, 1, True, self.timeout, multi_tenant=False)
-                self.master_port = self._store.port
-            return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1,
-                                  RendezvousStoreInfo("127.0.0.1", self.master_port))
+                self._store = HashStore()
+                self.master_port = free_port()
+            return RendezvousInfo(self._store, 0, 1, RendezvousStoreInfo("127.0.0.1", self.master_port))
 
-    def create(params) -> LocalStaticRendezvous:
-        timeout = int(params.config.get("timeout", 300))
-        return LocalStaticRendezvous("127.0.0.1", 0, 0, 1, params.run_id, timeout)
+    class NodesRendezvous(StaticTCPRendezvous):
+        """Several nodes: every agent, node 0's too, is a client of the store process node 0 runs."""
 
-    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, create)
+        def get_backend(self) -> str:
+            return NODES_RENDEZVOUS
+
+        def next_rendezvous(self) -> RendezvousInfo:
+            if not self._store:
+                self._store = TCPStore(self.master_addr, self.master_port, self.world_size, False, self.timeout,
+                                       wait_for_workers=False)
+            return RendezvousInfo(PrefixStore(self.run_id, self._store), self.rank, self.world_size,
+                                  RendezvousStoreInfo(self.master_addr, self.master_port))
+
+    def create_local(params) -> LocalRendezvous:
+        return LocalRendezvous("127.0.0.1", 0, 0, 1, params.run_id, int(params.config.get("timeout", 300)))
+
+    def create_nodes(params) -> NodesRendezvous:
+        addr, port = parse_rendezvous_endpoint(params.endpoint, -1)
+        return NodesRendezvous(addr, port, int(params.config["rank"]), params.max_nodes, params.run_id,
+                               int(params.config.get("timeout", 300)))
+
+    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, create_local)
+    rendezvous_handler_registry.register(NODES_RENDEZVOUS, create_nodes)
     _registered.append(True)
 
 
@@ -126,6 +164,7 @@ class ElasticJob:
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
         self._env = None
+        self._store_proc = None  # node 0 of several: the rendezvous store's process
 
     def _run(self) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -155,7 +194,27 @@ class ElasticJob:
                                      **self.spec.env}, unset=dropped)
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
+        if self.spec.nnodes > 1 and self.spec.node_rank == 0:
+            self._start_store()
         self._thread.start()
+
+    def _start_store(self) -> None:
+        """Node 0: the rendezvous store in a process of its own (harness/launcher/store_server.py), inside
+        the job's scope (it ends with the job). The agents connect to it; if it cannot start, they fail
+        their rendezvous and the launcher reports it."""
+        import subprocess
+        import sys
+
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+        _, port = parse_rendezvous_endpoint(self.spec.rdzv_endpoint, -1)
+        self._store_proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.launcher.store_server", str(port), str(self.spec.nnodes),
+             str(int(self.spec.rendezvous_timeout_s)), str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        line = self._store_proc.stdout.readline().decode(errors="replace").strip()
+        if not line.startswith("ready"):
+            logging.getLogger("torch.distributed.elastic").error("the rendezvous store did not start: %s", line)
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -171,7 +230,10 @@ class ElasticJob:
     def close(self, wait_s: float = 10.0) -> list[int]:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
         self.wait(wait_s)
-        leftover = self._scope.close()
+        leftover = self._scope.close()  # the store's process too: it started in the job's scope
+        if self._store_proc is not None:
+            self._store_proc.wait()
+            self._store_proc.stdout.close()
         process_tree.reap_zombies()
         tempfile.tempdir = None
         if self._env is not None:

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+MS_NOSUID, MS_NODEV, MS_REC, MS_SLAVE = 2, 4, 0x4000, 1 << 19
 PR_SET_PDEATHSIG = 1
 READY_WITHIN_S = 20.0
 
@@ -43,15 +43,15 @@ class JobNamespace:
     """The launcher's handle on the holder process. `socket_path` goes into the job file; `active` and
     `why` into the record."""
 
-    def __init__(self) -> None:
+    def __init__(self, shm_bytes: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="harness-ns-"))  # 0700: the launcher's user only
         self.socket_path = str(self.dir / "ns.sock")
         self.active, self.why = False, ""
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.launcher.job_namespace", self.socket_path,
-                                          str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                          str(os.getpid()), str(int(shm_bytes))], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = _read_line(self.proc, READY_WITHIN_S)
         except OSError as exc:
             line = f"could not start: {exc}"
@@ -93,12 +93,17 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 class ShmSweep:
-    """Without a namespace of the job's own: the /dev/shm entries of this user that appeared while the job
-    ran are removed when it ends (an entry that was there before is never touched)."""
+    """Without a namespace of the job's own: the /dev/shm entries and the System V objects (shared memory,
+    message queues, semaphores) of this user that appeared while the job ran are removed when it ends; one
+    that was there before is never touched. (Another job of the same user running beside it on the same
+    machine would lose what it made meanwhile: at an event, a node runs one job.)"""
+
+    SYSV = (("shm", 1, "shmctl"), ("msg", 1, "msgctl"), ("sem", 1, "semctl"))  # /proc/sysvipc/<kind>, id column
 
     def __init__(self, root: str = "/dev/shm") -> None:
         self.root = root
         self.before = self._mine()
+        self.sysv_before = self._sysv()
 
     def _mine(self) -> set[str]:
         try:
@@ -106,8 +111,32 @@ class ShmSweep:
         except OSError:
             return set()
 
+    def _sysv(self) -> set[tuple[str, int]]:
+        found = set()
+        for kind, id_col, _ in self.SYSV:
+            try:
+                with open(f"/proc/sysvipc/{kind}") as fh:
+                    header = fh.readline().split()
+                    uid_col = header.index("uid")
+                    for line in fh:
+                        cols = line.split()
+                        if int(cols[uid_col]) == os.getuid():
+                            found.add((kind, int(cols[id_col])))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def _remove_sysv(self) -> list[str]:
+        libc, removed = _libc(), []
+        for kind, ident in sorted(self._sysv() - self.sysv_before):
+            call = {"shm": libc.shmctl, "msg": libc.msgctl, "sem": libc.semctl}[kind]
+            args = (ident, 0, 0) if kind == "sem" else (ident, 0, None)  # IPC_RMID = 0
+            if call(*args) == 0:
+                removed.append(f"System V {kind} {ident}")
+        return removed
+
     def sweep(self) -> list[str]:
-        removed = []
+        removed = self._remove_sysv()
         for name in sorted(self._mine() - self.before):
             try:
                 os.unlink(os.path.join(self.root, name))
@@ -145,14 +174,21 @@ def _map_ids(uid: int, gid: int) -> None:
         fh.write(f"{gid} {gid} 1")
 
 
-def make_namespaces() -> None:
-    """In this (single-threaded) process: the job's namespaces, entered; see the module docstring."""
+SHM_INODES = 1_000_000  # files the job's /dev/shm may hold (NCCL's segments and semaphores: a few per rank)
+
+
+def make_namespaces(shm_bytes: int = 0) -> None:
+    """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
+    job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files.
+    Mounts are slaves of the host's, not private: what the host mounts later (autofs, a late NFS) still
+    reaches the ranks; nothing they mount goes back."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
     _map_ids(uid, gid)
-    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
-    _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777"), "a tmpfs on /dev/shm")
+    _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making the mounts slaves of the host's")
+    options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
+    _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), "a tmpfs on /dev/shm")
     # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these.
@@ -191,12 +227,12 @@ def serve(socket_path: str, launcher: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    socket_path, launcher = argv[1], int(argv[2])
+    socket_path, launcher, shm_bytes = argv[1], int(argv[2]), int(argv[3]) if len(argv) > 3 else 0
     _libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
     if os.getppid() != launcher:
         sys.exit(1)
     try:
-        make_namespaces()
+        make_namespaces(shm_bytes)
     except OSError as exc:
         print(f"{exc.strerror or exc} (unprivileged user namespaces restricted here?)", flush=True)
         sys.exit(1)

@@ -24,7 +24,7 @@ MAX_COUNT = 1 << 62  # steps, tokens, parameters: far above any run, far below f
 MAX_SECONDS = 1e7  # about 4 months: no phase of a run is longer
 MAX_TEXT = 2_000
 MAX_TRACEBACK = 60_000
-MAX_OBJECT_BYTES = 32_000  # a CONFIG, a sandbox report, the causality evidence (as JSON)
+MAX_OBJECT_BYTES = 60_000  # a CONFIG, a sandbox report, the causality evidence (as JSON): a frame's worth
 MAX_EXTRA_FIELDS = 32  # an open-division script's own scalars per progress report
 
 
@@ -126,7 +126,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
                  "tokens": count(optional=True), "tokens_per_s": number(0.0, 1e15, optional=True),
                  "grad_norm": number(0.0, math.inf, nan=True, optional=True), "reported": flag()},
     "train_end": {"step": count(), "tokens": count(optional=True), "train_time_s": seconds(),
-                  "median_step_s": seconds(optional=True)},
+                  "median_step_s": seconds(optional=True), "slowest_earlier_step_s": seconds(optional=True)},
     "checkpoint_saved": {"sha256": text(64), "bytes": count(), "save_s": seconds()},
     "result": {
         **_PROBE, "measured_tokens_per_s": number(0.0, 1e15, optional=True), "steps": count(), "tokens": count(),
@@ -134,8 +134,11 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "data_wait_s": seconds(), "checkpoint_saved": flag(), "config": obj(), "tokens_per_step": count(),
         "weights_sha256": text(64), "device_name": text(200),
         "reports_dropped": count(), "train_loss": loss(), "max_step_s": seconds(), "median_step_s": seconds(),
-        "last_step_start_s": seconds(), "first_step_loss": loss(), "weights_changed_after_clock": flag(optional=True),
-        "sandbox": obj(), "division": one_of("fixed", "open"),
+        "slowest_earlier_step_s": seconds(),
+        "last_step_start_s": seconds(), "first_step_loss": loss(), "first_step_relabeled_loss": loss(),
+        "first_step_gain_se": number(0.0, 1e6, nan=True, optional=True),
+        "weights_changed_after_clock": flag(optional=True),
+        "division": one_of("fixed", "open"),
     },
     "error": {"status": text(32), "reason": text(MAX_TRACEBACK), "traceback": text(MAX_TRACEBACK), "cause": text(64),
               "message": text(MAX_TEXT)},
@@ -172,9 +175,10 @@ def check(kind: str, body: dict[str, Any]) -> str:
 
 
 def _open_extra(key: Any, value: Any) -> bool:
+    """An open-division script's own scalar: a name, and a number (NaN and inf included: a script's grad
+    norm may be either), a flag or a short string."""
     return (isinstance(key, str) and len(key) <= 64 and
-            (isinstance(value, bool) or (_is_num(value) and math.isfinite(value)) or
-             (isinstance(value, str) and len(value) <= 200)))
+            (isinstance(value, bool) or _is_num(value) or (isinstance(value, str) and len(value) <= 200)))
 
 
 def _show(value: Any) -> str:

@@ -10,7 +10,6 @@ run.json is written in a `finally`, so a crash, a kill or Ctrl-C still leaves it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import socket
@@ -20,20 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.launcher import process_tree
-from harness.launcher.console import NullReporter
-from harness.submission.files import weight_like_files
-from harness.submission.contract import (
-    SubmissionError,
-    TeamInfo,
-    find_submission,
-    read_team,
-    snapshot_submission,
-    submission_sha256,
-    team_slug,
-)
 from harness.data.prepare import PreparedData, data_summary, prepare_data
-from harness.ranks.checkpoint import file_sha256
+from harness.launcher import process_tree
 from harness.launcher.assemble import (
     apply_evaluation,
     apply_training,
@@ -45,31 +32,33 @@ from harness.launcher.assemble import (
     sandbox_warnings,
     set_outcome,
 )
-from harness.launcher.guard import GuardReport, RecordGuard
-from harness.launcher.open_run import (
-    apply_open_training,
-    build_open_job,
-    check_open,
-    finish_open_training,
-    open_deadlines,
-)
+from harness.launcher.console import NullReporter
 from harness.launcher.identity import name_clash
-from harness.launcher.job_namespace import JobNamespace, ShmSweep
 from harness.launcher.nodes import NodePaths, merge_node_reports
+from harness.launcher.open_run import apply_open_training, check_open, finish_open_training
+from harness.launcher.phases import run_evaluation, run_preflight
 from harness.launcher.precision import resolve_precision
-from harness.ranks.jobs import EvalJob, TrainJob
-from harness.launcher.elastic import LaunchSpec
+from harness.launcher.takeback import CheckpointTaker
+from harness.launcher.training import JobNamespaceMissing, protected_paths, threads_per_rank, train
+from harness.launcher.watch import AbortFlag, abort_on_signals
+from harness.launcher.workarea import WorkArea, patched_environ
+from harness.ranks.checkpoint import file_sha256
+from harness.ranks.jobs import EvalJob
+from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.scoring.plan import rows_to_detect
-from harness.launcher.phases import PhaseResult, run_evaluation, run_preflight, run_training
-from harness.results.records import (
-    FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics, save_record, utc_now,
+from harness.submission.contract import (
+    SubmissionError,
+    TeamInfo,
+    find_submission,
+    read_team,
+    snapshot_submission,
+    submission_sha256,
+    team_slug,
 )
-from harness.launcher.workarea import CheckpointTaker, WorkArea, patched_environ
-from harness.ranks import sandbox
-from harness.submission.open_division import OPEN, OpenSpec, division_of, read_open_spec
+from harness.submission.files import weight_like_files
+from harness.submission.open_division import OPEN, division_of, read_open_spec
 from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
-from harness.launcher.watch import AbortFlag, Deadlines, abort_on_signals
 
 
 @dataclass(kw_only=True)
@@ -108,15 +97,6 @@ def resolve_nproc(track: Track) -> int:
     if n == 0:
         raise RuntimeError(f"track {track.name!r} uses every visible GPU, and none is visible")
     return n
-
-
-def _threads_per_rank(track: Track, nproc: int) -> int:
-    """The track's figure; else OMP_NUM_THREADS when set (several "nodes" on one machine); else cores / ranks."""
-    if track.cpu_threads_per_rank:
-        return track.cpu_threads_per_rank
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // nproc)
 
 
 def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, nproc: int) -> RunRecord:
@@ -285,10 +265,14 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     area = WorkArea(node.snapshot)
     copies.append(area.submission)
     checkpoint = run_dir / "checkpoint.pt"
-    taker = (area.checkpoint_taker(checkpoint, int(track.checkpoint_cap_gib * 2**30))
-             if node.lead and spec is None else None)
+    taker = CheckpointTaker(area, checkpoint, int(track.checkpoint_cap_gib * 2**30)) if node.lead and spec is None \
+        else None
     try:
-        phase = _train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker)
+        try:
+            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker)
+        except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
+            set_outcome(record, "aborted", str(exc))
+            return
         metrics.extend(metrics_rows(phase))
         if spec is not None:
             apply_open_training(record, phase, spec, track.startup_allowance_s)
@@ -324,7 +308,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     finally:
         area.cleanup()
     record.checkpoint_sha256 = file_sha256(checkpoint)
-    said = (phase.reports("checkpoint_saved").get(0) or {}).get("sha256") if spec is None else None
+    saves = [m.body for m in phase.messages if m.kind == "checkpoint_saved" and m.body.get("rank") == 0]
+    said = saves[0].get("sha256") if saves and spec is None else None  # the report the launcher took the file on
+    if len(saves) > 1:
+        flag_run(record, f"rank 0 said {len(saves)} times that its checkpoint was saved (the harness says it once)")
     if said and said != record.checkpoint_sha256:  # replaced between rank 0's save and the launcher's copy
         set_outcome(record, "invalid", "the checkpoint in staging was replaced after the harness saved it and before "
                     "the launcher took it (sha256 " f"{record.checkpoint_sha256[:12]}, saved as {said[:12]}): not scored")
@@ -361,131 +348,6 @@ def _sha256_or_none(folder: Path) -> str | None:
         return None
 
 
-def _train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
-           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
-           taker: CheckpointTaker | None = None) -> PhaseResult:
-    """The ranks (the fixed loop, or an open-division script), in their private folder, with the
-    track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
-    threads = _threads_per_rank(track, nproc)
-    policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda")
-    exposed = sandbox.check_protected(policy, protected_paths(opts.runs_dir, data))
-    if exposed:
-        record.warnings.append(f"the training sandbox allows folders that hold protected paths: {', '.join(exposed)}")
-    if spec is not None:
-        job = build_open_job(spec, track, data, area, record, policy.to_dict() if track.sandbox != "off" else {})
-        module, deadlines = "harness.ranks.open_rank", open_deadlines(track)
-    else:
-        job = build_train_job(opts, track, data, record, area, threads, policy)
-        module, deadlines = "harness.ranks.train", training_deadlines(track)
-    # A /dev/shm and System V IPC of the job's own (harness/launcher/job_namespace.py); without one, what the
-    # job leaves in /dev/shm is removed after it.
-    namespace = JobNamespace() if track.sandbox != "off" else None
-    sweep = None if namespace is not None and namespace.active else ShmSweep()
-    job.job_namespace = namespace.socket_path if namespace is not None and namespace.active else ""
-    launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
-                        node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
-                        rendezvous_timeout_s=track.rendezvous_timeout_s,
-                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
-                        env=area.rank_environment())
-    t_launch = time.monotonic()
-    leaderboard_dir = leaderboard_root()
-    # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
-    guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
-    ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
-    area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
-    caps = ScratchCaps(area, track)
-
-    def poll(watched) -> None:
-        if guard:
-            guard.refresh()
-        if taker:
-            taker.poll(watched)
-        watched.violation = watched.violation or caps.check()
-
-    try:
-        with guard or contextlib.nullcontext(), area.hidden_environment():
-            phase = run_training(job, launch, deadlines=deadlines,
-                                 log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
-                                 poll=poll)
-            report = guard.check_and_restore() if guard else GuardReport()
-    finally:
-        if namespace is not None:
-            namespace.close()
-        swept = sweep.sweep() if sweep is not None else []
-    if swept:
-        record.notes.append(f"removed what the job left in /dev/shm: {', '.join(swept[:10])}")
-    return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
-
-
-class ScratchCaps:
-    """What the training ranks write is capped (the track's log_cap_mib, scratch_cap_gib): looked at about
-    once a second while they run; past a cap, `check` says which and the watchdog ends the job (invalid).
-    A run that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone."""
-
-    def __init__(self, area: WorkArea, track: Track, every_s: float = 1.0):
-        self.area, self.every_s, self.last_s = area, every_s, 0.0
-        self.log_cap, self.scratch_cap = int(track.log_cap_mib * 2**20), int(track.scratch_cap_gib * 2**30)
-
-    def check(self) -> str | None:
-        now = time.monotonic()
-        if now - self.last_s < self.every_s:
-            return None
-        self.last_s = now
-        logs, disk = self.area.usage()
-        if logs > self.log_cap:
-            return (f"the ranks wrote more than {self.log_cap >> 20} MiB to their logs (the track's log_cap_mib): "
-                    "print less")
-        if disk > self.scratch_cap:
-            return (f"the ranks' private folder holds more than {self.scratch_cap / 2**30:g} GiB (the track's "
-                    "scratch_cap_gib)")
-        return None
-
-
-def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
-                    policy) -> TrainJob:
-    return TrainJob(
-        run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
-        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
-        dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
-        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
-        log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
-        comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
-        data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
-        sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
-    )
-
-
-def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area: WorkArea, phase: PhaseResult,
-                    report: GuardReport, t_launch: float, leaderboard_dir: Path) -> PhaseResult:
-    area.collect_logs(node.run_dir / "logs", max_bytes=int(track.log_cap_mib * 2**20))
-    record.timings.update(phase.watch.timings(t_launch))
-    if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
-        record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
-    if report.appeared:
-        record.notes.append(f"records that appeared while this run trained: {', '.join(report.appeared)}")
-    if report.tampered:
-        flag_run(record, f"records of other runs were changed while this run trained "
-                         f"({', '.join(report.restored)}); restored")
-    if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
-        from harness.results.records import plots_root
-        from harness.results.views import rebuild
-
-        rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
-    return phase
-
-
-def training_deadlines(track: Track) -> Deadlines:
-    return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
-                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s,
-                     checkpoint_allowance_s=track.checkpoint_allowance_s)
-
-
-def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
-    """What no process running team code may be able to read: the validation shards, every record,
-    the derived views."""
-    return [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *(s.path for s in data.val)]
-
-
 def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,
                    precision: str, vocab_out: int, protected: list[str], model_file: str = "submission.py") -> EvalJob:
     return EvalJob(
@@ -494,7 +356,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
         vocab_out=vocab_out, backend=track.backend, device=track.device, dtype=precision,
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
-        cpu_threads_per_rank=_threads_per_rank(track, nproc),
+        cpu_threads_per_rank=threads_per_rank(track, nproc),
         causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
         causality_min_rows=rows_to_detect(track.eval.causality_detect_fraction),
         causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,

@@ -60,12 +60,17 @@ def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None 
     return True
 
 
-def tree_usage(dir_fd: int) -> tuple[int, int]:
-    """(apparent bytes of regular files, bytes on disk) under the folder open as dir_fd, without following
-    a link: a log is capped by what it would copy into the record, the folder by what it holds on disk."""
-    apparent = on_disk = 0
+def tree_usage(dir_fd: int, max_entries: int | None = None) -> tuple[int, int, int]:
+    """(apparent bytes of regular files, bytes on disk, entries) under the folder open as dir_fd, without
+    following a link: a log is capped by what it would copy into the record, the folder by what it holds
+    on disk and by its number of entries (empty files fill a file system's inodes). Stops counting past
+    max_entries."""
+    apparent = on_disk = entries = 0
     try:
-        for _root, _dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        for _root, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+            entries += len(dirs) + len(files)
+            if max_entries is not None and entries > max_entries:
+                break
             for name in files:
                 try:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -76,7 +81,7 @@ def tree_usage(dir_fd: int) -> tuple[int, int]:
                 on_disk += st.st_blocks * 512
     except OSError:
         pass
-    return apparent, on_disk
+    return apparent, on_disk, entries
 
 
 HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
@@ -127,15 +132,17 @@ class WorkArea:
         except OSError:  # replaced by a link or a file, or removed
             return None
 
-    def usage(self) -> tuple[int, int]:
-        """(bytes of the logs, bytes the whole private folder holds on disk): what the track's caps bound."""
+    def usage(self, max_entries: int | None = None) -> tuple[int, int, int]:
+        """(bytes of the logs, bytes the whole private folder holds on disk, its entries): what the track's
+        caps bound."""
         logs = self._subfolder_fd("logs")
         try:
             log_bytes = tree_usage(logs)[0] if logs is not None else 0
         finally:
             if logs is not None:
                 os.close(logs)
-        return log_bytes, tree_usage(self._dir_fd)[1]
+        _, disk, entries = tree_usage(self._dir_fd, max_entries)
+        return log_bytes, disk, entries
 
     def collect_logs(self, dest: Path, max_bytes: int | None = None) -> None:
         """The logs become plain files of the record (links replaced by copies). Only regular files are
@@ -161,26 +168,27 @@ class WorkArea:
                 except FileNotFoundError:
                     pass
 
-    def take_staged(self, name: str, dest: Path) -> bool | None:
+    def take_staged(self, name: str, dest: Path, max_bytes: int | None = None) -> bool | None | int:
         """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
-        a link; None when there is nothing there, False when what is there is not a regular file."""
+        a link; None when there is nothing there, False when what is there is not a regular file, and its
+        size (an int, nothing copied) when it is larger than max_bytes."""
         fd = self._subfolder_fd("staging")
         if fd is None:
             return False if os.path.lexists(self.staging) else None
         try:
             try:
-                os.stat(name, dir_fd=fd, follow_symlinks=False)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
+            if max_bytes is not None and stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
+                return int(st.st_size)
             return copy_regular_file(name, dest, fd)
         finally:
             os.close(fd)
 
     def take_checkpoint(self, dest: Path) -> bool:
-        return bool(self.take_staged("checkpoint.pt", dest))
+        return self.take_staged("checkpoint.pt", dest) is True
 
-    def checkpoint_taker(self, dest: Path, max_bytes: int | None = None) -> "CheckpointTaker":
-        return CheckpointTaker(self, dest, max_bytes)
 
     def cleanup(self) -> None:
         try:
@@ -188,42 +196,3 @@ class WorkArea:
         except OSError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class CheckpointTaker:
-    """Takes rank 0's checkpoint into the record the moment rank 0 says it is saved (the watchdog's tick
-    after its `checkpoint_saved` report arrives), while the ranks still run: the communication probe and
-    the teardown that follow run team code, and nothing they leave in staging/ is what is scored. A
-    checkpoint never announced is taken once every training process is gone (nothing can change it
-    then), and `taken_while_running` says which it was."""
-
-    def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
-        self.area, self.dest, self.max_bytes = area, dest, max_bytes
-        self.taken = False
-        self.taken_while_running = False
-        self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
-
-    def _take(self) -> bool:
-        if self.too_large is not None:
-            return False
-        taken = self.area.take_checkpoint(self.dest)
-        if taken and self.max_bytes is not None and self.dest.stat().st_size > self.max_bytes:
-            self.too_large = self.dest.stat().st_size
-            self.dest.unlink()
-            return False
-        return taken
-
-    def poll(self, watch) -> None:
-        if not self.taken and watch.checkpoint_saved_s is not None:
-            self.taken = self.taken_while_running = self._take()
-            if self.too_large is not None:
-                watch.violation = watch.violation or self.cap_reason()
-
-    def cap_reason(self) -> str:
-        return (f"the checkpoint is {self.too_large / 2**30:.2f} GiB, past the track's cap of "
-                f"{self.max_bytes / 2**30:.2f} GiB (checkpoint_cap_gib)")
-
-    def take_after_the_job(self) -> bool:
-        if not self.taken:
-            self.taken = self._take()
-        return self.taken

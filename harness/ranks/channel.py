@@ -53,8 +53,10 @@ class ChannelClient:
                 if isinstance(body.get(key), str):
                     body[key] = body[key][-20_000:]
             data = json.dumps(body, default=str).encode()
-            if len(data) > MAX_MESSAGE:
-                data = json.dumps({"kind": kind, "rank": self.rank, "message": "report too large to send"}).encode()
+            if len(data) > MAX_MESSAGE:  # said as an error: a result the launcher never sees is not a success
+                data = json.dumps({"kind": "error", "rank": self.rank, "status": "crashed", "cause": "exception",
+                                   "reason": f"the {kind} report was too large to send ({len(data)} bytes: a CONFIG "
+                                             "this large?)", "traceback": ""}).encode()
         if len(self.queued) + len(data) + FRAME.size > MAX_QUEUED:
             self.dropped += 1
             self._push()

@@ -7,15 +7,20 @@ submission's get_model from the saved config alone.
 
 `model` is built by harness code, never by the team's: `module_state` walks the module tree's own
 dictionaries (parameters and persistent buffers, keyed as `state_dict` keys them) without calling
-a method of the team's (`state_dict`, `named_parameters`, hooks, `__getattr__`), on the weights
-as they were at the last agreement point of the loop; `load_module_state` puts them back the
-same way in evaluation (`harness eval` included), strictly: the same keys and shapes, or the
-checkpoint is not scorable.
+a method of the team's (`state_dict`, `get_extra_state`, hooks, `__getattr__`), on the weights as
+they were at the last agreement point of the loop: nothing of the submission runs between the clock
+and the copy. `load_module_state` puts them back in evaluation (`harness eval` included) and the check
+process, through the model's own `load_state_dict` (they run the team's code anyway; its load hooks
+rebuild what they derive, lazy modules materialise), strictly: the same keys and shapes, or the
+checkpoint is not scorable. `_extra_state` (what `get_extra_state` would add: Transformer Engine's FP8
+scaling history, say) is not saved, and a team's own checkpoint's is not required: evaluation runs in
+bf16 autocast, where it plays no part.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -84,32 +89,53 @@ def module_state(module) -> dict:
         return {key: t.detach().to("cpu", copy=True) for key, t in module_tensors(module)}
 
 
-def load_module_state(module, state: dict) -> None:
-    """Put a saved state back into a module built by get_model, the way module_state read it. Strict: a
-    key missing or unexpected, or a shape that differs, raises ValueError saying which."""
-    import torch
+EXTRA_STATE = "_extra_state"
 
-    live = dict(module_tensors(module))
-    missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+
+def load_module_state(module, state: dict) -> None:
+    """Put a saved state into a module built by get_model, through its own load_state_dict. Strict on every
+    parameter and buffer (a key missing or unexpected, or a shape that differs, raises ValueError saying
+    which); `_extra_state` entries are neither required nor passed on (module docstring)."""
+    state = {k: v for k, v in state.items() if not str(k).endswith(EXTRA_STATE)}
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shapes that differ, an uninitialised module's own complaint
+        raise ValueError(str(exc)[:600]) from None
+    missing = [k for k in missing if not k.endswith(EXTRA_STATE)]
     if missing or unexpected:
         raise ValueError(f"missing keys {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected keys "
-                         f"{unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
-    for key, t in live.items():
-        saved = state[key]
-        if not isinstance(saved, torch.Tensor) or tuple(saved.shape) != tuple(t.shape):
-            raise ValueError(f"{key}: saved shape {tuple(getattr(saved, 'shape', ()))}, the model's {tuple(t.shape)}")
-    with torch.no_grad():
-        for key, t in live.items():
-            t.copy_(state[key])
+                         f"{list(unexpected)[:8]}{'...' if len(unexpected) > 8 else ''}")
 
 
-def save_checkpoint(path: str | Path, state: dict, config: dict, step: int, tokens: int) -> None:
-    """Written beside, then renamed: nobody takes a half-written file. `state` is module_state's copy."""
+class _HashingWriter(io.RawIOBase):
+    """A file that hashes what is written to it, as it is written (torch.save writes in order)."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.digest, self.size = fh, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.digest.update(view)
+        self.fh.write(view)
+        self.size += len(view)
+        return len(view)
+
+
+def save_checkpoint(path: str | Path, state: dict, config: dict, step: int, tokens: int) -> tuple[str, int]:
+    """Written beside, then renamed: nobody takes a half-written file. `state` is module_state's copy.
+    Returns (sha256, bytes) of what was written, hashed on the way (not read back: what is in the file
+    by the time it is read back may be another process's)."""
     import torch
 
     tmp = f"{path}.tmp"
-    torch.save({"config": config, "model": state, "step": step, "tokens": tokens}, tmp)
+    with open(tmp, "wb") as fh:
+        writer = _HashingWriter(fh)
+        torch.save({"config": config, "model": state, "step": step, "tokens": tokens}, writer)
     os.replace(tmp, path)
+    return writer.digest.hexdigest(), writer.size
 
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's and DDP's, in either order

@@ -16,10 +16,11 @@ Three parts, read top to bottom:
   launcher takes it the moment rank 0 says it is saved), a digest of the weights (replicas must
   agree), whether the weights changed after the clock, the communication probe.
 
-Two figures are noted for the launcher's checks: the loss of the first micro-batch of every rank
-before any optimizer step, computed by harness code from the model's logits (a model that arrives
-trained is far below ln V there), and the median step time (the stop rule's bound on how far
-past the budget an honest last step can end).
+Two figures are noted for the launcher's checks: the first micro-batch of every rank, before any
+optimizer step, scored by harness code twice, as it is and with its vocabulary relabelled by a
+random permutation (an untrained model scores both alike; one that arrives trained knows which token
+is which and loses nats), and the step times (the bound on how far past the budget an honest last
+step can end).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks.checkpoint import file_sha256, module_state, module_tensors, save_checkpoint, unwrap
+from harness.ranks.checkpoint import module_state, module_tensors, save_checkpoint, unwrap
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
 from harness.ranks.probe import summarize_probe, time_sync_vs_compute
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
@@ -88,14 +89,18 @@ class Training:
     vocab_out: int
     t0: float | None = None  # set here when the clock starts at model build
     # Device-side buffers, allocated once and reused by every step.
-    agreed: Any = None  # float64 [5]: stop votes, elapsed seconds, train-loss sum, grad norm, first-step loss (SUM)
+    agreed: Any = None  # float64 [7]: stop votes, elapsed s, train-loss sum, grad norm, first-step probe (SUM)
     grad_clip: float | None = None  # CONFIG["grad_clip"]: max global norm of the synchronised gradients
     grad_norm: Any = None  # the last step's global gradient norm before clipping (device scalar)
     loss_sum: Any = None  # this rank's micro-batch losses since the last log
     loss_count: int = 0  # micro-batches since the last log (the same on every rank)
     lr_scale: float = 0.0
-    first_loss: Any = None  # the harness's own loss of this rank's first micro-batch, before any optimizer step
-    first_step_loss: float | None = None  # its mean over the ranks, read at the vote after step 0
+    first_loss: Any = None  # the harness's loss of this rank's first micro-batch, before any optimizer step
+    first_relabeled: Any = None  # the same micro-batch, its vocabulary relabelled (relabel_probe)
+    first_variance: Any = None  # of the difference of the two means (per-token variances / tokens)
+    first_step_loss: float | None = None  # their means over the ranks, read at the vote after step 0
+    first_step_relabeled_loss: float | None = None
+    first_step_gain_se: float | None = None  # the standard error of relabelled - as is, over the ranks
 
     @property
     def file(self) -> str:
@@ -109,6 +114,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     init_process_group(job.backend, device, job.collective_timeout_s)
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
 
+    dist.barrier()  # every rank has done the harness's part: a slow import is not counted against the team
     if env.local_rank == 0:  # the team's start-up begins: the launcher holds it to the track's allowance
         channel.send("setup_start")
     check_nodes_agree(job, env)
@@ -167,7 +173,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
         prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, micro_batch_size=B, seq_len=T,
         accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
-        agreed=torch.zeros(5, dtype=torch.float64, device=device),
+        agreed=torch.zeros(7, dtype=torch.float64, device=device),
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device),
@@ -222,13 +228,16 @@ def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, f
     first_pending = tr.first_loss is not None and tr.first_step_loss is None
     if first_pending:
         tr.agreed[4].copy_(tr.first_loss)
+        tr.agreed[5].copy_(tr.first_relabeled)
+        tr.agreed[6].copy_(tr.first_variance)
     else:
-        tr.agreed[4].zero_()
+        tr.agreed[4:].zero_()
     dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
-    stops, clock_sum, loss_sum, norm_sum, first_sum = tr.agreed.tolist()  # the one host sync per step
+    stops, clock_sum, loss_sum, norm_sum, first_sum, relabeled_sum, var_sum = tr.agreed.tolist()  # the one sync
     world = tr.env.world_size
     if first_pending:
-        tr.first_step_loss = first_sum / world
+        tr.first_step_loss, tr.first_step_relabeled_loss = first_sum / world, relabeled_sum / world
+        tr.first_step_gain_se = math.sqrt(max(0.0, var_sum)) / world
     mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
     norm = norm_sum / world if tr.grad_clip else float("nan")
     if not math.isfinite(loss_sum):
@@ -248,11 +257,12 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         x, y = split_inputs_targets(tr.prefetch.next().to(tr.device, non_blocking=True))
         sync_ctx = tr.ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
         with sync_ctx:
+            if step == 0 and micro == 0:  # before any optimizer step, on every rank (before its activations exist)
+                tr.first_loss, tr.first_relabeled, tr.first_variance = relabel_probe(tr, x, y)
             with tr.autocast:
                 out = tr.ddp(x, y)
             if step == 0 and micro == 0:
                 check_forward_output(out, tr.micro_batch_size, tr.seq_len, tr.vocab_out, True, tr.file)
-                tr.first_loss = token_cross_entropy(out[0], y)  # before any optimizer step, on every rank
             loss = out[1]
             (loss / accum).backward()
         tr.loss_sum += loss.detach().float()
@@ -265,18 +275,53 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def token_cross_entropy(logits, targets):
+def relabel_probe(tr: Training, x, y):
+    """(loss, relabelled loss, the variance of their difference) of the first micro-batch before any
+    optimizer step, as device scalars: the
+    model in eval mode (no dropout, no buffer updated), without gradients, on the plain module (no DDP
+    hook, no compiled graph to recompile), scoring the batch as it is and with every token id replaced by
+    a random permutation of the vocabulary. A model whose weights were drawn without the data treats
+    every token alike (its initialisation is the same under any relabelling: a tied embedding's "the
+    next token is this one" included), so both scores agree to noise; a model that arrived trained knows
+    which token is which, and the relabelled batch costs it nats. The launcher compares them
+    (harness/launcher/assemble.py check_first_step). A probe that fails (a model that cannot run
+    without targets, out of memory) is left out: NaN, and the training step says what is wrong."""
+    nan = torch.full((), float("nan"), dtype=torch.float64, device=tr.device)
+    raw, was_training = tr.raw_model, tr.raw_model.training
+    gen = torch.Generator().manual_seed((tr.job.seed << 8) + tr.env.rank)
+    perm = torch.randperm(tr.job.vocab_size, generator=gen).to(tr.device)
+    try:
+        raw.eval()
+        with torch.no_grad(), tr.autocast:
+            first, var_a = token_cross_entropy(raw(x)[0], y, with_variance=True)
+            relabeled, var_b = token_cross_entropy(raw(perm[x])[0], perm[y], with_variance=True)
+        return first, relabeled, (var_a + var_b) / y.numel()  # the two halves' tokens are scored independently
+    except Exception:  # noqa: BLE001 (the training forward, next, reports the model's own error)
+        if tr.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return nan, nan, nan
+    finally:
+        raw.train(was_training)
+
+
+def token_cross_entropy(logits, targets, with_variance: bool = False):
     """The mean cross-entropy of the targets under the logits, in float32 (summed in float64), by harness
     code and in slices of rows (a full-vocabulary float copy at once could be gigabytes): the model's own
-    loss is the team's figure, this one is what evaluation would compute. A device scalar (no sync)."""
+    loss is the team's figure, this one is what evaluation would compute. Device scalars (no sync): the
+    mean, and with `with_variance` the per-token variance too."""
     with torch.no_grad():
         flat = logits.detach().reshape(-1, logits.size(-1))
         tgt = targets.reshape(-1)
         rows = max(1, (16 << 20) // max(1, flat.size(-1)))
         total = torch.zeros((), dtype=torch.float64, device=flat.device)
+        squares = torch.zeros((), dtype=torch.float64, device=flat.device)
         for i in range(0, flat.size(0), rows):
-            total += _cross_entropy(flat[i:i + rows].float(), tgt[i:i + rows], reduction="sum").double()
-        return (total / max(1, flat.size(0))).float()
+            per_token = _cross_entropy(flat[i:i + rows].float(), tgt[i:i + rows], reduction="none").double()
+            total += per_token.sum()
+            squares += per_token.square().sum()
+        n = max(1, flat.size(0))
+        mean = total / n
+        return (mean, (squares / n - mean * mean).clamp_min(0.0)) if with_variance else mean.float()
 
 
 def lr_scales(value, n_optimizers: int, file: str) -> list[float]:
@@ -339,15 +384,27 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     # ---------------------------------------------------------------- the clock has stopped
     # The first step carries one-time work (compilation): the median of the others, where there are some.
     median_step_s = statistics.median(step_s[1:] or step_s) if step_s else 0.0
+    # The slowest step between the first (compilation) and the last: a step that is slow every k steps (a
+    # preconditioner's refresh, a collection) has shown itself there; the last one is what is checked.
+    slowest_earlier_s = max(step_s[1:-1], default=0.0)
     if env.local_rank == 0:
-        channel.send("train_end", step=step, tokens=tokens, train_time_s=synced, median_step_s=median_step_s)
+        channel.send("train_end", step=step, tokens=tokens, train_time_s=synced, median_step_s=median_step_s,
+                     slowest_earlier_step_s=slowest_earlier_s)
     if stop_code == STOP_DIVERGED:
         tr.prefetch.close()
         raise Diverged(f"loss became NaN or inf at step {step}; training stopped")
     result = finish(tr, step, tokens, synced, warm_s)
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
-            "max_step_s": max_step_s, "median_step_s": median_step_s, "last_step_start_s": last_step_start_s,
-            "first_step_loss": tr.first_step_loss}
+            "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
+            "last_step_start_s": last_step_start_s,
+            "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
+            "first_step_gain_se": tr.first_step_gain_se}
+
+
+def _same_bits(live, saved) -> bool:
+    """Bit for bit (a NaN is equal to itself here, as it is not under torch.equal)."""
+    a, b = live.detach().to("cpu").contiguous().reshape(-1), saved.contiguous().reshape(-1)
+    return a.shape == b.shape and a.dtype == b.dtype and _torch_equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def weights_digest(named_tensors) -> str:
@@ -367,6 +424,8 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
     t_end = perf_counter()
     # The weights as training left them, read by harness code (module_tensors: the modules' own dictionaries,
     # no state_dict, hook or __getattr__ of the team's): what the checkpoint holds and the replicas compare.
+    if device.type == "cuda":  # work a submission queued on a side stream is done before the copy
+        torch.cuda.synchronize(device)
     state = module_state(tr.raw_model) if env.rank == 0 else None
     probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
     tr.prefetch.close()
@@ -388,13 +447,12 @@ def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: fl
     saved, changed = False, None
     if env.rank == 0 and job.staging_dir:
         path = os.path.join(job.staging_dir, "checkpoint.pt")
-        save_checkpoint(path, state, tr.sub.config, step, tokens)
+        sha256, size = save_checkpoint(path, state, tr.sub.config, step, tokens)
         # The launcher takes the file now: whatever happens to staging/ later is not what is scored.
-        tr.channel.send("checkpoint_saved", sha256=file_sha256(path), bytes=os.path.getsize(path),
-                        save_s=perf_counter() - t_end)
+        tr.channel.send("checkpoint_saved", sha256=sha256, bytes=size, save_s=perf_counter() - t_end)
         saved = True
         # Work after the clock (a thread that trains on) shows as weights that moved since the copy.
-        changed = any(not _torch_equal(t.detach().to("cpu"), state[key]) for key, t in module_tensors(tr.raw_model))
+        changed = any(not _same_bits(t, state[key]) for key, t in module_tensors(tr.raw_model))
         del state
     # After the checkpoint has left (this costs about a second per GB, outside the checkpoint allowance).
     at_end = weights_digest(module_tensors(tr.raw_model, buffers=False))  # replicas must agree on the parameters

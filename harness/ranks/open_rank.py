@@ -83,6 +83,8 @@ def main(argv: list[str]) -> None:
             from harness.ranks.train import SandboxMissing
 
             raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        if job.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
+            raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
         open_api._channel = channel
         channel.send("setup_start")  # the rank is up: the team's start-up allowance runs from here
         run_script(job)

@@ -35,6 +35,9 @@ from pathlib import Path
 SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 GPU_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
+# Training ranks between nodes: InfiniBand verbs and RDMA CM (NCCL's IB transport), GDRCopy. Denied, NCCL
+# falls back to TCP sockets without a word, and every figure would describe the fallback.
+NETWORK_DEVICE_GLOBS = ("/dev/infiniband/*", "/dev/gdrdrv")
 
 
 # The one list of variables a process running team code may inherit (training ranks, the check process,
@@ -46,15 +49,19 @@ GPU_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "LD_LIBRARY_PATH", "PYTHONPATH",
             "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME",
             "CUDA_PATH", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-            "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")
+            "CC", "CXX", "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")  # CC, CXX: the compilers Triton and Inductor call
 KEEP_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_", "CUDA_", "CUDNN_", "CUBLAS_",
-                     "NVIDIA_", "GLOO_", "UCX_", "FI_", "OMP_", "KMP_", "MKL_", "NVSHMEM_", "CUTLASS_")
+                     "NVIDIA_", "GLOO_", "UCX_", "FI_", "OFI_", "MLX5_", "RDMAV_", "IBV_", "SHARP_", "HCOLL_", "OMP_",
+                     "KMP_", "MKL_", "NVSHMEM_", "CUTLASS_")
+# Whatever its prefix, a variable whose name says it holds a secret stays with the organiser (NVIDIA_API_KEY).
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
 def allowed_environment(environ=None) -> dict[str, str]:
     """The variables of `environ` (default: this process's) that team code may see (KEEP_ENV)."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k in KEEP_ENV or k.startswith(KEEP_ENV_PREFIXES)}
+    return {k: v for k, v in environ.items()
+            if (k in KEEP_ENV or k.startswith(KEEP_ENV_PREFIXES)) and not any(w in k.upper() for w in SECRET_WORDS)}
 
 
 def private_environment(private_dir: str | Path) -> dict[str, str]:
@@ -146,6 +153,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     devices = list(DEVICE_FILES)
     if gpu:
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
+    if gpu and training:
+        devices += [p for g in NETWORK_DEVICE_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
     if gpu and os.path.isdir("/run/nvidia-persistenced"):
         read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (secrets, other daemons)

@@ -47,11 +47,13 @@ def main(argv: list[str]) -> None:
     try:
         if not box.active and raw.get("sandbox") == "required":
             raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        if raw.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
+            raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
         from harness.ranks.jobs import TrainJob
         from harness.ranks.loop import train
 
         result = train(TrainJob.from_dict(raw), env, channel, holders)
-        channel.send("result", **result, sandbox=box.to_dict())
+        channel.send("result", **result)  # its sandbox report went first, before any team code ran
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
         report = describe_failure(exc)
         print(report["traceback"], file=sys.stderr, flush=True)

@@ -173,8 +173,8 @@ def weight_like_files(folder: str | Path) -> list[str]:
         what = next((w for magic, w in WEIGHT_MAGIC if head.startswith(magic)), None)
         if what is None and len(head) >= 10 and head[8:10] == b'{"':
             what = "a safetensors file"
-        if what is None and entry.size >= BINARY_DATA_BYTES and b"\0" in head:
-            what = "binary data"
+        if what is None and entry.size >= BINARY_DATA_BYTES and b"\0" in head and not head.startswith(b"\x7fELF"):
+            what = "binary data"  # (a compiled extension, ELF, is code: the screen lists native code)
         if what is not None:
             found.append(f"{entry.rel} ({what}, {entry.size / 2**20:.1f} MiB)")
     return found

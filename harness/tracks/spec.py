@@ -187,13 +187,13 @@ class Track:
     grace_s: float = 30.0  # the launcher kills the job at budget_s + grace_s
     clock_start: str = "first_forward"
     startup_timeout_s: float = 600.0  # from launch to the first training step (rendezvous included)
-    startup_allowance_s: float = 15.0  # from the process group being up to the first step: the team's start-up
+    startup_allowance_s: float = 30.0  # from the process group being up to the first step: the team's start-up
     save_allowance_s: float = 120.0  # after training: checkpoint, communication probe, teardown; never extends the clock
     checkpoint_allowance_s: float = 30.0  # end of training -> rank 0's checkpoint saved (the launcher takes it then)
     overrun_allowance_s: float = 1.0  # how far past the budget a training window may end beyond two median steps
     log_cap_mib: float = 256.0  # what a node's training ranks may write to their logs, together
     scratch_cap_gib: float = 64.0  # what they may leave in their private folder (logs, checkpoint, caches, tmp)
-    checkpoint_cap_gib: float = 32.0  # the checkpoint's size (8B parameters in float32)
+    checkpoint_cap_gib: float = 8.0  # the checkpoint's size (2B parameters in float32: what the allowance holds)
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down

@@ -1,0 +1,103 @@
+"""What the launcher takes back from the training ranks while they still run, and what it holds them to.
+
+- `CheckpointTaker`: rank 0's checkpoint, taken into the record the moment rank 0 says it is saved
+  (its `checkpoint_saved` report, after "training ended"), while the ranks still run: the
+  communication probe and the teardown that follow run team code, and nothing they leave in staging/
+  is what is scored. The copy runs on a thread of its own (gigabytes at 1B parameters), so the
+  watchdog's deadlines are never late for it; a file past the track's checkpoint cap is not copied.
+  A checkpoint never announced is taken once every training process is gone (nothing can change it
+  then).
+- `ScratchCaps`: what the ranks write, capped by the track (log_cap_mib, scratch_cap_gib, and a
+  number of entries): their private folder is measured on a thread of its own about once a second
+  (a walk of millions of files takes seconds); past a cap, the watchdog ends the job, invalid. A run
+  that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone.
+
+Both only read the ranks' private folder through harness/launcher/workarea.py, which follows no link.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from harness.launcher.workarea import WorkArea
+
+MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
+
+
+class CheckpointTaker:
+    def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
+        self.area, self.dest, self.max_bytes = area, dest, max_bytes
+        self.taken = False
+        self.taken_while_running = False
+        self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
+        self._thread: threading.Thread | None = None
+
+    def _take(self) -> bool:
+        if self.too_large is not None:
+            return False
+        result = self.area.take_staged("checkpoint.pt", self.dest, self.max_bytes)
+        if isinstance(result, int) and not isinstance(result, bool):
+            self.too_large = result
+            return False
+        return result is True
+
+    def _take_now(self) -> None:
+        self.taken = self.taken_while_running = self._take()
+
+    def poll(self, watch) -> None:
+        """A tick of the watchdog: start the copy once rank 0 has said its checkpoint is saved, after training
+        ended (a report before the end is no saved checkpoint: it is ignored)."""
+        if self._thread is None and watch.checkpoint_saved_s is not None and watch.train_end_s is not None \
+                and watch.checkpoint_saved_s >= watch.train_end_s:
+            self._thread = threading.Thread(target=self._take_now, name="harness-checkpoint", daemon=True)
+            self._thread.start()
+        if self.too_large is not None:
+            watch.violation = watch.violation or self.cap_reason()
+
+    def cap_reason(self) -> str:
+        return (f"the checkpoint is {self.too_large / 2**30:.2f} GiB, past the track's cap of "
+                f"{self.max_bytes / 2**30:.2f} GiB (checkpoint_cap_gib)")
+
+    def take_after_the_job(self) -> bool:
+        if self._thread is not None:
+            self._thread.join()
+        if not self.taken:
+            self.taken = self._take()
+        return self.taken
+
+
+class ScratchCaps:
+    def __init__(self, area: WorkArea, track, every_s: float = 1.0):
+        self.area, self.every_s = area, every_s
+        self.log_cap, self.scratch_cap = int(track.log_cap_mib * 2**20), int(track.scratch_cap_gib * 2**30)
+        self.violation: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="harness-caps", daemon=True)
+
+    def __enter__(self) -> "ScratchCaps":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30.0)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s) and self.violation is None:
+            try:
+                self.violation = self.measure()
+            except Exception:  # noqa: BLE001 (a folder changing under the walk: measured again next time)
+                continue
+
+    def measure(self) -> str | None:
+        logs, disk, entries = self.area.usage(MAX_ENTRIES)
+        if logs > self.log_cap:
+            return (f"the ranks wrote more than {self.log_cap >> 20} MiB to their logs (the track's log_cap_mib): "
+                    "print less")
+        if disk > self.scratch_cap:
+            return (f"the ranks' private folder holds more than {self.scratch_cap / 2**30:g} GiB (the track's "
+                    "scratch_cap_gib)")
+        if entries > MAX_ENTRIES:
+            return f"the ranks' private folder holds more than {MAX_ENTRIES:,} files and folders"
+        return None
