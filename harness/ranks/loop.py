@@ -11,25 +11,23 @@ Three parts, read top to bottom:
   time that drives every rank's lr schedule alike, and the train loss of all ranks; then
   `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
   precision, optimizer steps, grads zeroed with set_to_none;
-- `finish`: after the clock, the weights as they were at the last agreement point copied by
-  harness code (never the team's state_dict or hooks), checked for NaN, the checkpoint (the
-  launcher takes it the moment rank 0 says it is saved), a digest of the weights (replicas must
-  agree), whether the weights changed after the clock, the communication probe.
+- `finish` (harness/ranks/after_clock.py): after the clock, the weights as they were at the last
+  agreement point copied by harness code (never the team's state_dict or hooks), checked for NaN, the
+  checkpoint (the launcher takes it the moment rank 0 says it is saved), whether the weights changed
+  after the clock, a digest of the weights (replicas must agree), the communication probe.
 
 Two figures are noted for the launcher's checks: the first micro-batch of every rank, before any
-optimizer step, scored by harness code twice, as it is and with its vocabulary relabelled by a
-random permutation (an untrained model scores both alike; one that arrives trained knows which token
-is which and loses nats), and the step times (the bound on how far past the budget an honest last
-step can end).
+optimizer step, scored by harness code twice, as it is and with its vocabulary relabelled
+(harness/ranks/first_step.py: an untrained model scores both alike; one that arrives trained knows
+which token is which and loses nats), and the step times (the bound on how far past the budget an
+honest last step can end).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +38,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks.checkpoint import module_state, module_tensors, save_checkpoint, unwrap
+from harness.ranks.after_clock import Diverged, finish
+from harness.ranks.checkpoint import unwrap
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
-from harness.ranks.probe import summarize_probe, time_sync_vs_compute
+from harness.ranks.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
@@ -51,14 +50,6 @@ from harness.submission.defaults import default_lr_schedule, default_optimizers
 # torch >= 2.13 names it forward_sync_buffers (and deprecates broadcast_buffers); older versions only know the latter.
 NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
                        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
-
-
-_torch_equal = torch.equal  # bound before any submission is imported (one that patches torch.equal changes nothing here)
-_cross_entropy = torch.nn.functional.cross_entropy
-
-
-class Diverged(RuntimeError):
-    harness_status = "diverged"
 
 
 def _print0(env: RankEnv, *args) -> None:
@@ -275,55 +266,6 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def relabel_probe(tr: Training, x, y):
-    """(loss, relabelled loss, the variance of their difference) of the first micro-batch before any
-    optimizer step, as device scalars: the
-    model in eval mode (no dropout, no buffer updated), without gradients, on the plain module (no DDP
-    hook, no compiled graph to recompile), scoring the batch as it is and with every token id replaced by
-    a random permutation of the vocabulary. A model whose weights were drawn without the data treats
-    every token alike (its initialisation is the same under any relabelling: a tied embedding's "the
-    next token is this one" included), so both scores agree to noise; a model that arrived trained knows
-    which token is which, and the relabelled batch costs it nats. The launcher compares them
-    (harness/launcher/assemble.py check_first_step). A probe that fails (a model that cannot run
-    without targets, out of memory) is left out: NaN, and the training step says what is wrong."""
-    nan = torch.full((), float("nan"), dtype=torch.float64, device=tr.device)
-    raw, was_training = tr.raw_model, tr.raw_model.training
-    gen = torch.Generator().manual_seed((tr.job.seed << 8) + tr.env.rank)
-    perm = torch.randperm(tr.job.vocab_size, generator=gen).to(tr.device)
-    try:
-        raw.eval()
-        with torch.no_grad(), tr.autocast:
-            first, var_a = token_cross_entropy(raw(x)[0], y, with_variance=True)
-            relabeled, var_b = token_cross_entropy(raw(perm[x])[0], perm[y], with_variance=True)
-        return first, relabeled, (var_a + var_b) / y.numel()  # the two halves' tokens are scored independently
-    except Exception:  # noqa: BLE001 (the training forward, next, reports the model's own error)
-        if tr.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return nan, nan, nan
-    finally:
-        raw.train(was_training)
-
-
-def token_cross_entropy(logits, targets, with_variance: bool = False):
-    """The mean cross-entropy of the targets under the logits, in float32 (summed in float64), by harness
-    code and in slices of rows (a full-vocabulary float copy at once could be gigabytes): the model's own
-    loss is the team's figure, this one is what evaluation would compute. Device scalars (no sync): the
-    mean, and with `with_variance` the per-token variance too."""
-    with torch.no_grad():
-        flat = logits.detach().reshape(-1, logits.size(-1))
-        tgt = targets.reshape(-1)
-        rows = max(1, (16 << 20) // max(1, flat.size(-1)))
-        total = torch.zeros((), dtype=torch.float64, device=flat.device)
-        squares = torch.zeros((), dtype=torch.float64, device=flat.device)
-        for i in range(0, flat.size(0), rows):
-            per_token = _cross_entropy(flat[i:i + rows].float(), tgt[i:i + rows], reduction="none").double()
-            total += per_token.sum()
-            squares += per_token.square().sum()
-        n = max(1, flat.size(0))
-        mean = total / n
-        return (mean, (squares / n - mean * mean).clamp_min(0.0)) if with_variance else mean.float()
-
-
 def lr_scales(value, n_optimizers: int, file: str) -> list[float]:
     """lr_schedule may return one multiplier for every optimizer or one per optimizer, in the order
     build_optimizers returned them (Muon and AdamW often decay differently)."""
@@ -399,76 +341,3 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             "last_step_start_s": last_step_start_s,
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_gain_se": tr.first_step_gain_se}
-
-
-def _same_bits(live, saved) -> bool:
-    """Bit for bit (a NaN is equal to itself here, as it is not under torch.equal)."""
-    a, b = live.detach().to("cpu").contiguous().reshape(-1), saved.contiguous().reshape(-1)
-    return a.shape == b.shape and a.dtype == b.dtype and _torch_equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def weights_digest(named_tensors) -> str:
-    """sha256 over (name, dtype, shape, bytes) of each tensor, in the given order."""
-    digest = hashlib.sha256()
-    for name, t in named_tensors:
-        t = t.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-dim tensors cannot be viewed
-    return digest.hexdigest()
-
-
-def finish(tr: Training, step: int, tokens: int, train_time_s: float, warm_s: float) -> dict:
-    """After the clock: the weights copied and checked, the checkpoint, the communication probe, this rank's
-    figures. Nothing of the submission runs between the last agreement point and the copy."""
-    job, env, device = tr.job, tr.env, tr.device
-    t_end = perf_counter()
-    # The weights as training left them, read by harness code (module_tensors: the modules' own dictionaries,
-    # no state_dict, hook or __getattr__ of the team's): what the checkpoint holds and the replicas compare.
-    if device.type == "cuda":  # work a submission queued on a side stream is done before the copy
-        torch.cuda.synchronize(device)
-    state = module_state(tr.raw_model) if env.rank == 0 else None
-    probe_batches = [tr.prefetch.next() for _ in range(min(job.comm_probe_steps, 4))]
-    tr.prefetch.close()
-    named = list(tr.raw_model.named_parameters(remove_duplicate=False))
-    bad = torch.zeros((), dtype=torch.float64, device=device)
-    for _, p in named:  # the last optimizer step can break weights after the last finite loss
-        if p.requires_grad:  # a frozen tensor is the submission's own business
-            bad += (~torch.isfinite(p.detach())).sum()
-    dist.all_reduce(bad)  # every rank takes the same decision, so no rank waits in a collective alone
-    if bad.item():
-        raise Diverged(f"the weights hold NaN or inf values after the last step ({step}; {int(bad.item())} values "
-                       "over all ranks); training stopped")
-    if device.type == "cuda":
-        peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        import resource
-
-        peak_mem_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    saved, changed = False, None
-    if env.rank == 0 and job.staging_dir:
-        path = os.path.join(job.staging_dir, "checkpoint.pt")
-        sha256, size = save_checkpoint(path, state, tr.sub.config, step, tokens)
-        # The launcher takes the file now: whatever happens to staging/ later is not what is scored.
-        tr.channel.send("checkpoint_saved", sha256=sha256, bytes=size, save_s=perf_counter() - t_end)
-        saved = True
-        # Work after the clock (a thread that trains on) shows as weights that moved since the copy.
-        changed = any(not _same_bits(t, state[key]) for key, t in module_tensors(tr.raw_model))
-        del state
-    # After the checkpoint has left (this costs about a second per GB, outside the checkpoint allowance).
-    at_end = weights_digest(module_tensors(tr.raw_model, buffers=False))  # replicas must agree on the parameters
-    probe: dict = {}
-    if job.comm_probe_steps:  # after the checkpoint: the probe's backward passes touch the grads only
-        probe = summarize_probe(*time_sync_vs_compute(tr.ddp, probe_batches, device, job.comm_probe_steps,
-                                                      job.dtype))
-    measured_steps = step - job.warmup_steps if job.max_steps else step
-    measured_s = train_time_s - warm_s
-    return {
-        **probe,
-        "measured_tokens_per_s": measured_steps * tr.tokens_per_step / measured_s if measured_s > 0 else None,
-        "steps": step, "tokens": tokens, "train_time_s": train_time_s,
-        "params": tr.params, "peak_mem_gib": peak_mem_gib, "data_wait_s": tr.prefetch.wait_s,
-        "checkpoint_saved": saved, "config": tr.sub.config, "tokens_per_step": tr.tokens_per_step,
-        "weights_sha256": at_end, "weights_changed_after_clock": changed,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "reports_dropped": tr.channel.dropped,  # progress reports the launcher could not take in time
-    }
