@@ -44,8 +44,11 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
     track = track_from_record(record.track)
     data = prepare_data(track, data_root, say=reporter.info)
     if record.data_fingerprint and data.fingerprint != record.data_fingerprint:
+        where = ("a synthetic track's data is drawn per machine when its cache is built: rescore on the machine "
+                 "that ran it, or with HARNESS_CACHE_DIR pointing at a copy of its cache"
+                 if track.data.source == "synthetic" else "point --data-root at the run's data")
         raise DataError(f"the data found ({data.location}, fingerprint {data.fingerprint}) is not the data this run "
-                        f"used (fingerprint {record.data_fingerprint}); point --data-root at the run's data")
+                        f"used (fingerprint {record.data_fingerprint}); {where}")
     nproc = nproc or track.eval.nproc_per_node or record.nproc_per_node or 1
     # The run's own precision, even on another machine: the figure must be computed the same way.
     precision = record.precision or resolve_precision(track.dtype, track.device)[0]
