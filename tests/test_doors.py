@@ -502,3 +502,49 @@ def test_without_a_job_namespace_what_the_job_made_in_shared_memory_is_swept():
             ident = libc.shmget(key, 0, 0)
             if ident >= 0:
                 libc.shmctl(ident, 0, None)
+
+
+def test_a_training_rank_can_leave_no_mark_on_files_outside_its_folder(cli, tmp_path):
+    """marks_files sets an extended attribute (where a run carried its weights to the next), a mode and a time on
+    files its user owns and every rank can name: the harness's package, the Python, the train shard. The job's
+    mounts are read-only but its private folder: every attempt fails with EROFS, twice, and no mark is left."""
+    import sys
+
+    import harness
+
+    name = "user.harness-door-mark"
+    track = quick_track(tmp_path)
+    try:
+        for seed in (1, 2):
+            result = cli("run", str(FIXTURES / "marks_files"), "--track", str(track), "--seed", str(seed), timeout=180)
+            assert result.code == 0, result.err
+        logs = sorted((tmp_path / "runs" / "tiny" / "marks_files").glob("*/logs/rank0.log"))
+        lines = [line for log in logs for line in log.read_text().splitlines() if line.startswith("MARKS-FILES")]
+        assert len(lines) == 6, lines
+        for line in lines:
+            assert "found nothing" in line and "xattr EROFS" in line and "chmod EROFS" in line \
+                and "utime EROFS" in line, line
+        for path in (harness.__file__, sys.executable):
+            assert name not in os.listxattr(path)
+    finally:
+        for path in (harness.__file__, os.path.realpath(sys.executable)):
+            try:
+                os.removexattr(path, name)
+            except OSError:
+                pass
+
+
+def test_training_again_in_evaluation_is_flagged(cli, tmp_path):
+    """trains_in_eval carries training batches in a buffer of its checkpoint and trains on them for 3,000 steps
+    at its first forward in evaluation (the same steps in both model processes, so the causality check
+    agrees). That batch takes far longer than the others: the run is flagged for review. An honest model's
+    batches take alike (test_an_honest_submission_passes_every_door_unflagged)."""
+    result = cli("run", str(FIXTURES / "trains_in_eval"), "--track", str(quick_track(tmp_path, eval__timeout_s=300.0)),
+                 timeout=600)
+    assert result.code == 0, result.err
+    run_dir, record = _record(tmp_path / "runs", "trains_in_eval")
+    assert "TRAINS-IN-EVAL trained" in (run_dir / "logs" / "eval-model-rank0.log").read_text()
+    assert record["status"] == "ok" and record["flagged"], record["reason"]
+    assert "work in evaluation that is not a forward pass" in record["flag_reason"]
+    scoring = record["eval"]["model_compute"]["scoring"]
+    assert scoring["slowest_s"] > 20 * scoring["median_s"]

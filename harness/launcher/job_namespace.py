@@ -6,9 +6,12 @@ multiprocessing): whatever one run left there, the next could read (weights left
 were loaded by the team's second). Each training job therefore gets, for its ranks on this node:
 
 - a user namespace (the launcher's uid mapped to itself: files keep their owner);
-- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs, made in a first user
-  namespace and entered through a second one, so the kernel locks it: a rank cannot unmount it to
-  find the host's /dev/shm beneath;
+- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs and everything but the
+  ranks' private folder, /dev, /proc and /sys is read-only, made in a first user namespace and
+  entered through a second one, so the kernel locks it: a rank cannot unmount the tmpfs to find the
+  host's /dev/shm beneath, nor make a mount writable again. Read-only mounts refuse what Landlock does
+  not govern: extended attributes, modes and times of files the user owns (a run kept its weights in
+  the extended attributes of the harness's own files and loaded them in the next);
 - an IPC namespace: System V objects and POSIX message queues of the job's own.
 
 The network is the host's (NCCL, InfiniBand). Everything goes away with the last process of the job.
@@ -34,7 +37,8 @@ import tempfile
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_SLAVE = 2, 4, 0x4000, 1 << 19
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_SLAVE = 2, 4, 4096, 0x4000, 1 << 19
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
 PR_SET_PDEATHSIG = 1
 READY_WITHIN_S = 20.0
 
@@ -43,20 +47,21 @@ class JobNamespace:
     """The launcher's handle on the holder process. `socket_path` goes into the job file; `active` and
     `why` into the record."""
 
-    def __init__(self, shm_bytes: int = 0) -> None:
+    def __init__(self, shm_bytes: int = 0, writable: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="harness-ns-"))  # 0700: the launcher's user only
         self.socket_path = str(self.dir / "ns.sock")
         self.active, self.why = False, ""
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.launcher.job_namespace", self.socket_path,
-                                          str(os.getpid()), str(int(shm_bytes))], stdin=subprocess.DEVNULL,
+                                          str(os.getpid()), str(int(shm_bytes)), writable], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = _read_line(self.proc, READY_WITHIN_S)
         except OSError as exc:
             line = f"could not start: {exc}"
         if line == "ready":
-            self.active, self.why = True, "user, mount (a private /dev/shm, locked) and IPC namespaces of the job's own"
+            self.active, self.why = True, ("user, mount (a private /dev/shm; read-only but the private folder, /dev, "
+                                           "/proc and /sys; locked) and IPC namespaces of the job's own")
         else:
             self.why = f"no namespace of the job's own: {line or 'the holder said nothing'}"
             self.close()
@@ -177,11 +182,12 @@ def _map_ids(uid: int, gid: int) -> None:
 SHM_INODES = 1_000_000  # files the job's /dev/shm may hold (NCCL's segments and semaphores: a few per rank)
 
 
-def make_namespaces(shm_bytes: int = 0) -> None:
+def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
     job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files.
     Mounts are slaves of the host's, not private: what the host mounts later (autofs, a late NFS) still
-    reaches the ranks; nothing they mount goes back."""
+    reaches the ranks; nothing they mount goes back. Everything is then read-only but `writable` (the
+    ranks' private folder), /dev (devices, the new /dev/shm), /proc and /sys."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
@@ -189,11 +195,40 @@ def make_namespaces(shm_bytes: int = 0) -> None:
     _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making the mounts slaves of the host's")
     options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
     _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), "a tmpfs on /dev/shm")
+    keep = [p for p in (writable, "/dev", "/proc", "/sys") if p and os.path.isdir(p)]
+    mounted = _mount_points()
+    for path in keep:  # each its own mount, so that it can stay writable under a read-only root
+        if os.path.realpath(path) not in mounted:
+            _check(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
+    _setattr(libc, "/", MOUNT_ATTR_RDONLY, 0)
+    for path in keep:
+        _setattr(libc, path, 0, MOUNT_ATTR_RDONLY)
     # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these.
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC), "unshare of the ranks' namespaces")
     _map_ids(uid, gid)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _setattr(libc, path: str, attr_set: int, attr_clr: int) -> None:
+    """mount_setattr(2) on the mount at path and every mount beneath it."""
+    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+    libc.syscall.restype = ctypes.c_long
+    _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
+                        ctypes.sizeof(attr)), f"mount_setattr on {path}")
+
+
+def _mount_points() -> set[str]:
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            return {line.split()[4].replace("\\040", " ") for line in fh}
+    except OSError:
+        return set()
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
@@ -208,11 +243,8 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def serve(socket_path: str, launcher: int) -> None:
+def serve(server: socket.socket, launcher: int) -> None:
     fds = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("user", "mnt", "ipc")]
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(socket_path)
-    server.listen(64)
     print("ready", flush=True)
     while True:
         conn, _ = server.accept()
@@ -227,16 +259,20 @@ def serve(socket_path: str, launcher: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    socket_path, launcher, shm_bytes = argv[1], int(argv[2]), int(argv[3]) if len(argv) > 3 else 0
+    socket_path, launcher = argv[1], int(argv[2])
+    shm_bytes, writable = (int(argv[3]) if len(argv) > 3 else 0), (argv[4] if len(argv) > 4 else "")
     _libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
     if os.getppid() != launcher:
         sys.exit(1)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)  # before the namespaces: in them, the launcher's folder is read-only
+    server.listen(64)
     try:
-        make_namespaces(shm_bytes)
+        make_namespaces(shm_bytes, writable)
     except OSError as exc:
         print(f"{exc.strerror or exc} (unprivileged user namespaces restricted here?)", flush=True)
         sys.exit(1)
-    serve(socket_path, launcher)
+    serve(server, launcher)
 
 
 if __name__ == "__main__":

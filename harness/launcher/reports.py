@@ -81,6 +81,11 @@ def text(max_len: int = MAX_TEXT, optional: bool = False) -> Field:
                  optional)
 
 
+def sha256_hex(optional: bool = False) -> Field:
+    return Field(lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+                 "a sha256 (64 lowercase hex digits)", optional)
+
+
 def one_of(*values: str, optional: bool = False) -> Field:
     return Field(lambda v: v in values, f"one of {', '.join(values)}", optional)
 
@@ -127,12 +132,12 @@ SCHEMAS: dict[str, dict[str, Field]] = {
                  "grad_norm": number(0.0, math.inf, nan=True, optional=True), "reported": flag()},
     "train_end": {"step": count(), "tokens": count(optional=True), "train_time_s": seconds(),
                   "median_step_s": seconds(optional=True), "slowest_earlier_step_s": seconds(optional=True)},
-    "checkpoint_saved": {"sha256": text(64), "bytes": count(), "save_s": seconds()},
+    "checkpoint_saved": {"sha256": sha256_hex(), "bytes": count(), "save_s": seconds()},
     "result": {
         **_PROBE, "measured_tokens_per_s": number(0.0, 1e15, optional=True), "steps": count(), "tokens": count(),
         "train_time_s": seconds(), "params": count(), "peak_mem_gib": number(0.0, 1e6, optional=True),
         "data_wait_s": seconds(), "checkpoint_saved": flag(), "config": obj(), "tokens_per_step": count(),
-        "weights_sha256": text(64), "device_name": text(200),
+        "weights_sha256": sha256_hex(), "device_name": text(200),
         "reports_dropped": count(), "train_loss": loss(), "max_step_s": seconds(), "median_step_s": seconds(),
         "slowest_earlier_step_s": seconds(),
         "last_step_start_s": seconds(), "first_step_loss": loss(), "first_step_relabeled_loss": loss(),
@@ -146,7 +151,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "val_loss": number(nan=True, optional=True), "val_tokens": count(), "eval_world_size": integer(1, 1 << 20),
         "eval_time_s": seconds(), "eval_tokens_per_s": number(0.0, 1e15, optional=True), "causality": obj(optional=True),
         "sandbox": obj(), "sandbox_exposed": texts(), "scorer_clean": flag(), "model_processes": text(200),
-        "val_loss_token_std": number(0.0, 1e6, optional=True),
+        "val_loss_token_std": number(0.0, 1e6, optional=True), "model_compute": obj(optional=True),
     },
 }
 OPEN_EXTRAS = ("progress",)  # kinds where an open-division script may add scalars of its own (`reported` is set)

@@ -299,11 +299,14 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             if not finish_open_training(record, node.snapshot, spec, track, area, checkpoint, node.log("check-after.log"),
                                         opts.seed, protected_paths(opts.runs_dir, data)):
                 return
-        elif not taker.take_after_the_job():  # from here on only the launcher and evaluation touch it
+        elif not taker.take_after_the_job(phase.watch):  # from here on only the launcher and evaluation touch it
             if taker.too_large is not None:
                 set_outcome(record, "invalid", taker.cap_reason())
+            elif taker.attempted:
+                set_outcome(record, "invalid", "rank 0 said its checkpoint was saved, and staging held no checkpoint "
+                            "then (the harness saves it before saying so)")
             else:
-                set_outcome(record, "crashed", "rank 0 reported success but left no checkpoint")
+                set_outcome(record, "crashed", "rank 0 reported success but never said its checkpoint was saved")
             return
     finally:
         area.cleanup()
@@ -312,9 +315,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     said = saves[0].get("sha256") if saves and spec is None else None  # the report the launcher took the file on
     if len(saves) > 1:
         flag_run(record, f"rank 0 said {len(saves)} times that its checkpoint was saved (the harness says it once)")
-    if said and said != record.checkpoint_sha256:  # replaced between rank 0's save and the launcher's copy
+    if spec is None and said != record.checkpoint_sha256:  # replaced between rank 0's save and the copy
         set_outcome(record, "invalid", "the checkpoint in staging was replaced after the harness saved it and before "
-                    "the launcher took it (sha256 " f"{record.checkpoint_sha256[:12]}, saved as {said[:12]}): not scored")
+                    "the launcher took it (sha256 " f"{record.checkpoint_sha256[:12]}, saved as {(said or 'none')[:12]}): not scored")
         flag_run(record, record.reason)
         return
     if _sha256_or_none(run_dir / "submission") != record.submission_sha256:

@@ -3,10 +3,12 @@
 - `CheckpointTaker`: rank 0's checkpoint, taken into the record the moment rank 0 says it is saved
   (its `checkpoint_saved` report, after "training ended"), while the ranks still run: the
   communication probe and the teardown that follow run team code, and nothing they leave in staging/
-  is what is scored. The copy runs on a thread of its own (gigabytes at 1B parameters), so the
-  watchdog's deadlines are never late for it; a file past the track's checkpoint cap is not copied.
-  A checkpoint never announced is taken once every training process is gone (nothing can change it
-  then).
+  is what is scored. Taken once, then: a report with no file behind it is a failed run, never a
+  reason to look again later (a report sent early, to stop the checkpoint allowance while training
+  went on, took the file 14 s of training later); the runner then checks the file is the one rank 0
+  hashed. The copy runs on a thread of its own (gigabytes at 1B parameters), so the watchdog's
+  deadlines are never late for it; a file past the track's checkpoint cap is not copied. The only
+  later take is of a report that arrived in the job's last moments, before a tick saw it.
 - `ScratchCaps`: what the ranks write, capped by the track (log_cap_mib, scratch_cap_gib, and a
   number of entries): their private folder is measured on a thread of its own about once a second
   (a walk of millions of files takes seconds); past a cap, the watchdog ends the job, invalid. A run
@@ -44,12 +46,14 @@ class CheckpointTaker:
 
     def _take_now(self) -> None:
         self.taken = self.taken_while_running = self._take()
+        self.attempted = True
+
+    attempted = False  # a take was made on a report: whatever it found is final
 
     def poll(self, watch) -> None:
         """A tick of the watchdog: start the copy once rank 0 has said its checkpoint is saved, after training
         ended (a report before the end is no saved checkpoint: it is ignored)."""
-        if self._thread is None and watch.checkpoint_saved_s is not None and watch.train_end_s is not None \
-                and watch.checkpoint_saved_s >= watch.train_end_s:
+        if self._thread is None and _announced(watch):
             self._thread = threading.Thread(target=self._take_now, name="harness-checkpoint", daemon=True)
             self._thread.start()
         if self.too_large is not None:
@@ -59,12 +63,20 @@ class CheckpointTaker:
         return (f"the checkpoint is {self.too_large / 2**30:.2f} GiB, past the track's cap of "
                 f"{self.max_bytes / 2**30:.2f} GiB (checkpoint_cap_gib)")
 
-    def take_after_the_job(self) -> bool:
+    def take_after_the_job(self, watch) -> bool:
+        """After the job: the take made on the report (joined), or, for a report no tick saw before the job
+        ended, one now (every training process is gone: nothing can change the file any more). Without a
+        report there is no checkpoint."""
         if self._thread is not None:
             self._thread.join()
-        if not self.taken:
-            self.taken = self._take()
+        elif _announced(watch):
+            self._take_now()
         return self.taken
+
+
+def _announced(watch) -> bool:
+    return watch.checkpoint_saved_s is not None and watch.train_end_s is not None \
+        and watch.checkpoint_saved_s >= watch.train_end_s
 
 
 class ScratchCaps:

@@ -97,7 +97,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     # job leaves in /dev/shm and System V IPC is removed after it.
     namespace, sweep = None, None
     try:
-        namespace = JobNamespace(shm_bytes=caps.scratch_cap) if track.sandbox != "off" else None
+        namespace = JobNamespace(shm_bytes=caps.scratch_cap, writable=str(area.dir)) if track.sandbox != "off" else None
         if namespace is not None and namespace.active:
             job.job_namespace = namespace.socket_path
         else:

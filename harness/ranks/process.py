@@ -72,7 +72,8 @@ def enter_job(socket_path: str | None, work_dir: str | None = None) -> dict:
     dropped = rootfs.drop_capabilities()
     if why or dropped:
         return {"active": False, "why": why or f"its capabilities could not be dropped ({dropped})"}
-    return {"active": True, "why": "the job's own user, mount (a private /dev/shm) and IPC namespaces; no capabilities"}
+    return {"active": True, "why": "the job's own user, mount (a private /dev/shm, read-only but its private folder) "
+                                   "and IPC namespaces; no capabilities"}
 
 
 def redirect_output(log_path: str) -> None:

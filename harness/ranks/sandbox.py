@@ -54,7 +54,7 @@ KEEP_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_",
                      "NVIDIA_", "GLOO_", "UCX_", "FI_", "OFI_", "MLX5_", "RDMAV_", "IBV_", "SHARP_", "HCOLL_", "OMP_",
                      "KMP_", "MKL_", "NVSHMEM_", "CUTLASS_")
 # Whatever its prefix, a variable whose name says it holds a secret stays with the organiser (NVIDIA_API_KEY).
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASS", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 
 
 def allowed_environment(environ=None) -> dict[str, str]:

@@ -129,13 +129,16 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     ready = {"model": scoring.wait_ready()}
     total = torch.zeros((), dtype=torch.float64, device=device)
     total_sq = torch.zeros((), dtype=torch.float64, device=device)  # for the spread of the per-token losses
+    batch_s: list[float] = []  # how long the scoring process took over each batch (model_compute)
     count, kept = 0, {}
     t_score = perf_counter()
     for b in mine:
         first, n = batches[b]
         x, y = plan.window_batch(tokens, order[first:first + n], T)
+        t_batch = perf_counter()
         scoring.submit(x)
         logits = scoring.logits(V).to(device)
+        batch_s.append(perf_counter() - t_batch)
         target = torch.from_numpy(y).to(device)
         losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
         total += losses.double().sum()
@@ -156,6 +159,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     # rank starts one, checked batches or not: ranks wait for each other at the end with the
     # collective timeout, and none should wait there while another starts a process and loads a model.
     worst, worst_at, checked = 0.0, None, 0
+    check_s: list[float] = []
     checker = start()
     checker.log_path = logs / f"eval-check-rank{env.rank}.log"
     ready["check"] = checker.wait_ready()
@@ -164,8 +168,11 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         first, n = batches[b]
         x, _ = plan.window_batch(tokens, order[first:first + n], T)
         xp, cuts = plan.perturb(x, tokens, seed, b)
+        t_batch = perf_counter()
         checker.submit(xp)
-        dev, row, pos = plan.deviation_kept(kept.pop(b), checker.logits(V).to(device), cuts, window)
+        answer = checker.logits(V).to(device)
+        check_s.append(perf_counter() - t_batch)
+        dev, row, pos = plan.deviation_kept(kept.pop(b), answer, cuts, window)
         checked += 1
         if dev > worst or worst_at is None:
             worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
@@ -197,11 +204,25 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
         },
+        "model_compute": model_compute(batch_s, check_s),
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
         "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
         "model_processes": "forked from a clean template" if template is not None else "fresh interpreters",
     }
+
+
+def model_compute(scoring_s: list[float], check_s: list[float]) -> dict:
+    """How long each model process took over its batches (inputs in, logits out): the median and the
+    slowest, for the launcher's check that no batch hid work that is not a forward pass (training
+    on data carried in the checkpoint, off every clock; harness/launcher/assemble.py)."""
+    import statistics
+
+    def summary(times: list[float]) -> dict:
+        return {"batches": len(times), "median_s": statistics.median(times) if times else None,
+                "slowest_s": max(times, default=None)}
+
+    return {"scoring": summary(scoring_s), "check": summary(check_s)}
 
 
 def main(argv: list[str]) -> None:
