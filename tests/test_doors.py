@@ -151,6 +151,19 @@ def test_a_checkpoint_swapped_after_the_save_is_never_scored(cli, tmp_path):
         assert "forged" not in torch.load(run_dir / "checkpoint.pt", weights_only=True)["config"]
 
 
+def test_a_checkpoint_said_saved_before_it_is_is_never_taken_later(cli, tmp_path):
+    """reports_early patches the loop in its rank: rank 0 says "checkpoint saved" at the end of training, trains
+    3 s more, then saves. The launcher takes the checkpoint once, on the report, and there is none: invalid
+    (it took the file after the job before, 14 s of training later in the red team's run)."""
+    result = cli("run", str(FIXTURES / "reports_early"), "--track", str(one_rank(tmp_path, grace_s=20.0)),
+                 timeout=180)
+    assert result.code == 1
+    run_dir, record = _record(tmp_path / "runs", "reports_early")
+    assert "REPORTS-EARLY trained" in (run_dir / "logs" / "rank0.log").read_text()
+    assert record["status"] == "invalid" and "staging held no checkpoint then" in record["reason"], record["reason"]
+    assert record["val_loss"] is None and not (run_dir / "checkpoint.pt").exists()
+
+
 def test_work_inside_the_models_own_state_dict_is_never_saved(cli, tmp_path):
     """shadow_state trains its evaluation buffer inside its own state_dict (work after the clock, in the
     save). The harness copies the weights without calling any method of the model: the saved buffer is
