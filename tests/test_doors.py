@@ -61,7 +61,8 @@ def test_a_rank_that_writes_pickles_into_the_rendezvous_store_runs_nothing_in_th
     """A rank has TCP and the store's address: it writes, under the keys torch elastic's c10d backend
     keeps its pickled state in, a pickle that leaves a file when loaded. The launcher's rendezvous keeps
     no pickled state: no process ever loads it, and the run is scored as the bigram it is."""
-    result = cli("run", str(FIXTURES / "store_writer"), "--track", str(one_rank(tmp_path)), timeout=120)
+    track = one_rank(tmp_path, startup_allowance_s=40.0)  # it scans ports and waits in get_model: start-up
+    result = cli("run", str(FIXTURES / "store_writer"), "--track", str(track), timeout=180)
     run_dir, record = _record(tmp_path / "runs", "store_writer")
     mark = Path(f"/tmp/harness-door-store-{record['run_id']}")
     try:
@@ -561,3 +562,22 @@ def test_training_again_in_evaluation_is_flagged(cli, tmp_path):
     assert "work in evaluation that is not a forward pass" in record["flag_reason"]
     scoring = record["eval"]["model_compute"]["scoring"]
     assert scoring["slowest_s"] > 20 * scoring["median_s"]
+
+
+def test_the_job_namespace_is_made_where_the_host_has_read_only_mounts_under_proc(tmp_path):
+    """Containers and cgroup-v1 hosts mount /proc/sys or /sys/fs/cgroup read-only. The job's namespace makes
+    everything read-only but its /dev/shm, the ranks' private folder and /proc, clearing each alone: the
+    kernel refuses to clear a read-only flag the host set on a mount beneath, and a recursive clear failed
+    there (every run of a track that requires the sandbox would have aborted)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "host.sh"
+    script.write_text(
+        "set -e\nmount -o bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n"
+        f"cd {tmp_path} && {sys.executable} -c \""
+        "from harness.launcher.job_namespace import JobNamespace; import tempfile; "
+        "ns = JobNamespace(shm_bytes=1 << 26, writable=tempfile.mkdtemp()); print('ACTIVE', ns.active, ns.why); "
+        "ns.close()\"\n")
+    proc = subprocess.run(["unshare", "-Urm", "sh", str(script)], capture_output=True, text=True, timeout=60)
+    assert "ACTIVE True" in proc.stdout, proc.stdout + proc.stderr

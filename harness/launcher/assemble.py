@@ -124,22 +124,29 @@ RELABEL_GAIN_BOUND = 1.0  # nats: what relabelling the vocabulary may cost a fir
 def check_first_step(record: RunRecord, result: dict) -> None:
     """A model that arrives trained is flagged for review, whatever the cause (weights shipped, training in
     get_model or at import, a state carried from another run). The test: its first micro-batch, before any
-    optimizer step, scored by harness code as it is and with the vocabulary relabelled by a random
-    permutation (harness/ranks/loop.py relabel_probe). Weights drawn without the data treat every token
-    alike: relabelling changes their loss by noise only (measured: under 0.1 nats for every example and
-    test model; an initialisation that favours repeating the current token, as tied embeddings do, keeps
-    that favour under any relabelling). A trained model knows which token is which: relabelling costs it
-    nats (a bigram table trained on the data: 6-7 on the test track). Flagged beyond RELABEL_GAIN_BOUND, or
-    five standard errors of the difference where the micro-batch is so small that noise could reach it.
-    (A bound on the loss itself, ln V - 1, flagged honest tied-embedding models on repetitive text: their
-    first step scores below ln V there.)"""
+    optimizer step, scored by harness code as it is and under eight random relabellings of the vocabulary
+    (harness/ranks/first_step.py). Weights drawn without the data treat every token alike: the batch as it
+    is scores like one more relabelling, within their spread (measured on every example and test model:
+    within 0.16 nats; an initialisation that favours repeating the current token, as tied embeddings do,
+    keeps that favour under any relabelling). A trained model knows which token is which: every
+    relabelling costs it nats (a bigram table trained on the data: 5-7 on the test track). Flagged when
+    the relabellings' mean is above the batch's own score by more than RELABEL_GAIN_BOUND and three of
+    their spreads (an initialisation with large accidents on a few token ids spreads them). A probe that
+    could not run is said in the notes: evaluation calls the model the same way. (A bound on the loss
+    itself, ln V - 1, flagged honest tied-embedding models on repetitive text: their first step scores
+    below ln V there.)"""
     loss, relabeled = result.get("first_step_loss"), result.get("first_step_relabeled_loss")
-    if loss is None or relabeled is None or not math.isfinite(loss) or not math.isfinite(relabeled):
+    if loss is None or relabeled is None:
         return
-    gain, se = relabeled - loss, result.get("first_step_gain_se")
-    bound = max(RELABEL_GAIN_BOUND, 5.0 * se) if se is not None and math.isfinite(se) else RELABEL_GAIN_BOUND
-    record.extra["first_step"] = {"loss": loss, "relabeled_loss": relabeled, "knows_tokens_by": gain,
-                                  "standard_error": se, "bound": bound}
+    if not math.isfinite(loss) or not math.isfinite(relabeled):
+        record.notes.append("the first-step probe could not score the model (it failed in eval mode, before "
+                            "training): whether it arrived trained is not known")
+        return
+    spread = result.get("first_step_relabeled_spread")
+    spread = float(spread) if spread is not None and math.isfinite(spread) else 0.0
+    gain, bound = relabeled - loss, max(RELABEL_GAIN_BOUND, 3.0 * spread)
+    record.extra["first_step"] = {"loss": loss, "relabeled_loss": relabeled, "relabeled_spread": spread,
+                                  "knows_tokens_by": gain, "bound": bound}
     if gain > bound:
         flag_run(record, f"the model arrived trained: its first training step, before any optimizer step, scored "
                          f"{loss:.3f} nats, and {relabeled:.3f} once the vocabulary was relabelled at random; an "
@@ -255,7 +262,8 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
     r0 = ev.reports("eval_result").get(0, {})
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
                                           "causality", "scorer_clean", "model_processes", "model_compute")}
-    check_model_compute(record, r0.get("model_compute"))
+    for result in ev.reports("eval_result").values():  # every scorer's model processes, not rank 0's alone
+        check_model_compute(record, result.get("model_compute"))
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
     exposed = r0.get("sandbox_exposed") or []
     if exposed:
@@ -313,7 +321,7 @@ def check_model_compute(record: RunRecord, compute) -> None:
     model carried in its checkpoint (a replay buffer of training batches, trained on for 400 steps at
     its first forward, scored 2.92 against 3.37). Flagged for review. Work spread evenly over every
     batch is bounded by the evaluation timeout only (docs/rules.md)."""
-    if not isinstance(compute, dict):
+    if not isinstance(compute, dict) or record.flagged and "not a forward pass" in record.flag_reason:
         return
     for role, times in compute.items():
         if not isinstance(times, dict) or not times.get("median_s") or times.get("slowest_s") is None:

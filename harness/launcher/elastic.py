@@ -195,13 +195,17 @@ class ElasticJob:
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         if self.spec.nnodes > 1 and self.spec.node_rank == 0:
-            self._start_store()
+            why = self._start_store()
+            if why:  # no agent at all: every node would wait its rendezvous timeout for a store that is not there
+                self.error = RuntimeError(f"the rendezvous store did not start on node 0: {why}")
+                return
         self._thread.start()
 
-    def _start_store(self) -> None:
-        """Node 0: the rendezvous store in a process of its own (harness/launcher/store_server.py), inside
-        the job's scope (it ends with the job). The agents connect to it; if it cannot start, they fail
-        their rendezvous and the launcher reports it."""
+    def _start_store(self, ready_within_s: float = 60.0) -> str:
+        """Node 0: the rendezvous store in a process of its own (harness/launcher/store_server.py); "" once it
+        listens, else why not. It is the harness's, not the job's: left out of the job's process scope (the
+        record never counts it among what a submission left running), ended in close()."""
+        import selectors
         import subprocess
         import sys
 
@@ -211,10 +215,16 @@ class ElasticJob:
         self._store_proc = subprocess.Popen(
             [sys.executable, "-m", "harness.launcher.store_server", str(port), str(self.spec.nnodes),
              str(int(self.spec.rendezvous_timeout_s)), str(os.getpid())],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        line = self._store_proc.stdout.readline().decode(errors="replace").strip()
-        if not line.startswith("ready"):
-            logging.getLogger("torch.distributed.elastic").error("the rendezvous store did not start: %s", line)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._scope.before.add(self._store_proc.pid)
+        sel = selectors.DefaultSelector()
+        sel.register(self._store_proc.stdout, selectors.EVENT_READ)
+        line = self._store_proc.stdout.readline().decode(errors="replace").strip() if sel.select(ready_within_s) else ""
+        sel.close()
+        if line.startswith("ready"):
+            return ""
+        return line or (f"it exited ({self._store_proc.poll()})" if self._store_proc.poll() is not None
+                        else f"not listening within {ready_within_s:.0f} s")
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -230,8 +240,9 @@ class ElasticJob:
     def close(self, wait_s: float = 10.0) -> list[int]:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
         self.wait(wait_s)
-        leftover = self._scope.close()  # the store's process too: it started in the job's scope
-        if self._store_proc is not None:
+        leftover = self._scope.close()
+        if self._store_proc is not None:  # the harness's own: ended here, not counted as the job's
+            self._store_proc.kill()
             self._store_proc.wait()
             self._store_proc.stdout.close()
         process_tree.reap_zombies()

@@ -6,8 +6,9 @@ multiprocessing): whatever one run left there, the next could read (weights left
 were loaded by the team's second). Each training job therefore gets, for its ranks on this node:
 
 - a user namespace (the launcher's uid mapped to itself: files keep their owner);
-- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs and everything but the
-  ranks' private folder, /dev, /proc and /sys is read-only, made in a first user namespace and
+- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs and everything but that
+  tmpfs, the ranks' private folder and /proc is read-only (device files and sockets stay usable on a
+  read-only mount), made in a first user namespace and
   entered through a second one, so the kernel locks it: a rank cannot unmount the tmpfs to find the
   host's /dev/shm beneath, nor make a mount writable again. Read-only mounts refuse what Landlock does
   not govern: extended attributes, modes and times of files the user owns (a run kept its weights in
@@ -28,6 +29,7 @@ and the launcher removes what the job left in /dev/shm afterwards (`ShmSweep`).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import struct
@@ -60,8 +62,8 @@ class JobNamespace:
         except OSError as exc:
             line = f"could not start: {exc}"
         if line == "ready":
-            self.active, self.why = True, ("user, mount (a private /dev/shm; read-only but the private folder, /dev, "
-                                           "/proc and /sys; locked) and IPC namespaces of the job's own")
+            self.active, self.why = True, ("user, mount (a private /dev/shm; read-only but it, the private folder and "
+                                           "/proc; locked) and IPC namespaces of the job's own")
         else:
             self.why = f"no namespace of the job's own: {line or 'the holder said nothing'}"
             self.close()
@@ -186,23 +188,27 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
     job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files.
     Mounts are slaves of the host's, not private: what the host mounts later (autofs, a late NFS) still
-    reaches the ranks; nothing they mount goes back. Everything is then read-only but `writable` (the
-    ranks' private folder), /dev (devices, the new /dev/shm), /proc and /sys."""
+    reaches the ranks (writable: a mount made after the job started is not in its read-only set);
+    nothing they mount goes back. Everything is then read-only but three mounts, each cleared alone
+    (not recursively: a host whose /proc/sys or /sys/fs/cgroup is read-only keeps them so, as the
+    kernel requires): the new /dev/shm, `writable` (the ranks' private folder, bound onto itself) and
+    /proc (the second user namespace's id maps are written there)."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
+    if writable and os.path.realpath(writable).startswith("/dev/shm/"):
+        raise OSError(errno.EINVAL, "the ranks' private folder is under /dev/shm, which the job's own tmpfs hides "
+                                    "(set TMPDIR elsewhere for the launcher)")
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
     _map_ids(uid, gid)
     _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making the mounts slaves of the host's")
     options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
     _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), "a tmpfs on /dev/shm")
-    keep = [p for p in (writable, "/dev", "/proc", "/sys") if p and os.path.isdir(p)]
-    mounted = _mount_points()
-    for path in keep:  # each its own mount, so that it can stay writable under a read-only root
-        if os.path.realpath(path) not in mounted:
-            _check(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
-    _setattr(libc, "/", MOUNT_ATTR_RDONLY, 0)
-    for path in keep:
-        _setattr(libc, path, 0, MOUNT_ATTR_RDONLY)
+    if writable:  # its own mount, so that it can stay writable under a read-only root
+        _check(libc.mount(writable.encode(), writable.encode(), None, MS_BIND, None), f"binding {writable}")
+    _setattr(libc, "/", MOUNT_ATTR_RDONLY, 0, recursive=True)
+    for path in ("/dev/shm", writable, "/proc"):
+        if path:
+            _setattr(libc, path, 0, MOUNT_ATTR_RDONLY, recursive=False)
     # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these.
@@ -215,20 +221,12 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def _setattr(libc, path: str, attr_set: int, attr_clr: int) -> None:
-    """mount_setattr(2) on the mount at path and every mount beneath it."""
+def _setattr(libc, path: str, attr_set: int, attr_clr: int, recursive: bool) -> None:
+    """mount_setattr(2) on the mount at path (and every mount beneath it, if recursive)."""
     attr = _MountAttr(attr_set, attr_clr, 0, 0)
     libc.syscall.restype = ctypes.c_long
-    _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
-                        ctypes.sizeof(attr)), f"mount_setattr on {path}")
-
-
-def _mount_points() -> set[str]:
-    try:
-        with open("/proc/self/mountinfo") as fh:
-            return {line.split()[4].replace("\\040", " ") for line in fh}
-    except OSError:
-        return set()
+    _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE if recursive else 0,
+                        ctypes.byref(attr), ctypes.sizeof(attr)), f"mount_setattr on {path}")
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:

@@ -178,8 +178,8 @@ class PhaseResult:
 def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
              done_kind: str, on_tick: Callable[[WatchResult], None] | None) -> PhaseResult:
     job = ElasticJob(launch, log_path)
-    job.start()
     try:
+        job.start()
         result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0])
     finally:
         leftover = job.close(wait_s=1.0 if job.running() else 10.0)

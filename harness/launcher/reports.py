@@ -141,7 +141,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "reports_dropped": count(), "train_loss": loss(), "max_step_s": seconds(), "median_step_s": seconds(),
         "slowest_earlier_step_s": seconds(),
         "last_step_start_s": seconds(), "first_step_loss": loss(), "first_step_relabeled_loss": loss(),
-        "first_step_gain_se": number(0.0, 1e6, nan=True, optional=True),
+        "first_step_relabeled_spread": number(0.0, 1e6, nan=True, optional=True),
         "weights_changed_after_clock": flag(optional=True),
         "division": one_of("fixed", "open"),
     },

@@ -283,6 +283,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
         if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:
             record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
+        joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")
+        if o.status == "crashed" and record.extra.get("job_namespace", {}).get("active") and joined is False:
+            record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
         record.extra["cause"] = o.cause
         late = check_window(record, track) if record.status == "ok" else ""
         if late:  # the launcher's own measurement of the window, enforced
@@ -291,6 +294,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
         if node.lead and track.nnodes > 1:
             merge_node_reports(record, node, o, track.nnodes)
+        if taker is not None:
+            taker.wait()  # a copy started on rank 0's report has ended before anything reads or removes it
         if record.status != "ok" or not node.lead:
             if record.status != "ok":  # taken when rank 0 saved it, but nothing is scored: the record holds no weights
                 checkpoint.unlink(missing_ok=True)
@@ -300,7 +305,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                         opts.seed, protected_paths(opts.runs_dir, data)):
                 return
         elif not taker.take_after_the_job(phase.watch):  # from here on only the launcher and evaluation touch it
-            if taker.too_large is not None:
+            if taker.error is not None:  # the launcher's side failed, not the team
+                set_outcome(record, "aborted", f"harness error: the checkpoint could not be taken: {taker.error}")
+            elif taker.too_large is not None:
                 set_outcome(record, "invalid", taker.cap_reason())
             elif taker.attempted:
                 set_outcome(record, "invalid", "rank 0 said its checkpoint was saved, and staging held no checkpoint "
@@ -319,6 +326,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         set_outcome(record, "invalid", "the checkpoint in staging was replaced after the harness saved it and before "
                     "the launcher took it (sha256 " f"{record.checkpoint_sha256[:12]}, saved as {(said or 'none')[:12]}): not scored")
         flag_run(record, record.reason)
+        checkpoint.unlink(missing_ok=True)  # not what rank 0 saved: not kept as if it were
         return
     if _sha256_or_none(run_dir / "submission") != record.submission_sha256:
         set_outcome(record, "invalid", "the submission's files in the record changed during training; "

@@ -45,10 +45,19 @@ class CheckpointTaker:
         return result is True
 
     def _take_now(self) -> None:
-        self.taken = self.taken_while_running = self._take()
+        try:
+            self.taken = self.taken_while_running = self._take()
+        except OSError as exc:  # the records' disk, not the team: the runner ends the run aborted
+            self.error = f"{type(exc).__name__}: {exc}"
         self.attempted = True
 
     attempted = False  # a take was made on a report: whatever it found is final
+    error: str | None = None  # the copy itself failed (a full disk, a permission)
+
+    def wait(self) -> None:
+        """Until a copy started on a report has ended (before the runner reads or removes what it made)."""
+        if self._thread is not None:
+            self._thread.join()
 
     def poll(self, watch) -> None:
         """A tick of the watchdog: start the copy once rank 0 has said its checkpoint is saved, after training

@@ -98,6 +98,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     namespace, sweep = None, None
     try:
         namespace = JobNamespace(shm_bytes=caps.scratch_cap, writable=str(area.dir)) if track.sandbox != "off" else None
+        record.extra["job_namespace"] = namespace.report() if namespace is not None else {"active": False, "why": "off"}
         if namespace is not None and namespace.active:
             job.job_namespace = namespace.socket_path
         else:

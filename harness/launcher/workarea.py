@@ -182,7 +182,11 @@ class WorkArea:
                 return None
             if max_bytes is not None and stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
                 return int(st.st_size)
-            return copy_regular_file(name, dest, fd)
+            copied = copy_regular_file(name, dest, fd, max_bytes)
+            if copied and max_bytes is not None and dest.stat().st_size > max_bytes:  # grew while it was copied
+                dest.unlink()
+                return max_bytes + 1
+            return copied
         finally:
             os.close(fd)
 

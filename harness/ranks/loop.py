@@ -87,11 +87,11 @@ class Training:
     loss_count: int = 0  # micro-batches since the last log (the same on every rank)
     lr_scale: float = 0.0
     first_loss: Any = None  # the harness's loss of this rank's first micro-batch, before any optimizer step
-    first_relabeled: Any = None  # the same micro-batch, its vocabulary relabelled (relabel_probe)
-    first_variance: Any = None  # of the difference of the two means (per-token variances / tokens)
+    first_relabeled: Any = None  # the same micro-batch, its vocabulary relabelled: the mean (relabel_probe)
+    first_spread: Any = None  # and the spread of the relabelled scores
     first_step_loss: float | None = None  # their means over the ranks, read at the vote after step 0
     first_step_relabeled_loss: float | None = None
-    first_step_gain_se: float | None = None  # the standard error of relabelled - as is, over the ranks
+    first_step_relabeled_spread: float | None = None
 
     @property
     def file(self) -> str:
@@ -220,15 +220,15 @@ def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, f
     if first_pending:
         tr.agreed[4].copy_(tr.first_loss)
         tr.agreed[5].copy_(tr.first_relabeled)
-        tr.agreed[6].copy_(tr.first_variance)
+        tr.agreed[6].copy_(tr.first_spread)
     else:
         tr.agreed[4:].zero_()
     dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
-    stops, clock_sum, loss_sum, norm_sum, first_sum, relabeled_sum, var_sum = tr.agreed.tolist()  # the one sync
+    stops, clock_sum, loss_sum, norm_sum, first_sum, relabeled_sum, spread_sum = tr.agreed.tolist()  # the one sync
     world = tr.env.world_size
     if first_pending:
         tr.first_step_loss, tr.first_step_relabeled_loss = first_sum / world, relabeled_sum / world
-        tr.first_step_gain_se = math.sqrt(max(0.0, var_sum)) / world
+        tr.first_step_relabeled_spread = spread_sum / world
     mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
     norm = norm_sum / world if tr.grad_clip else float("nan")
     if not math.isfinite(loss_sum):
@@ -249,7 +249,7 @@ def train_step(tr: Training, step: int, progress: float) -> None:
         sync_ctx = tr.ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
         with sync_ctx:
             if step == 0 and micro == 0:  # before any optimizer step, on every rank (before its activations exist)
-                tr.first_loss, tr.first_relabeled, tr.first_variance = relabel_probe(tr, x, y)
+                tr.first_loss, tr.first_relabeled, tr.first_spread = relabel_probe(tr, x, y)
             with tr.autocast:
                 out = tr.ddp(x, y)
             if step == 0 and micro == 0:
@@ -324,8 +324,8 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         tokens += tr.tokens_per_step
 
     # ---------------------------------------------------------------- the clock has stopped
-    # The first step carries one-time work (compilation): the median of the others, where there are some.
-    median_step_s = statistics.median(step_s[1:] or step_s) if step_s else 0.0
+    # The first step compiles and the last is the one the launcher checks: the median of the others.
+    median_step_s = statistics.median(step_s[1:-1] or step_s[1:] or step_s) if step_s else 0.0
     # The slowest step between the first (compilation) and the last: a step that is slow every k steps (a
     # preconditioner's refresh, a collection) has shown itself there; the last one is what is checked.
     slowest_earlier_s = max(step_s[1:-1], default=0.0)
@@ -340,4 +340,4 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
             "last_step_start_s": last_step_start_s,
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
-            "first_step_gain_se": tr.first_step_gain_se}
+            "first_step_relabeled_spread": tr.first_step_relabeled_spread}

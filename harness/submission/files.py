@@ -161,6 +161,7 @@ WEIGHT_MAGIC = ((b"PK\x03\x04", "a zip archive (torch.save, numpy .npz)"), (b"\x
                 (b"\x80\x03", "a pickle"), (b"\x80\x04", "a pickle"), (b"\x80\x05", "a pickle"),
                 (b"\x93NUMPY", "a numpy array"), (b"\x89HDF", "an HDF5 file"))
 BINARY_DATA_BYTES = 1 << 20  # code is text: a binary file this large is data
+LARGE_FILE_BYTES = 4 << 20  # nor is code this long: weights can ride as text (base64 in a .py)
 
 
 def weight_like_files(folder: str | Path) -> list[str]:
@@ -173,8 +174,10 @@ def weight_like_files(folder: str | Path) -> list[str]:
         what = next((w for magic, w in WEIGHT_MAGIC if head.startswith(magic)), None)
         if what is None and len(head) >= 10 and head[8:10] == b'{"':
             what = "a safetensors file"
-        if what is None and entry.size >= BINARY_DATA_BYTES and b"\0" in head and not head.startswith(b"\x7fELF"):
-            what = "binary data"  # (a compiled extension, ELF, is code: the screen lists native code)
+        if what is None and entry.size >= BINARY_DATA_BYTES and b"\0" in head:
+            what = "binary data"  # a compiled extension too: a person looks (a header is easy to forge)
+        if what is None and entry.size >= LARGE_FILE_BYTES:
+            what = "a large file"
         if what is not None:
             found.append(f"{entry.rel} ({what}, {entry.size / 2**20:.1f} MiB)")
     return found

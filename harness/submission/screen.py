@@ -49,6 +49,7 @@ PUBLIC_HELPERS = {"harness.ranks.open_api"}  # what a team is meant to import fr
 # An open-division script must read its shards, its rank from the environment and save a checkpoint:
 # those findings in it tell a reviewer nothing.
 SCRIPT_DUTIES = {"file", "environment", "data paths", "loads weights"}
+LARGE_LITERAL = 64 * 1024  # a string or bytes literal this long in code is data (weights as base64?)
 DATA_LIKE = re.compile(r"(\.bin$|\.pt$|\.npy$|\.npz$|/data\b|chunk_\d|\bruns/|leaderboard|\bval(idation)?[_/.])", re.I)
 
 
@@ -132,6 +133,8 @@ class _Visitor(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and len(node.value) < 300 and DATA_LIKE.search(node.value):
             self.add(node, "data paths", f"string {node.value!r} looks like a data or record path")
+        if isinstance(node.value, (str, bytes)) and len(node.value) >= LARGE_LITERAL:  # weights can ride as text
+            self.add(node, "data in code", f"a literal of {len(node.value):,} characters")
 
 
 def screen_source(text: str, rel: str) -> list[Finding]:
