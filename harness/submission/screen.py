@@ -78,7 +78,7 @@ class _Visitor(ast.NodeVisitor):
 
     def add(self, node: ast.AST, category: str, what: str) -> None:
         line = getattr(node, "lineno", 0)
-        code = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
+        code = self.lines[line - 1].strip()[:200] if 0 < line <= len(self.lines) else ""  # a line may be megabytes
         self.found.append(Finding(self.rel, line, category, what, code[:160]))
 
     def visit_Import(self, node: ast.Import) -> None:
