@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.ranks.namespaces import map_identity
+
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_SLAVE = 2, 4, 4096, 0x4000, 1 << 19
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
@@ -172,15 +174,6 @@ def _check(result: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
-def _map_ids(uid: int, gid: int) -> None:
-    with open("/proc/self/setgroups", "w") as fh:
-        fh.write("deny")
-    with open("/proc/self/uid_map", "w") as fh:
-        fh.write(f"{uid} {uid} 1")
-    with open("/proc/self/gid_map", "w") as fh:
-        fh.write(f"{gid} {gid} 1")
-
-
 SHM_INODES = 1_000_000  # files the job's /dev/shm may hold (NCCL's segments and semaphores: a few per rank)
 
 
@@ -199,7 +192,7 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
         raise OSError(errno.EINVAL, "the ranks' private folder is under /dev/shm, which the job's own tmpfs hides "
                                     "(set TMPDIR elsewhere for the launcher)")
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
-    _map_ids(uid, gid)
+    map_identity(uid, gid)
     _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making the mounts slaves of the host's")
     options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
     _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), "a tmpfs on /dev/shm")
@@ -213,7 +206,7 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these.
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC), "unshare of the ranks' namespaces")
-    _map_ids(uid, gid)
+    map_identity(uid, gid)
 
 
 class _MountAttr(ctypes.Structure):

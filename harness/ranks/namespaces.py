@@ -41,13 +41,8 @@ def isolate() -> str:
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) != 0:
         return f"unshare failed: {os.strerror(ctypes.get_errno())} (unprivileged user namespaces restricted here?)"
-    try:  # the same uid inside: files keep their owner, nothing gains a right it did not have
-        with open("/proc/self/setgroups", "w") as fh:
-            fh.write("deny")
-        with open("/proc/self/uid_map", "w") as fh:
-            fh.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as fh:
-            fh.write(f"{gid} {gid} 1")
+    try:
+        map_identity(uid, gid)
     except OSError as exc:
         return f"could not map the user into its namespace: {exc}"
     child = os.fork()
@@ -55,6 +50,17 @@ def isolate() -> str:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
         return ""
     _wait_and_end_as(child, libc)
+
+
+def map_identity(uid: int, gid: int) -> None:
+    """In a new user namespace: the same uid and gid inside as outside (files keep their owner, nothing gains a
+    right it did not have), supplementary groups frozen (required to write gid_map unprivileged)."""
+    with open("/proc/self/setgroups", "w") as fh:
+        fh.write("deny")
+    with open("/proc/self/uid_map", "w") as fh:
+        fh.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as fh:
+        fh.write(f"{gid} {gid} 1")
 
 
 def _wait_and_end_as(child: int, libc) -> NoReturn:
