@@ -207,12 +207,12 @@ import json, os, sys
 from harness.ranks import namespaces, rootfs, sandbox
 args = json.loads(sys.argv[1])
 policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"])
-real = rootfs._Libc.read_only
+real = rootfs.Libc.read_only
 def refuse_team_folder(self, target, recursive):
     if target.endswith(args["submission"]):
-        raise rootfs._Refused("read-only refused (simulated)")
+        raise rootfs.Refused("read-only refused (simulated)")
     return real(self, target, recursive)
-rootfs._Libc.read_only = refuse_team_folder
+rootfs.Libc.read_only = refuse_team_folder
 assert namespaces.isolate() == ""
 why, _ = rootfs.confine(policy)
 rootfs.drop_capabilities()

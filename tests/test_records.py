@@ -66,3 +66,41 @@ def test_outputs_follow_the_users_umask(tmp_path):
             os.umask(old)
         for suffix in (".md", ".png"):
             assert stat.S_IMODE((tmp_path / f"t{mask}{suffix}").stat().st_mode) == mode, (mask, suffix)
+
+
+def test_the_record_guard_neither_blocks_on_nor_trusts_what_a_team_planted_in_the_runs_tree(tmp_path):
+    """Without the sandbox a team can write the runs tree: a FIFO named run.json would hang a reader (the
+    guard reads records on the watchdog's tick, which holds the clock), a JSON list crashed `.get`. The
+    guard and the name check skip both and keep protecting the honest record beside them."""
+    import os
+    import threading
+
+    from harness.launcher.guard import RecordGuard
+    from harness.launcher.identity import name_clash
+
+    runs, board = tmp_path / "runs", tmp_path / "board"
+    honest = runs / "local" / "a" / "r1"
+    save_record(honest, RunRecord(run_id="r1", team="a", track_name="local", status="ok", val_loss=2.5))
+    (runs / "local" / "b" / "r2").mkdir(parents=True)
+    os.mkfifo(runs / "local" / "b" / "r2" / "run.json")
+    (runs / "local" / "c" / "r3").mkdir(parents=True)
+    (runs / "local" / "c" / "r3" / "run.json").write_text("[1, 2]")
+    board.mkdir()
+    os.mkfifo(board / "local.csv")
+    own = runs / "local" / "me" / "r4"
+    own.mkdir(parents=True)
+    done: dict = {}
+
+    def guard_a_run() -> None:
+        with RecordGuard(runs, "local", own, board) as guard:
+            (honest / "run.json").write_text("{}")  # the team changes a finished record
+            guard.refresh(every_s=0.0)
+            done["report"] = guard.check_and_restore()
+        done["clash"] = name_clash(runs, "b", tmp_path)
+
+    worker = threading.Thread(target=guard_a_run, daemon=True)
+    worker.start()
+    worker.join(timeout=30.0)
+    assert not worker.is_alive(), "the guard blocked on a FIFO in the runs tree"
+    assert done["report"].restored == [str((honest / "run.json").resolve())]
+    assert load_record(honest).val_loss == 2.5 and done["clash"] is None

@@ -38,7 +38,7 @@ import numpy as np
 
 from harness.data.shards import write_shard
 from harness.data.synthetic import cache_root
-from harness.tracks.spec import DataSpec, TextSpec
+from harness.tracks.spec import DataSpec
 
 FORMAT_VERSION = 2  # 2: validation from the test suite (hidden from every sandbox), not from hashed paths
 EOT = "<|endoftext|>"

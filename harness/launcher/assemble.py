@@ -262,8 +262,8 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
     r0 = ev.reports("eval_result").get(0, {})
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
                                           "causality", "scorer_clean", "model_processes", "model_compute")}
-    for result in ev.reports("eval_result").values():  # every scorer's model processes, not rank 0's alone
-        check_model_compute(record, result.get("model_compute"))
+    # every scorer's model processes, not rank 0's alone
+    check_model_compute(record, [result.get("model_compute") for result in ev.reports("eval_result").values()])
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
     exposed = r0.get("sandbox_exposed") or []
     if exposed:
@@ -314,23 +314,24 @@ def check_below_floor(record: RunRecord, result: dict) -> None:
 SLOW_BATCH_FLOOR_S, SLOW_BATCH_FACTOR = 5.0, 20.0
 
 
-def check_model_compute(record: RunRecord, compute) -> None:
+def check_model_compute(record: RunRecord, computes: list) -> None:
     """A model process answers each batch with one forward pass, so its batches take about the same time; one
     that took far longer than the others (SLOW_BATCH_FACTOR times the median, and SLOW_BATCH_FLOOR_S at
     least, for the first batch's warm-up) did other work there: training, off every clock, on data the
     model carried in its checkpoint (a replay buffer of training batches, trained on for 400 steps at
     its first forward, scored 2.92 against 3.37). Flagged for review. Work spread evenly over every
-    batch is bounded by the evaluation timeout only (docs/rules.md)."""
-    if not isinstance(compute, dict) or record.flagged and "not a forward pass" in record.flag_reason:
-        return
-    for role, times in compute.items():
-        if not isinstance(times, dict) or not times.get("median_s") or times.get("slowest_s") is None:
-            continue
-        bound = max(SLOW_BATCH_FLOOR_S, SLOW_BATCH_FACTOR * float(times["median_s"]))
-        if float(times["slowest_s"]) > bound:
-            flag_run(record, f"evaluation: the {role} model process took {float(times['slowest_s']):.1f} s over one "
-                             f"batch, against a median of {float(times['median_s']):.3f} s (more than "
-                             f"{bound:.1f} s): work in evaluation that is not a forward pass?")
+    batch is bounded by the evaluation timeout only (docs/rules.md). One scorer's slow batch flags the run
+    once, whichever scorer it was."""
+    for compute in computes:
+        for role, times in (compute.items() if isinstance(compute, dict) else ()):
+            if not isinstance(times, dict) or not times.get("median_s") or times.get("slowest_s") is None:
+                continue
+            bound = max(SLOW_BATCH_FLOOR_S, SLOW_BATCH_FACTOR * float(times["median_s"]))
+            if float(times["slowest_s"]) > bound:
+                flag_run(record, f"evaluation: the {role} model process took {float(times['slowest_s']):.1f} s over "
+                                 f"one batch, against a median of {float(times['median_s']):.3f} s (more than "
+                                 f"{bound:.1f} s): work in evaluation that is not a forward pass?")
+                return
 
 
 def describe_noncausal(c: dict) -> str:

@@ -40,13 +40,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from harness.launcher import reports
+from harness.launcher.process_tree import descends_from
 from harness.ranks.channel import FRAME, MAX_MESSAGE  # one protocol for both ends
 
 MAX_UNBOUND = 64  # connections that have not said hello yet
@@ -86,14 +85,7 @@ def peer_pid(conn: socket.socket) -> int | None:
 def _outside_the_job(pid: int | None, ancestor: int) -> bool:
     """True when the peer is alive and not a descendant of the launcher. A peer that has already
     exited cannot be checked; it still has to bind to a rank no other process holds."""
-    if pid is None:
-        return False
-    try:
-        return not any(p.pid == ancestor for p in psutil.Process(pid).parents())
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, OSError):
-        return True  # cannot be checked while alive: refuse
+    return pid is not None and descends_from(pid, ancestor) is False
 
 
 class ChannelServer:

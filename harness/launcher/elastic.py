@@ -205,7 +205,6 @@ class ElasticJob:
         """Node 0: the rendezvous store in a process of its own (harness/launcher/store_server.py); "" once it
         listens, else why not. It is the harness's, not the job's: left out of the job's process scope (the
         record never counts it among what a submission left running), ended in close()."""
-        import selectors
         import subprocess
         import sys
 
@@ -217,10 +216,7 @@ class ElasticJob:
              str(int(self.spec.rendezvous_timeout_s)), str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self._scope.before.add(self._store_proc.pid)
-        sel = selectors.DefaultSelector()
-        sel.register(self._store_proc.stdout, selectors.EVENT_READ)
-        line = self._store_proc.stdout.readline().decode(errors="replace").strip() if sel.select(ready_within_s) else ""
-        sel.close()
+        line = process_tree.first_line(self._store_proc, ready_within_s) or ""
         if line.startswith("ready"):
             return ""
         return line or (f"it exited ({self._store_proc.poll()})" if self._store_proc.poll() is not None

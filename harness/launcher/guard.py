@@ -24,24 +24,24 @@ while ranks run, so an organiser's flag is never mistaken for tampering.
 
 from __future__ import annotations
 
-import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.locks import TrackLock
-from harness.results.records import FINAL_STATUSES, write_atomic
+from harness.results.records import FINAL_STATUSES, RECORD_MAX_BYTES, read_record_json, write_atomic
+from harness.submission.files import read_regular
+
+BOARD_MAX_BYTES = 64 << 20  # a leaderboard page of every run of an event: a few megabytes
 
 
 @dataclass
 class GuardReport:
     restored: list[str] = field(default_factory=list)
+    unrestored: list[str] = field(default_factory=list)  # could not be put back (path: why)
     leaderboard_changed: list[str] = field(default_factory=list)
     appeared: list[str] = field(default_factory=list)
-
-    @property
-    def tampered(self) -> bool:
-        return bool(self.restored)
 
 
 def _finished_records(track_dir: Path, own: Path) -> dict[Path, bytes]:
@@ -50,8 +50,8 @@ def _finished_records(track_dir: Path, own: Path) -> dict[Path, bytes]:
         if path.parent == own:
             continue
         try:
-            data = path.read_bytes()
-            if json.loads(data).get("status") in FINAL_STATUSES:  # in progress (running, evaluating): not yet a result
+            data = read_regular(path, RECORD_MAX_BYTES)  # bounded, never a FIFO or a link: the ranks may have planted it
+            if read_record_json(path, data).get("status") in FINAL_STATUSES:  # in progress (running, evaluating): not yet a result
                 out[path] = data
         except (OSError, ValueError):
             continue
@@ -62,10 +62,24 @@ def _leaderboard_files(leaderboard_dir: Path, track: str) -> dict[Path, bytes]:
     out = {}
     for path in list(leaderboard_dir.glob(f"{track}.*")) + list(leaderboard_dir.glob(f"{track}-all.*")):
         try:
-            out[path] = path.read_bytes()
-        except OSError:
+            out[path] = read_regular(path, BOARD_MAX_BYTES)
+        except (OSError, ValueError):
             continue
     return out
+
+
+def _restore(track_dir: Path, path: Path, data: bytes) -> None:
+    """Put a record back byte for byte, whatever now stands in its place or in its folders' below the track's
+    (a link, a file where a folder was, a folder where the file was: removed, never followed)."""
+    folders = [track_dir / p for p in [Path(*path.relative_to(track_dir).parts[:i]) for i in (1, 2)]]
+    for spot, want_dir in [*((f, True) for f in folders), (path, False)]:
+        if spot.is_symlink() or (want_dir and spot.exists() and not spot.is_dir()):
+            spot.unlink()
+        elif not want_dir and spot.is_dir():
+            shutil.rmtree(spot)
+        if want_dir:
+            spot.mkdir(exist_ok=True)
+    write_atomic(path, data.decode())
 
 
 class RecordGuard:
@@ -100,17 +114,19 @@ class RecordGuard:
         report = GuardReport()
         for path, data in self.records.items():
             try:
-                now = path.read_bytes()
-            except OSError:
+                now = read_regular(path, RECORD_MAX_BYTES)
+            except (OSError, ValueError):
                 now = None
             if now != data:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, data.decode())
-                report.restored.append(str(path.resolve()))
+                try:
+                    _restore(self.track_dir, path, data)
+                    report.restored.append(str(path.resolve()))
+                except OSError as exc:  # one that cannot be put back is named; the others still are
+                    report.unrestored.append(f"{path}: {exc}")
         for path, data in self.board.items():
             try:
-                changed = path.read_bytes() != data
-            except OSError:
+                changed = read_regular(path, BOARD_MAX_BYTES) != data
+            except (OSError, ValueError):
                 changed = True
             if changed:
                 report.leaderboard_changed.append(str(path.resolve()))

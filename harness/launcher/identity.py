@@ -7,10 +7,10 @@ for `harness check` and `harness run`: the leaderboard would rank both folders a
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
+from harness.results.records import read_record_json
 from harness.submission.contract import team_slug
 
 
@@ -20,10 +20,12 @@ def name_clash(runs_root: Path, team: str, folder: Path) -> str | None:
     others: dict[str, int] = {}
     for path in Path(runs_root).glob(f"*/{team_slug(team)}/*/run.json"):
         try:
-            raw = json.loads(path.read_text())
+            raw = read_record_json(path)  # bounded, a regular file, an object: any run's record may be planted
         except (OSError, ValueError):
             continue
         source = raw.get("submission_dir")
+        if not isinstance(source, str) or not isinstance(raw.get("hostname"), str):
+            continue
         if raw.get("team") != team or not source or raw.get("hostname") != here or source == mine:
             continue  # another team's slug, an older record, another machine, or this very folder
         others[source] = others.get(source, 0) + 1

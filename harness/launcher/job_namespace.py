@@ -28,21 +28,19 @@ and the launcher removes what the job left in /dev/shm afterwards (`ShmSweep`).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from harness.ranks.namespaces import map_identity
+from harness.launcher.channel import peer_pid
+from harness.launcher.process_tree import descends_from, first_line
+from harness.ranks.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.rootfs import MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc, Refused
 
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_SLAVE = 2, 4, 4096, 0x4000, 1 << 19
-SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
 PR_SET_PDEATHSIG = 1
 READY_WITHIN_S = 20.0
 
@@ -60,7 +58,9 @@ class JobNamespace:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.launcher.job_namespace", self.socket_path,
                                           str(os.getpid()), str(int(shm_bytes)), writable], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            line = _read_line(self.proc, READY_WITHIN_S)
+            line = first_line(self.proc, READY_WITHIN_S)
+            if line is None:
+                line = f"not ready within {READY_WITHIN_S:.0f} s"
         except OSError as exc:
             line = f"could not start: {exc}"
         if line == "ready":
@@ -91,23 +91,13 @@ class JobNamespace:
             pass
 
 
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    if not sel.select(timeout_s):
-        return f"not ready within {timeout_s:.0f} s"
-    return proc.stdout.readline().decode(errors="replace").strip()[:500]
-
-
 class ShmSweep:
     """Without a namespace of the job's own: the /dev/shm entries and the System V objects (shared memory,
     message queues, semaphores) of this user that appeared while the job ran are removed when it ends; one
     that was there before is never touched. (Another job of the same user running beside it on the same
     machine would lose what it made meanwhile: at an event, a node runs one job.)"""
 
-    SYSV = (("shm", 1, "shmctl"), ("msg", 1, "msgctl"), ("sem", 1, "semctl"))  # /proc/sysvipc/<kind>, id column
+    SYSV = ("shm", "msg", "sem")  # listed in /proc/sysvipc/<kind> (the id in its second column), removed by <kind>ctl
 
     def __init__(self, root: str = "/dev/shm") -> None:
         self.root = root
@@ -122,7 +112,7 @@ class ShmSweep:
 
     def _sysv(self) -> set[tuple[str, int]]:
         found = set()
-        for kind, id_col, _ in self.SYSV:
+        for kind in self.SYSV:
             try:
                 with open(f"/proc/sysvipc/{kind}") as fh:
                     header = fh.readline().split()
@@ -130,15 +120,15 @@ class ShmSweep:
                     for line in fh:
                         cols = line.split()
                         if int(cols[uid_col]) == os.getuid():
-                            found.add((kind, int(cols[id_col])))
+                            found.add((kind, int(cols[1])))
             except (OSError, ValueError, IndexError):
                 continue
         return found
 
     def _remove_sysv(self) -> list[str]:
-        libc, removed = _libc(), []
+        libc, removed = Libc().c, []
         for kind, ident in sorted(self._sysv() - self.sysv_before):
-            call = {"shm": libc.shmctl, "msg": libc.msgctl, "sem": libc.semctl}[kind]
+            call = getattr(libc, f"{kind}ctl")
             args = (ident, 0, 0) if kind == "sem" else (ident, 0, None)  # IPC_RMID = 0
             if call(*args) == 0:
                 removed.append(f"System V {kind} {ident}")
@@ -163,17 +153,6 @@ class ShmSweep:
 # --------------------------------------------------------------------------- the holder process
 
 
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    return libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
-
-
 SHM_INODES = 1_000_000  # files the job's /dev/shm may hold (NCCL's segments and semaphores: a few per rank)
 
 
@@ -186,52 +165,27 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     (not recursively: a host whose /proc/sys or /sys/fs/cgroup is read-only keeps them so, as the
     kernel requires): the new /dev/shm, `writable` (the ranks' private folder, bound onto itself) and
     /proc (the second user namespace's id maps are written there)."""
-    libc = _libc()
+    libc = Libc()
     uid, gid = os.getuid(), os.getgid()
     if writable and os.path.realpath(writable).startswith("/dev/shm/"):
         raise OSError(errno.EINVAL, "the ranks' private folder is under /dev/shm, which the job's own tmpfs hides "
                                     "(set TMPDIR elsewhere for the launcher)")
-    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare of the first user and mount namespaces")
+    libc.unshare(CLONE_NEWUSER | CLONE_NEWNS, "unshare of the first user and mount namespaces")
     map_identity(uid, gid)
-    _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making the mounts slaves of the host's")
+    libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves of the host's")
     options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
-    _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), "a tmpfs on /dev/shm")
+    libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs on /dev/shm", options)
     if writable:  # its own mount, so that it can stay writable under a read-only root
-        _check(libc.mount(writable.encode(), writable.encode(), None, MS_BIND, None), f"binding {writable}")
-    _setattr(libc, "/", MOUNT_ATTR_RDONLY, 0, recursive=True)
+        libc.mount(writable, writable, None, MS_BIND, f"binding {writable}")
+    libc.set_attr("/", MOUNT_ATTR_RDONLY, 0, True, "mount_setattr on /")
     for path in ("/dev/shm", writable, "/proc"):
         if path:
-            _setattr(libc, path, 0, MOUNT_ATTR_RDONLY, recursive=False)
+            libc.set_attr(path, 0, MOUNT_ATTR_RDONLY, False, f"mount_setattr on {path}")
     # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these.
-    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC), "unshare of the ranks' namespaces")
+    libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC, "unshare of the ranks' namespaces")
     map_identity(uid, gid)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-
-def _setattr(libc, path: str, attr_set: int, attr_clr: int, recursive: bool) -> None:
-    """mount_setattr(2) on the mount at path (and every mount beneath it, if recursive)."""
-    attr = _MountAttr(attr_set, attr_clr, 0, 0)
-    libc.syscall.restype = ctypes.c_long
-    _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE if recursive else 0,
-                        ctypes.byref(attr), ctypes.sizeof(attr)), f"mount_setattr on {path}")
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    try:
-        while pid > 1:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])  # the parent pid, after the command name
-            if pid == ancestor:
-                return True
-    except (OSError, ValueError, IndexError):
-        return False
-    return False
 
 
 def serve(server: socket.socket, launcher: int) -> None:
@@ -240,8 +194,8 @@ def serve(server: socket.socket, launcher: int) -> None:
     while True:
         conn, _ = server.accept()
         try:
-            pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
-            if _descends_from(pid, launcher):  # a rank of this job (its launcher's descendant), nobody else
+            pid = peer_pid(conn)
+            if pid is not None and descends_from(pid, launcher):  # a live rank of this job, nobody else
                 socket.send_fds(conn, [b"ns"], fds)
         except OSError:
             pass
@@ -252,7 +206,7 @@ def serve(server: socket.socket, launcher: int) -> None:
 def main(argv: list[str]) -> None:
     socket_path, launcher = argv[1], int(argv[2])
     shm_bytes, writable = (int(argv[3]) if len(argv) > 3 else 0), (argv[4] if len(argv) > 4 else "")
-    _libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
+    Libc().c.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
     if os.getppid() != launcher:
         sys.exit(1)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -260,8 +214,8 @@ def main(argv: list[str]) -> None:
     server.listen(64)
     try:
         make_namespaces(shm_bytes, writable)
-    except OSError as exc:
-        print(f"{exc.strerror or exc} (unprivileged user namespaces restricted here?)", flush=True)
+    except (OSError, Refused) as exc:
+        print(f"{getattr(exc, 'strerror', None) or exc} (unprivileged user namespaces restricted here?)", flush=True)
         sys.exit(1)
     serve(server, launcher)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.launcher.assemble import flag_run
 from harness.launcher.outcome import Outcome
-from harness.results.records import RunRecord, utc_now, write_atomic
+from harness.results.records import RunRecord, read_record_json, utc_now, write_atomic
 
 WAIT_FOR_NODES_S = 8.0  # for an account of a failure
 WAIT_FOR_NODES_OK_S = 8.0  # for the accounts of a run that went well (their flags count too)
@@ -62,9 +62,9 @@ def read_node_reports(run_dir: Path) -> dict[int, dict]:
     out = {}
     for path in sorted((run_dir / "nodes").glob("node*.json")):
         try:
-            report = json.loads(path.read_text())
+            report = read_record_json(path)  # bounded, a regular file, an object
             out[int(report["node_rank"])] = report
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 

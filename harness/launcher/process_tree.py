@@ -45,6 +45,29 @@ def make_undumpable() -> bool:
         return False
 
 
+def descends_from(pid: int, ancestor: int) -> bool | None:
+    """Whether the live process `pid` descends from `ancestor`; None when it has already exited (it
+    cannot be checked any more), False when it cannot be checked while alive."""
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return None
+    except (psutil.Error, OSError):
+        return False
+
+
+def first_line(proc, within_s: float) -> str | None:
+    """The first line a helper process of the harness prints on its stdout pipe (how it says it is ready, or
+    why not), at most 500 characters; None when it printed nothing within within_s."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(within_s):
+            return None
+    return proc.stdout.readline().decode(errors="replace").strip()[:500]
+
+
 def descendants() -> list[psutil.Process]:
     try:
         return psutil.Process().children(recursive=True)

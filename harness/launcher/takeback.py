@@ -31,7 +31,8 @@ class CheckpointTaker:
     def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
         self.area, self.dest, self.max_bytes = area, dest, max_bytes
         self.taken = False
-        self.taken_while_running = False
+        self.attempted = False  # a take was made on a report: whatever it found is final
+        self.error: str | None = None  # the copy itself failed (a full disk, a permission)
         self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
         self._thread: threading.Thread | None = None
 
@@ -46,13 +47,10 @@ class CheckpointTaker:
 
     def _take_now(self) -> None:
         try:
-            self.taken = self.taken_while_running = self._take()
+            self.taken = self._take()
         except OSError as exc:  # the records' disk, not the team: the runner ends the run aborted
             self.error = f"{type(exc).__name__}: {exc}"
         self.attempted = True
-
-    attempted = False  # a take was made on a report: whatever it found is final
-    error: str | None = None  # the copy itself failed (a full disk, a permission)
 
     def wait(self) -> None:
         """Until a copy started on a report has ended (before the runner reads or removes what it made)."""

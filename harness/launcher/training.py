@@ -56,7 +56,6 @@ def threads_per_rank(track: Track, nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
           taker: CheckpointTaker | None = None) -> PhaseResult:
@@ -141,9 +140,12 @@ def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area
         record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
     if report.appeared:
         record.notes.append(f"records that appeared while this run trained: {', '.join(report.appeared)}")
-    if report.tampered:
+    if report.restored:
         flag_run(record, f"records of other runs were changed while this run trained "
                          f"({', '.join(report.restored)}); restored")
+    if report.unrestored:  # the organiser puts these back from a copy: the guard says which
+        flag_run(record, f"records of other runs were changed while this run trained and could not be restored "
+                         f"({'; '.join(report.unrestored)})")
     if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
         from harness.results.records import plots_root
         from harness.results.views import rebuild

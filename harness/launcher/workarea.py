@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.ranks import sandbox
+from harness.results.records import atomic_path
 
 @contextmanager
 def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ...] = ()):
@@ -39,7 +40,9 @@ def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ..
 def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None = None) -> bool:
     """Copy `name` (in the folder open as dir_fd) if it is a regular file, opened without following a
     link (O_NOFOLLOW); False if it is anything else (a link, a FIFO, a device) or gone. With max_bytes,
-    only that much is copied (the rest of a log past its cap), and the copy says so at its end."""
+    only that much is copied (the rest of a log past its cap), and the copy says so at its end. `dest` is
+    written beside and renamed into place: whatever stood there (a link, a FIFO) is replaced, never
+    followed or opened."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
@@ -48,7 +51,7 @@ def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None 
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: never read
             return False
-        with open(dest, "wb") as out:
+        with atomic_path(dest) as (out_fd, _), os.fdopen(out_fd, "wb") as out:
             if max_bytes is None or st.st_size <= max_bytes:
                 shutil.copyfileobj(fh, out)
             else:
@@ -192,7 +195,6 @@ class WorkArea:
 
     def take_checkpoint(self, dest: Path) -> bool:
         return self.take_staged("checkpoint.pt", dest) is True
-
 
     def cleanup(self) -> None:
         try:

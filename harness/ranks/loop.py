@@ -17,9 +17,9 @@ Three parts, read top to bottom:
   after the clock, a digest of the weights (replicas must agree), the communication probe.
 
 Two figures are noted for the launcher's checks: the first micro-batch of every rank, before any
-optimizer step, scored by harness code twice, as it is and with its vocabulary relabelled
-(harness/ranks/first_step.py: an untrained model scores both alike; one that arrives trained knows
-which token is which and loses nats), and the step times (the bound on how far past the budget an
+optimizer step, scored by harness code as it is and under eight random relabellings of its
+vocabulary (harness/ranks/first_step.py: an untrained model scores them alike; one that arrives
+trained knows which token is which and loses nats), and the step times (the bound on how far past the budget an
 honest last step can end).
 """
 
@@ -221,14 +221,13 @@ def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, f
         tr.agreed[4].copy_(tr.first_loss)
         tr.agreed[5].copy_(tr.first_relabeled)
         tr.agreed[6].copy_(tr.first_spread)
-    else:
-        tr.agreed[4:].zero_()
     dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
     stops, clock_sum, loss_sum, norm_sum, first_sum, relabeled_sum, spread_sum = tr.agreed.tolist()  # the one sync
     world = tr.env.world_size
     if first_pending:
         tr.first_step_loss, tr.first_step_relabeled_loss = first_sum / world, relabeled_sum / world
         tr.first_step_relabeled_spread = spread_sum / world
+        tr.agreed[4:].zero_()  # once: these slots were zero before the probe and stay zero after it
     mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
     norm = norm_sum / world if tr.grad_clip else float("nan")
     if not math.isfinite(loss_sum):

@@ -23,7 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, QUIT, READY, SANDBOX, SETUP, receive, send
+from harness.ranks.wire import DTYPES, ERROR, LOGITS, QUIT, READY, SANDBOX, SETUP, receive, send
 
 
 def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "submission.py"):

@@ -25,7 +25,8 @@ import signal
 import sys
 from typing import NoReturn
 
-CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (0x00020000, 0x08000000, 0x10000000,
+                                                                     0x20000000, 0x40000000)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -105,9 +106,6 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
             code = os.waitstatus_to_exitcode(status) & 0xFF
     finally:
         os._exit(code)
-
-
-CLONE_NEWNS = 0x00020000
 
 
 def join_job(socket_path: str, work_dir: str | None = None) -> str:

@@ -30,8 +30,9 @@ import os
 import sys
 from pathlib import Path
 
-CLONE_NEWNS = 0x00020000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 0x4000, 1 << 18
+from harness.ranks.namespaces import CLONE_NEWNS
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE, MS_SLAVE = 1, 2, 4, 8, 4096, 0x4000, 1 << 18, 1 << 19
 MNT_DETACH = 2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 0x1
@@ -44,11 +45,14 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-class _Refused(Exception):
+class Refused(Exception):
     pass
 
 
-class _Libc:
+class Libc:
+    """The mount calls of the sandbox's root (here) and of the training job's namespace holder
+    (harness/launcher/job_namespace.py); each raises Refused saying what the kernel refused."""
+
     def __init__(self) -> None:
         self.c = ctypes.CDLL(None, use_errno=True)
         self.c.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
@@ -57,22 +61,29 @@ class _Libc:
 
     def _check(self, result: int, what: str) -> None:
         if result != 0:
-            raise _Refused(f"{what}: {os.strerror(ctypes.get_errno())}")
+            raise Refused(f"{what}: {os.strerror(ctypes.get_errno())}")
 
-    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, what: str) -> None:
+    def unshare(self, flags: int, what: str) -> None:
+        self._check(self.c.unshare(flags), what)
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, what: str,
+              data: str | None = None) -> None:
         enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-        self._check(self.c.mount(enc(source), enc(target), enc(fstype), flags, None), what)
+        self._check(self.c.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), what)
+
+    def set_attr(self, target: str, attr_set: int, attr_clr: int, recursive: bool, what: str) -> None:
+        """mount_setattr(2) on the mount at target (and every mount beneath it, if recursive)."""
+        attr = _MountAttr(attr_set, attr_clr, 0, 0)
+        self._check(self.c.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(target),
+                                   AT_RECURSIVE if recursive else 0, ctypes.byref(attr), ctypes.sizeof(attr)), what)
 
     def read_only(self, target: str, recursive: bool) -> None:
-        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        self._check(self.c.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(target),
-                                   AT_RECURSIVE if recursive else 0, ctypes.byref(attr), ctypes.sizeof(attr)),
-                    f"read-only {target}")
+        self.set_attr(target, MOUNT_ATTR_RDONLY, 0, recursive, f"read-only {target}")
 
     def pivot_root(self, new_root: str, put_old: str) -> None:
         number = SYS_PIVOT_ROOT.get(os.uname().machine)
         if number is None:
-            raise _Refused(f"pivot_root: unknown syscall number on {os.uname().machine}")
+            raise Refused(f"pivot_root: unknown syscall number on {os.uname().machine}")
         self._check(self.c.syscall(number, os.fsencode(new_root), os.fsencode(put_old)), "pivot_root")
 
 
@@ -107,12 +118,12 @@ def confine(policy, cwd: str | None = None) -> tuple[str, str]:
         return f"mount namespaces are Linux-only; this is {sys.platform}", ""
     if not policy.write_dirs:
         return "the policy names no private folder to build the new root in", ""
-    libc = _Libc()
+    libc = Libc()
     cwd = cwd or os.getcwd()
     root = os.path.join(policy.write_dirs[0], ".root")
     try:
         proc_note, why = _build_and_enter(libc, policy, root), ""
-    except (_Refused, OSError) as exc:
+    except (Refused, OSError) as exc:
         proc_note, why = "", f"no root of its own ({exc})"
         # A half-built root must not stay: a bind not yet read-only would be writable through the
         # private folder, where Landlock allows writing. Detaching the tmpfs takes every bind with it.
@@ -124,8 +135,8 @@ def confine(policy, cwd: str | None = None) -> tuple[str, str]:
     return why, proc_note
 
 
-def _build_and_enter(libc: _Libc, policy, root: str) -> str:
-    libc._check(libc.c.unshare(CLONE_NEWNS), "unshare of the mount namespace")
+def _build_and_enter(libc: Libc, policy, root: str) -> str:
+    libc.unshare(CLONE_NEWNS, "unshare of the mount namespace")
     libc.mount(None, "/", None, MS_REC | MS_PRIVATE, "making the mounts private")  # nothing propagates out
     os.makedirs(root, exist_ok=True)
     libc.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs for the new root")
@@ -160,7 +171,7 @@ def _build_and_enter(libc: _Libc, policy, root: str) -> str:
     try:
         libc.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of its own")
         proc_note = "a /proc of its own PID namespace"
-    except _Refused as exc:  # hosts that mask parts of /proc refuse a new one to a user namespace
+    except Refused as exc:  # hosts that mask parts of /proc refuse a new one to a user namespace
         libc.mount("/proc", proc, None, MS_BIND | MS_REC, "binding /proc")
         libc.read_only(proc, recursive=True)
         proc_note = f"the host's /proc, read-only: a new one was refused ({exc})"
@@ -186,7 +197,7 @@ PR_CAPBSET_DROP, LINUX_CAPABILITY_VERSION_3 = 24, 0x20080522
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 
 
-def drop_capabilities(libc: _Libc | None = None) -> str:
+def drop_capabilities(libc: Libc | None = None) -> str:
     """No capability, now or after an exec (no new privileges, the bounding set emptied, then effective,
     permitted and inheritable set to nothing); "" when done, else why not. A new user namespace made
     later gets capabilities again, but only over copies of these mounts, which the kernel then locks:
@@ -194,8 +205,8 @@ def drop_capabilities(libc: _Libc | None = None) -> str:
     if not sys.platform.startswith("linux"):
         return f"capabilities are Linux's; this is {sys.platform}"
     try:
-        _drop(libc or _Libc())
-    except _Refused as exc:
+        _drop(libc or Libc())
+    except Refused as exc:
         return str(exc)
     return ""
 
@@ -203,13 +214,13 @@ def drop_capabilities(libc: _Libc | None = None) -> str:
 PR_SET_NO_NEW_PRIVS = 38
 
 
-def _drop(libc: _Libc) -> None:
+def _drop(libc: Libc) -> None:
     libc._check(libc.c.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     for cap in range(64):  # past the kernel's last capability the call fails with EINVAL: nothing to drop
         libc.c.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     number = SYS_CAPSET.get(os.uname().machine)
     if number is None:
-        raise _Refused(f"capset: unknown syscall number on {os.uname().machine}")
+        raise Refused(f"capset: unknown syscall number on {os.uname().machine}")
     data = (_CapData * 2)()
     libc._check(libc.c.syscall(number, ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
     # Checked, not assumed. The bounding set may stay full where the process could not empty it (no
@@ -218,7 +229,7 @@ def _drop(libc: _Libc) -> None:
         left = [line.split()[0] for line in fh if line.startswith(("CapEff", "CapPrm"))
                 and int(line.split()[1], 16) != 0]
     if left:
-        raise _Refused(f"capabilities left after dropping them: {', '.join(left)}")
+        raise Refused(f"capabilities left after dropping them: {', '.join(left)}")
 
 
 def describe(proc_note: str) -> str:

@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import shutil
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +20,25 @@ from pathlib import Path
 
 def _lock_path(track_dir: Path) -> Path:
     return track_dir / ".records.lock"
+
+
+def open_lock_file(path: Path):
+    """The lock file, opened without following a link or blocking on a FIFO: a lock file is the harness's
+    own, so anything else standing there (a team that ran without the sandbox could plant it) is removed
+    and a regular file made in its place."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _attempt in range(2):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError:  # a link (ELOOP), a FIFO without a reader (ENXIO), a folder (EISDIR)
+            fd = None
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "r+")
+        if fd is not None:
+            os.close(fd)
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    raise OSError(f"{path}: not a regular file, and it could not be replaced by one")
 
 
 class TrackLock:
@@ -28,7 +50,7 @@ class TrackLock:
 
     def __enter__(self) -> "TrackLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "a")
+        self.fh = open_lock_file(self.path)
         mode = fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
@@ -50,7 +72,7 @@ class TrackLock:
 def leaderboard_lock(directory: Path):
     """Rebuilds of one leaderboard folder, one at a time."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as fh:
+    with open_lock_file(directory / ".lock") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -8,6 +8,7 @@ thousands of runs stays readable.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -17,8 +18,10 @@ from matplotlib.ticker import EngFormatter
 
 from harness.results.plots import NOT_FINISHED, legend_outside, subplots, team_color
 from harness.results.stats import finite_first, is_finite
+from harness.submission.files import read_regular
 
 MAX_CURVES = 5
+METRICS_MAX_BYTES = 64 << 20  # a metrics.csv is a row per log interval: kilobytes
 CURVE_TEAMS = 12  # teams with curves on a loss chart: more cannot be told apart (the table has every team)
 ROW_TEAMS = 30  # rows of the val_loss chart: the ranked teams first, then the ones that did not finish
 SKIP_START = 0.1  # the first tenth of each curve (the fall from ln(vocab)) does not set the y range
@@ -27,7 +30,8 @@ X_LABELS = {"train_time_s": "training time (s)", "tokens": "tokens seen"}
 
 def read_curve(run: dict) -> pd.DataFrame | None:
     try:
-        return pd.read_csv(Path(run["run_dir"]) / "metrics.csv").dropna(subset=["train_loss"])
+        data = read_regular(Path(run["run_dir"]) / "metrics.csv", METRICS_MAX_BYTES)  # never a FIFO, a link
+        return pd.read_csv(io.BytesIO(data)).dropna(subset=["train_loss"])
     except (OSError, ValueError, KeyError):
         return None
 

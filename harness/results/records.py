@@ -222,19 +222,13 @@ def save_record(run_dir: Path, record: RunRecord) -> Path:
 RECORD_MAX_BYTES = 16 << 20  # a run.json is tens of kB; the bound keeps a planted file from filling memory
 
 
-def read_record_json(path: Path) -> dict[str, Any]:
-    """A run.json as a JSON object, read as a regular file only (never through a link, never a FIFO that
-    would block the reader) and bounded. Raises OSError or ValueError, as reading a broken file would."""
-    import stat
+def read_record_json(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """A run.json (or its bytes, already read) as a JSON object. Read as a regular file only (never through
+    a link, never a FIFO that would block the reader) and bounded: how every harness process reads a file
+    of the records, which a team without the sandbox could have planted. Raises OSError or ValueError."""
+    from harness.submission.files import read_regular
 
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ValueError("not a regular file")
-        data = fh.read(RECORD_MAX_BYTES + 1)
-    if len(data) > RECORD_MAX_BYTES:
-        raise ValueError(f"larger than {RECORD_MAX_BYTES >> 20} MiB")
-    raw = json.loads(data)
+    raw = json.loads(read_regular(path, RECORD_MAX_BYTES) if data is None else data)
     if not isinstance(raw, dict):
         raise ValueError(f"a JSON {type(raw).__name__}, not an object")
     return raw

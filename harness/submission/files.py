@@ -112,11 +112,14 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
             raise UnsafeEntry(str(path), "a symbolic link", "put the file itself there") from None
         raise
+    chunks, total = [], 0
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise TooLarge(len(data), max_bytes)
-    return data
+        while chunk := fh.read(min(CHUNK, max_bytes + 1 - total)):  # never max_bytes allocated up front
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise TooLarge(total, max_bytes)
+    return b"".join(chunks)
 
 
 def copy_tree(folder: str | Path, dest: str | Path, max_bytes: int = MAX_SUBMISSION_BYTES) -> int:
