@@ -8,6 +8,7 @@ not rank 1's).
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -116,7 +117,9 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
     assert record["eval"]["causality"]["causal"] and record["eval"]["causality"]["checked_batches"] >= 1
     assert record["throughput_source"] == "reported" and record["tokens"] == record["steps"] * 2 * 4 * 32
     assert record["launcher_train_time_s"] <= ROOMY_TOTAL_S
-    assert record["flops_per_token"] == 0.0 and record["params"] == 256 * 256  # a lookup table: no matmul FLOPs
+    # A tied embedding and output layer (the same tensor under two names in the state dict) and a buffer:
+    # the parameters are the embedding's, counted once; FLOPs are the output layer's matmul, forward and backward.
+    assert record["params"] == 256 * 64 and record["flops_per_token"] == 6 * 64 * 256
     assert any("prefixes were removed" in n for n in record["notes"])  # torch.compile's _orig_mod. keys
     assert not record["flagged"], record["flag_reason"]
     logs = "".join((run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
@@ -130,6 +133,7 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
 
 @pytest.mark.parametrize("mode, status, reason", [
     ("crash", "crashed", "boom in train.py"),
+    ("crash_in_model", "crashed", "boom in model.py"),
     ("hang", "timeout", "hard limit"),
     ("ignores_clock", "timeout", "hard limit"),
     ("claims_done", "timeout", "hard limit"),  # a reported end does not switch the limit off
@@ -142,14 +146,17 @@ def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode,
     # killed either way (a short allowance) / must not be, even loaded (a roomy one)
     limits = {"startup_allowance_s": KILLED_ALLOWANCE_S} if status == "timeout" else {}
     base = TINY_TRACK if status == "timeout" else ROOMY_TRACK
-    # crash and hang are rank 1's: two ranks; the others on one
-    track = (tiny_track_with(tmp_path, base=base, **limits) if mode in ("crash", "hang")
+    # crashes and the hang are rank 1's: two ranks; the others on one
+    track = (tiny_track_with(tmp_path, base=base, **limits) if mode in ("crash", "crash_in_model", "hang")
              else one_rank(tmp_path, base=base, **limits))
     result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(track))
     assert result.code == 1, result.text
     _, record = only_record(tmp_path / "runs")
     assert (record["status"], record["division"]) == (status, "open"), record["reason"]
     assert reason in record["reason"]
+    if mode.startswith("crash"):  # the team's own innermost line, in the file where it is
+        raised_in = {"crash": "train", "crash_in_model": "model"}[mode]
+        assert re.match(rf"rank 1: {raised_in}\.py:\d+: RuntimeError: boom in ", record["reason"]), record["reason"]
     assert record["val_loss"] is None
     if status == "timeout":  # killed on the launcher's clock, whatever the script's own limit or reports said
         assert record["startup_s"] + record["launcher_train_time_s"] <= TINY_TOTAL_S + 1.5

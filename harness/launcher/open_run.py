@@ -120,9 +120,11 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, a
 
 
 def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: OpenSpec) -> None:
-    """What the checkpoint says (read by harness code alone: params, step) and what the model check
-    measured (FLOPs per token, counted in the sandboxed process that ran model.py, as for the fixed loop)."""
-    record.params, record.config = found.get("params"), found.get("config", {})
+    """What the checkpoint says (read by harness code alone: step, config) and what the model check
+    measured in the sandboxed process that ran model.py, as for the fixed loop: FLOPs per token and
+    the parameter count (model.parameters(): a tied embedding once, buffers not at all; the state
+    dict's sum would count both)."""
+    record.params, record.config = report.get("params", found.get("params")), found.get("config", {})
     record.flops_per_token = report.get("flops_per_token")
     if found.get("prefixes_removed"):
         record.notes.append("the checkpoint's torch.compile/DDP key prefixes were removed")

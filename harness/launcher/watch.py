@@ -74,6 +74,7 @@ class WatchResult:
     train_start_s: float | None = None
     train_end_s: float | None = None
     checkpoint_saved_s: float | None = None  # rank 0 said its checkpoint is in staging (node 0 only)
+    progress_s: float | None = None  # the first progress report (an open-division script may send no train_start)
     exited_s: float | None = None  # when the agent returned
     limit_s: float | None = None  # when the limit that caused a kill passed
     all_gone_s: float | None = None  # when every process of the job was gone after a kill
@@ -145,9 +146,20 @@ def _kill(job: ElasticJob, result: WatchResult, status: str, reason: str, limit_
 def _stamp(result: WatchResult, channel: ChannelServer, lead_rank: int) -> None:
     """The first report of each kind from this node's first rank, as the launcher's clock saw it."""
     for kind, attr in (("setup_start", "setup_start_s"), ("train_start", "train_start_s"), ("train_end", "train_end_s"),
-                       ("checkpoint_saved", "checkpoint_saved_s")):
+                       ("checkpoint_saved", "checkpoint_saved_s"), ("progress", "progress_s")):
         m = channel.first(kind, rank=lead_rank)
         setattr(result, attr, m.received_s if m else None)
+
+
+def _open_hint(r: WatchResult, end: float) -> str:
+    """Where a script the harness does not drive was when its one limit passed, from what it reported:
+    a reason that blames start-up for a script that trained and said so would send a team the wrong way."""
+    if r.train_end_s is not None:
+        return (f" (its rank 0 reported the end of training {end - r.train_end_s:.1f} s before and the job had not "
+                "exited: a save that did not finish, or a thread that never ends)")
+    if r.train_start_s is not None or r.progress_s is not None:
+        return " (it was still training: does it stop at --time_limit_min?)"
+    return " (it never reported a first forward nor progress: a hang in start-up?)"
 
 
 def _expired(r: WatchResult, d: Deadlines, launched: float, now: float, lead: bool = True) -> tuple[str, float] | None:
@@ -161,9 +173,8 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float, lead: bo
             return None
         end = r.setup_start_s + d.total_after_setup_s
         if now > end:
-            never = "" if r.train_start_s is not None else " (it never reported a first forward: a hang in start-up?)"
             return (f"killed at the hard limit: {d.total_after_setup_s:.1f} s (start-up allowance + budget + grace) "
-                    f"after the ranks started{never}"), end
+                    f"after the ranks started{_open_hint(r, end)}"), end
         return None
     if d.hard_limit_s is None:  # a job without a training window
         return None

@@ -11,7 +11,8 @@ and MASTER_PORT are in the environment, and the script starts its own process gr
 The script's clock is its own; the launcher's is the one enforced (harness/launcher/watch.py):
 this wrapper says when the rank started ("setup_start"), the script may say when its first
 forward ran (harness/ranks/open_api.py), and the hard kill holds whatever it says. A script that
-returns (or exits with code 0) is a finished rank, once its non-daemon threads are done; an
+returns (or exits with code 0) is a finished rank, once its non-daemon threads are done (told to
+stop first, as Python's exit tells them: an idle thread pool is not a running save); an
 exception or a non-zero exit is a failure report, as in the fixed loop. A script that leaves with
 os._exit skips its report and ends `crashed`.
 """
@@ -54,8 +55,20 @@ def run_script(job: dict) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise ScriptExit(f"{job['script']} exited with code {exc.code!r}") from None
-    # As at interpreter exit: the script's own threads (an asynchronous checkpoint save) finish first.
-    # The launcher's hard limit bounds the wait.
+    finish_threads()
+
+
+def finish_threads() -> None:
+    """What the interpreter's own exit does with the script's threads, in its order: first the
+    callbacks that tell helper threads to stop (concurrent.futures registers one: the idle pool
+    torch.compile leaves behind waits on its queue until told, and would be joined forever), then a
+    join of every non-daemon thread (an asynchronous checkpoint save finishes). The launcher's hard
+    limit bounds the wait."""
+    for call in reversed(list(getattr(threading, "_threading_atexits", []))):
+        try:
+            call()
+        except Exception:  # noqa: BLE001  (one helper's failure must not keep the others running)
+            pass
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
@@ -93,7 +106,7 @@ def main(argv: list[str]) -> None:
         channel.send("result", peak_mem_gib=_peak_mem_gib(), division="open")
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
         open_api._channel = None
-        report = describe_failure(exc)
+        report = describe_failure(exc, job.get("submission_dir"))
         print(report["traceback"], file=sys.stderr, flush=True)
         channel.send("error", **report)
         code = 1
