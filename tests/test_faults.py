@@ -4,6 +4,7 @@ collective timeout 8 s, SIGTERM->SIGKILL after 2 s; on one rank (`one_rank`, `qu
 second would show nothing more, on two where the fault is between ranks."""
 
 import csv
+import json
 import shutil
 import os
 import signal
@@ -74,6 +75,36 @@ def test_exception_on_one_rank_is_crashed_with_its_traceback(cli, tmp_path):
     # Seen when it happens, not when a peer's collective times out.
     assert record["launcher_train_time_s"] < record["track"]["collective_timeout_s"], "the crash was not seen at once"
     assert_clean(record, tmp_path, cli)
+
+
+def line_of(fixture: str, marker: str) -> int:
+    lines = (FIXTURES / fixture / "model.py").read_text().splitlines()
+    return next(number for number, text in enumerate(lines, 1) if marker in text)
+
+
+def test_a_shape_error_in_a_second_file_is_named_at_that_files_line_everywhere(cli, tmp_path):
+    # submission.py builds the model of model.py, whose forward multiplies mismatched shapes: the team
+    # must be sent to model.py's line, not to submission.py (whose check found it) nor to torch's linear.py.
+    site = f"model.py:{line_of('second_file_shape_error', 'SHAPE ERROR LINE')}"
+    checked = cli("check", str(FIXTURES / "second_file_shape_error"), "--track", str(TINY_TRACK), "--json")
+    assert checked.code == 1
+    (problem,) = json.loads(checked.out)["problems"]
+    assert problem["file"] == site and "mat1 and mat2 shapes" in problem["problem"], problem
+    result = run_fixture(cli, "second_file_shape_error", track=one_rank(tmp_path))
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "invalid" and record["reason"].startswith(f"{site}: RuntimeError: mat1"), record["reason"]
+    assert f"{site}: RuntimeError" in (run_dir / "logs" / "preflight.log").read_text()
+
+
+def test_a_crash_in_a_second_file_names_that_files_line_in_the_reason(cli, tmp_path):
+    site = f"model.py:{line_of('second_file_crash', 'CRASH LINE')}"
+    result = run_fixture(cli, "second_file_crash")
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and record["failing_rank"] == 1
+    assert record["reason"] == f"rank 1: {site}: RuntimeError: boom in model.py at step 3", record["reason"]
+    assert_clean(record)
 
 
 def test_forward_sleeping_past_the_budget_is_killed_at_the_hard_limit(cli, tmp_path):

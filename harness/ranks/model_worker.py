@@ -25,6 +25,8 @@ from pathlib import Path
 
 from harness.ranks.wire import DTYPES, ERROR, LOGITS, QUIT, READY, SANDBOX, SETUP, receive, send
 
+_team_dir: str | None = None  # the submission this process runs: a failure's reason names its file:line
+
 
 def load_model(checkpoint: str, submission_dir: str, device, model_file: str = "submission.py"):
     """The trained model, rebuilt by the submission's get_model from the checkpoint's config alone,
@@ -81,6 +83,8 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     if kind != SETUP:
         raise ValueError("expected setup first")
     setup = json.loads(payload)
+    global _team_dir
+    _team_dir = setup.get("submission_dir")
     from harness.ranks import sandbox
 
     # All before the submission, on one thread (sandbox.enter); torch is loaded below, or already (the template's).
@@ -142,7 +146,7 @@ def main(argv: list[str]) -> None:
     except BaseException as exc:  # every failure becomes a report the scorer turns into a status
         from harness.ranks.process import describe_failure
 
-        report = describe_failure(exc)
+        report = describe_failure(exc, _team_dir)
         print(report["traceback"], file=sys.stderr, flush=True)
         try:
             send(replies, ERROR, payload=json.dumps(report, default=str).encode())

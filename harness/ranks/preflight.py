@@ -22,13 +22,18 @@ from typing import Any
 CAUSALITY_WINDOW = 128
 
 
-def _problem(exc: BaseException) -> dict:
+def _problem(exc: BaseException, team_dir: str) -> dict:
+    """One problem, named at the team's innermost file:line where the team's code is on its traceback
+    (a shape error in model.py:63 is model.py's, even when the check of submission.py found it)."""
+    from harness.ranks.process import team_site
     from harness.submission.contract import SubmissionError
 
+    site = team_site(exc, team_dir)
     if isinstance(exc, SubmissionError):
-        return {"file": exc.file, "problem": exc.problem, "fix": exc.fix}
+        return {"file": site or exc.file, "problem": exc.problem, "fix": exc.fix,
+                **({"traceback": "".join(traceback.format_exception(exc))} if site else {})}
     tb = traceback.extract_tb(exc.__traceback__)
-    where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
+    where = site or next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
     return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": "",
             "traceback": "".join(traceback.format_exception(exc))}
 
@@ -234,14 +239,14 @@ def run_checks(request: dict) -> dict:
         if isinstance(getattr(module, "CONFIG", None), dict):
             report["warnings"] = config_warnings(module.CONFIG)
         sub, problems = inspect_submission(module, folder, request["vocab_size"])
-        report["problems"] += [_problem(p) for p in problems]
+        report["problems"] += [_problem(p, request["submission_dir"]) for p in problems]
         if sub is not None:
             report["config"] = sub.config
             report["compile"] = sub.compile
             report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
                                       request.get("eval_seq_len"), request.get("precision", "bfloat16")))
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
-        report["problems"].append(_problem(exc))
+        report["problems"].append(_problem(exc, request["submission_dir"]))
     report["ok"] = not report["problems"]
     return report
 
@@ -300,7 +305,7 @@ def run_open_checks(request: dict) -> dict:
         report["problems"].append({"file": f"{exc.filename}:{exc.lineno}", "problem": f"syntax error: {exc.msg}.",
                                    "fix": "fix the line shown", "line": (exc.text or "").rstrip("\n")})
     except BaseException as exc:
-        report["problems"].append(_problem(exc))
+        report["problems"].append(_problem(exc, request["submission_dir"]))
     report["ok"] = not report["problems"]
     return report
 
@@ -329,7 +334,10 @@ def main(argv: list[str]) -> None:
         torch.set_num_threads(max(1, int(request.get("threads", 1))))
         report = run_open_checks(request) if request.get("division") == "open" else run_checks(request)
     except BaseException as exc:
-        report = {"ok": False, "problems": [_problem(exc)]}
+        report = {"ok": False, "problems": [_problem(exc, request.get("submission_dir", ""))]}
+    for problem in report["problems"]:  # the log says what the report says, with the traceback where there is one
+        print(f"{problem.get('file')}: {problem.get('problem')}", problem.get("traceback", ""), sep="\n",
+              file=sys.stderr, flush=True)
     report["sandbox"] = box.to_dict()  # the launcher takes the pipe's copy; this one is for a reader of the file
     Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
     sys.stdout.flush()

@@ -140,22 +140,50 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
-def describe_failure(exc: BaseException) -> dict:
-    """A rank's failure as a report: status, a one-line reason, the traceback and its kind."""
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what it was raised from or while handling, as a traceback prints them."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def team_site(exc: BaseException, team_dir: str | os.PathLike | None) -> str:
+    """`<file>:<line>` of the innermost frame in the team's own files (under team_dir) of the
+    exception's traceback, its root cause's first (a harness error that wraps the team's names the
+    team's line, not the harness's); "" when no frame is the team's. The path is the one the process
+    ran; the launcher names it relative to the submission folder (assemble.name_team_files)."""
+    if not team_dir:
+        return ""
+    roots = {os.path.join(str(team_dir), ""), os.path.join(os.path.realpath(team_dir), "")}
+    for cause in reversed(_causes(exc)):
+        for frame in reversed(traceback.extract_tb(cause.__traceback__)):
+            if any(frame.filename.startswith(root) for root in roots):
+                return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = None) -> dict:
+    """A rank's failure as a report: status, a one-line reason, the traceback and its kind. Where the
+    team's code is on the traceback, the reason starts with its innermost file:line (team_site)."""
     from harness.submission.contract import SubmissionError
 
     tb = "".join(traceback.format_exception(exc))
     last = f"{type(exc).__name__}: {exc}".strip().splitlines()
     line = last[0] if last else type(exc).__name__
+    site = team_site(exc, team_dir)
+    at = f"{site}: " if site else ""
     if isinstance(exc, SubmissionError):
-        return {"status": "invalid", "reason": str(exc), "traceback": tb, "cause": "contract"}
+        reason = f"{site}: {exc.problem}" + (f" Fix: {exc.fix}" if exc.fix else "") if site else str(exc)
+        return {"status": "invalid", "reason": reason, "traceback": tb, "cause": "contract"}
     if getattr(exc, "harness_status", None):
         return {"status": exc.harness_status, "reason": str(exc), "traceback": tb, "cause": "rule"}
     if is_oom(exc):
-        return {"status": "crashed", "reason": f"out of memory ({line[:200]})", "traceback": tb, "cause": "oom"}
+        return {"status": "crashed", "reason": f"{at}out of memory ({line[:200]})", "traceback": tb, "cause": "oom"}
     if is_collective_error(exc):
         return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "collective"}
-    return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "exception"}
+    return {"status": "crashed", "reason": f"{at}{line[:300]}", "traceback": tb, "cause": "exception"}
 
 
 def ended_how(returncode: int | None) -> str:
