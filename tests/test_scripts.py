@@ -1,18 +1,93 @@
-"""A newcomer's first hour: the scripts of the README's quickstart, and a clean checkout after them."""
+"""A newcomer's first hour: the scripts of the README's quickstart, and a clean checkout after them.
+
+The install scripts run here against a fake machine: a `python3` whose venv's `pip`, `python` and
+`harness` only record how they were called, and a `uname` that names the system. What is tested is
+what the scripts ask for (which torch, from which index, which command after), not pip itself.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def _git(*args: str) -> str:
     proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
     assert proc.returncode == 0, f"git {' '.join(args)} failed (these tests read the checkout's index): {proc.stderr}"
     return proc.stdout
+
+
+def _fake_machine(tmp_path: Path, system: str, torch_installed: bool = False, harness_exit: int = 0):
+    """A copy of the scripts in an empty repository, and a PATH whose python3 makes a venv of recorders.
+    Returns (repository, env, calls): `calls()` is the recorded command lines, one per call."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("setup-venv", "quickstart"):
+        shutil.copy2(ROOT / "scripts" / name, repo / "scripts" / name)
+    log = tmp_path / "calls.log"
+    template = tmp_path / "venv-template" / "bin"
+    template.mkdir(parents=True)
+    tools = {"pip": 0, "harness": harness_exit, "python": 0 if torch_installed else 1}  # python: `import torch`
+    for tool, code in tools.items():
+        (template / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\nexit {code}\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\n[ "$1 $2" = "-m venv" ] || exit 99\ncp -r "{template.parent}" "$3"\n')
+    (bin_dir / "uname").write_text(f'#!/bin/sh\n[ "$1" = "-s" ] || exit 99\necho {system}\n')
+    for path in [*template.iterdir(), *bin_dir.iterdir()]:
+        path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_TORCH_VERSION"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+
+    def calls() -> list[list[str]]:
+        return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+    return repo, env, calls
+
+
+def _torch_install(calls: list[list[str]]) -> list[str] | None:
+    found = [c for c in calls if c[:2] == ["pip", "install"] and any(a.startswith("torch") for a in c)]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("system, version, wanted, index", [
+    ("Linux", None, "torch==2.13.0+cpu", CPU_INDEX),  # PyPI's Linux torch is the CUDA build: GBs
+    ("Linux", "2.12.1", "torch==2.12.1+cpu", CPU_INDEX),
+    ("Darwin", None, "torch==2.13.0", None),  # PyPI's macOS wheels are the CPU build
+])
+def test_setup_venv_installs_the_cpu_build_of_torch_first(tmp_path, system, version, wanted, index):
+    repo, env, calls = _fake_machine(tmp_path, system)
+    if version:
+        env["HARNESS_TORCH_VERSION"] = version
+    proc = subprocess.run([str(repo / "scripts" / "setup-venv"), "[test]"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pips = [c for c in calls() if c[0] == "pip"]
+    torch = _torch_install(pips)
+    assert torch is not None and wanted in torch and pips.index(torch) == 0, pips
+    assert (torch[torch.index("--extra-index-url") + 1] if "--extra-index-url" in torch else None) == index, torch
+    if index:  # an unreachable index (an offline machine with the wheel in pip's find-links) costs seconds
+        assert torch[torch.index("--retries") + 1] == "1" and torch[torch.index("--timeout") + 1] == "10", torch
+    assert pips[-1][:2] == ["pip", "install"] and pips[-1][-2:] == ["-e", ".[test]"], pips
+
+
+def test_setup_venv_keeps_the_torch_already_installed(tmp_path):
+    """On a GPU machine the team installs its CUDA build into .venv first: the script must not replace it."""
+    repo, env, calls = _fake_machine(tmp_path, "Linux", torch_installed=True)
+    (repo / ".venv").mkdir()
+    shutil.copytree(tmp_path / "venv-template" / "bin", repo / ".venv" / "bin")
+    proc = subprocess.run([str(repo / "scripts" / "setup-venv")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert _torch_install(calls()) is None and calls()[-1] == ["pip", "install", "--quiet", "-e", "."], calls()
 
 
 def test_no_tracked_file_lies_where_a_run_writes_by_default(monkeypatch):
