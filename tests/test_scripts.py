@@ -8,6 +8,7 @@ what the scripts ask for (which torch, from which index, which command after), n
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -88,6 +89,32 @@ def test_setup_venv_keeps_the_torch_already_installed(tmp_path):
     proc = subprocess.run([str(repo / "scripts" / "setup-venv")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert _torch_install(calls()) is None and calls()[-1] == ["pip", "install", "--quiet", "-e", "."], calls()
+
+
+@pytest.mark.parametrize("harness_exit", [0, 1])
+def test_quickstart_runs_the_baseline_and_ends_by_saying_how_to_type_harness(tmp_path, harness_exit):
+    """`harness` lives in .venv/bin, which no script can put on its caller's PATH: the quickstart's last line
+    says how, whatever the run's outcome, and its exit code is the run's."""
+    repo, env, calls = _fake_machine(tmp_path, "Linux", harness_exit=harness_exit)
+    proc = subprocess.run([str(repo / "scripts" / "quickstart"), "--seed", "2"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == harness_exit, proc.stderr
+    assert calls()[-1] == ["harness", "run", "submissions/baseline", "--seed", "2"], calls()
+    output = (proc.stdout + proc.stderr).strip().splitlines()
+    assert output and "source .venv/bin/activate" in output[-1], output
+
+
+def test_the_readme_activates_the_venv_before_its_first_harness_command():
+    """Every `harness ...` the README asks for is typed in a shell where .venv is active: the quickstart block
+    says to activate it, before any later part of the README uses `harness` (the opening paragraph above the
+    quickstart describes the command; it asks nothing)."""
+    text = (ROOT / "README.md").read_text()
+    text = text[text.index("## Quickstart\n"):]
+    quickstart = re.search(r"```\n(.*?)```", text, re.S).group(1)
+    lines = [line.split("#")[0].strip() for line in quickstart.splitlines()]
+    assert lines[:2] == ["scripts/quickstart", "source .venv/bin/activate"], lines
+    first_harness = re.search(r"(?m)(^|`)harness [a-z]", text)
+    assert text.index("source .venv/bin/activate") < first_harness.start(), first_harness.group(0)
 
 
 def test_no_tracked_file_lies_where_a_run_writes_by_default(monkeypatch):
