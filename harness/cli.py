@@ -162,8 +162,8 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
         raise SetupError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(result.__dict__, indent=2))
-    elif result.status != "ok":
-        click.echo(f"evaluation {result.status}: {result.reason}", err=True)
+    elif result.status != "ok":  # the outcome is the result, as a run's summary is; exit 1 says it failed
+        click.echo(f"evaluation {result.status}: {result.reason}")
     else:
         line = f"val_loss {result.val_loss:.6f} over {result.val_tokens} tokens with {result.world_size} rank(s)"
         if result.recorded_val_loss is not None:
@@ -217,12 +217,13 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
     if watch_s is None:
         rebuild_all()
         return
+    # What the watcher is doing goes to stderr; stdout has one line per rebuild, the result.
     click.echo(f"watching {root} for {', '.join(tracks)}: rebuilding when records change (every {watch_s:g} s; "
-               "Ctrl-C stops)")
+               "Ctrl-C stops)", err=True)
     try:
         watch(root, tracks, rebuild_all, every_s=watch_s)
     except KeyboardInterrupt:
-        click.echo("stopped")
+        click.echo("stopped", err=True)
 
 
 

@@ -31,6 +31,8 @@ def test_every_problem_is_listed_at_once(cli):
     assert result.code == 1
     assert "REJECTED: 2 problem(s)" in result.out
     assert "CONFIG has no `seq_len`" in result.out and "smaller than the track's vocabulary" in result.out
+    # The organisers' command is what an accepted submission will face; a rejected one is not run at all.
+    assert "organisers run" not in result.out and "harness run" not in result.out
 
 
 def test_a_peeking_model_and_the_screen_are_reported(cli):

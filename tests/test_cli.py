@@ -1,6 +1,7 @@
-"""The command line itself: help, and setup errors that stop before anything runs (exit code 2)."""
+"""The command line itself: help, setup errors that stop before anything runs (exit code 2), and which
+stream says what (results on stdout, progress and errors on stderr)."""
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT, TINY_TRACK
 
 
 def test_help_lists_the_commands(cli):
@@ -69,3 +70,14 @@ def test_leaving_without_teardown_still_does_what_an_exit_must(tmp_path):
         assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (3, "buffered, no newline", "atexit ran"), name
         if name:
             assert path.exists() == written, name
+
+
+def test_the_summary_goes_to_stdout_and_progress_to_stderr(cli):
+    """`harness run ... > out.txt` keeps the result: the summary is on stdout, the phases on stderr (a
+    submission refused by the check: its run is seconds long, and both streams have lines)."""
+    result = cli("run", str(FIXTURES / "syntax_error"), "--track", str(TINY_TRACK))
+    assert result.code == 1, result.text
+    out = result.out.splitlines()
+    assert out[0].startswith("status     invalid") and any(line.startswith("record     ") for line in out), result.out
+    assert "checking the submission" not in result.out and "checking the submission" in result.err
+    assert "status     invalid" not in result.err and "record     " not in result.err

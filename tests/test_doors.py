@@ -133,7 +133,7 @@ def test_a_model_that_arrives_trained_is_flagged(cli, tmp_path, cache_dir, monke
         assert "PRETRAINS loaded shipped weights" in (run_dir / "logs" / "rank0.log").read_text()
     else:
         assert "PRETRAINS trained before the clock" in (run_dir / "logs" / "rank0.log").read_text()
-    assert "FLAGGED" in result.err
+    assert "FLAGGED" in result.out
 
 
 def test_a_checkpoint_swapped_after_the_save_is_never_scored(cli, tmp_path):

@@ -61,7 +61,7 @@ def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fix
     assert record["reason"].startswith("submission.py"), record["reason"]
     assert str(tmp_path) not in record["reason"] and str(FIXTURES) not in record["reason"]
     assert not (run_dir / "logs" / "rank0.log").exists(), "ranks were started for an invalid submission"
-    assert "status     invalid" in result.err
+    assert "status     invalid" in result.out
     assert_clean(record, tmp_path, cli)
 
 

@@ -44,7 +44,7 @@ def test_a_patched_clock_is_caught_by_the_launchers_own_measurement(cli, tmp_pat
     assert record["train_time_s"] <= budget + record["max_step_s"]  # what the cheated ranks believed
     assert record["launcher_train_time_s"] > budget / 0.6 * 0.9  # what really happened: the slowdown, less 10%
     assert record["tokens_per_s"] == record["tokens"] / record["launcher_train_time_s"]  # the enforced window
-    assert "FLAGGED" in result.err
+    assert "FLAGGED" in result.out
     board = (tmp_path / "leaderboard" / "tiny.csv").read_text().splitlines()
     assert board[1].startswith(",clock_cheat,") and ",flagged," in board[1]  # listed, not ranked
 
@@ -76,7 +76,7 @@ def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_pat
     else:
         assert "TAMPER: wrote" in log.read_text()
         assert record["flagged"] is True and str(victim) in record["flag_reason"]
-        assert "FLAGGED" in result.err
+        assert "FLAGGED" in result.out
         assert any("training ranks ran without the sandbox" in w for w in record["warnings"])
     text = board.read_text()
     assert "HACKED" not in text and ",victim," in text
@@ -144,4 +144,4 @@ def test_a_process_that_pretends_to_be_a_rank_is_refused_and_flags_the_run(cli, 
     assert record["flagged"] is True and "pretended to be a rank" in record["flag_reason"]
     assert any("claimed rank 0, already reporting" in r for r in record["refused_reports"])
     assert record["launcher_train_time_s"] > record["budget_s"] - 1.0
-    assert "FLAGGED" in result.err
+    assert "FLAGGED" in result.out

@@ -44,7 +44,7 @@ def test_two_nodes_give_the_same_kind_of_record_as_one(tmp_path, cache_dir):
     assert node1["status"] == "ok" and record["nodes"]["1"]["status"] == "ok"
     for log in ("rank0.log", "rank1.log", "launcher.log", "launcher-node1.log", "preflight-node1.log"):
         assert (run_dir / "logs" / log).is_file(), log
-    assert "node report" in outs[0][1] and "record" in outs[1][1]
+    assert "node report" in outs[0][0] and "record" in outs[1][0]  # the summaries, on stdout
     assert processes_of_run("two-nodes") == []
 
 

@@ -73,3 +73,33 @@ def test_reasons_name_the_teams_files_relative_to_the_submission(tmp_path):
     name_team_files(record, [snapshot, private, tmp_path / "team_x"])
     assert record.reason == "submission.py:5: syntax error"
     assert record.traceback == 'File "model.py", line 3' and record.extra["problems"][0]["file"] == "submission.py:5"
+
+
+def test_on_a_terminal_the_live_line_is_cleared_before_the_summary_goes_to_stdout():
+    """Progress is redrawn on stderr, the summary written to stdout; on a terminal both are the same screen,
+    so stderr's live line is blanked and flushed before the first byte of the summary."""
+    events = []
+
+    class Stream(io.StringIO):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text):
+            events.append((self.name, "write", text))
+            return super().write(text)
+
+        def flush(self):
+            events.append((self.name, "flush", ""))
+
+    err, out = Stream("err"), Stream("out")
+    reporter = ConsoleReporter(err, out=out)
+    reporter.progress("train 1.0s / 30s", key=1)
+    reporter.summary(["status     ok", "record     runs/x"])
+    assert err.getvalue() == "\rtrain 1.0s / 30s" + "\r" + " " * 16 + "\r"
+    assert out.getvalue() == "status     ok\nrecord     runs/x\n"
+    first_out = next(i for i, e in enumerate(events) if e[0] == "out")
+    assert ("err", "flush", "") in events[events.index(("err", "write", "\r" + " " * 16 + "\r")):first_out]

@@ -199,7 +199,7 @@ def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
     _, record = only_record(tmp_path / "runs")
     (warning,) = record["warnings"]
     assert "'learnig_rate'" in warning and "did you mean 'learning_rate'?" in warning
-    assert f"WARNING    {warning}" in result.err and f"warning: {warning}" in result.err
+    assert f"WARNING    {warning}" in result.out and f"warning: {warning}" in result.err
 
 
 def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):

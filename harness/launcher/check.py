@@ -3,8 +3,8 @@
 The same checks as before every run (in a throw-away process): import, the contract, output
 shapes at the run's micro-batch, parameter count and FLOPs per token on the meta device, then the
 model built from CONFIG and one forward and backward at batch 1 for real (dtypes, a finite loss),
-the evaluation length, the causality probe; plus the static screen and the exact command the
-organisers will run. Every problem is listed at once.
+the evaluation length, the causality probe; plus the static screen and, when accepted, the exact
+command the organisers will run. Every problem is listed at once.
 """
 
 from __future__ import annotations
@@ -125,11 +125,12 @@ def render(result: CheckResult) -> list[str]:
         "(warnings, not verdicts: they are in the record too):")
     for f in screen:
         lines.append(f"      WARNING {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
-    row("organisers run", " ".join(result.command))
+    if result.accepted:  # a rejected submission is never run: its command would read as a promise
+        row("organisers run", " ".join(result.command))
+        if t.nnodes > 1:
+            row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
     for w in result.warnings:
         lines.append(f"  WARNING: {w}")
-    if t.nnodes > 1:
-        row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
     if result.accepted:
         lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")
     else:

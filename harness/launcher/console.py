@@ -1,9 +1,12 @@
 """What a person sees: one updating progress line while a job runs, then a short summary.
 
 The library reports through a Reporter; NullReporter has the same methods and says nothing
-(tests, library use), ConsoleReporter writes to stderr: on a terminal one line redrawn in place;
-in a log (not a terminal) a line only when there is something new: once per phase, and once per
-progress report during training (the track's log interval), never the same line twice.
+(tests, library use). ConsoleReporter writes the summary, the command's result, to stdout, and
+everything else (phases, progress, errors) to stderr, so that `harness run ... > out.txt` keeps
+the result and a terminal still shows the progress. On a terminal the progress is one line
+redrawn in place; in a log (not a terminal) a line only when there is something new: once per
+phase, and once per progress report during training (the track's log interval), never the same
+line twice.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ class NullReporter:
 
 
 class ConsoleReporter(NullReporter):
-    def __init__(self, stream: TextIO | None = None):
-        self.stream = stream or sys.stderr
+    def __init__(self, stream: TextIO | None = None, out: TextIO | None = None):
+        self.stream = stream or sys.stderr  # progress, phases, errors
+        self.out = out or sys.stdout  # the summary: what the command produced
         self.tty = self.stream.isatty()
         self._last_key: object = None
         self._live = False
@@ -86,6 +90,9 @@ class ConsoleReporter(NullReporter):
         self.stream.flush()
 
     def summary(self, lines: list[str]) -> None:
+        # On a terminal stdout and stderr are one screen: blank the live progress line, and flush it,
+        # before the summary's first byte, or the summary would be written over a half-cleared line.
         self._clear()
-        self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
+        self.out.write("\n".join(lines) + "\n")
+        self.out.flush()
