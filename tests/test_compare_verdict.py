@@ -138,3 +138,10 @@ def test_p_values_are_never_written_as_zero(p, text):
                                                  (None, False, "-")])
 def test_numbers_are_written_one_way(value, signed, text):
     assert compare.format_number(value, signed) == text
+
+
+def test_a_max_steps_of_the_wrong_type_reads_as_bounded_by_time():
+    odd = run(2.1, 1)
+    odd["track"] = {**odd["track"], "max_steps": "lots"}
+    assert compare.setup_of(odd)["max_steps"] == 0 and compare.setup_of(run(2.0, 1, max_steps=200))["max_steps"] == 200
+    assert verdict(sides([run(2.0, 1)], [odd]))[0].startswith("A has the lower val_loss than B")

@@ -187,7 +187,8 @@ SETUP_KEYS = (("track", "track"), ("max_steps", "--max-steps"),
 def setup_of(run: dict) -> dict[str, Any]:
     """How a run was made, as far as it decides its val_loss; None where the record does not say."""
     track = run.get("track") or {}
-    max_steps = int(track.get("max_steps") or 0)  # records from before --max-steps trained to the budget
+    bound = track.get("max_steps")  # absent from records made before --max-steps: they trained to the budget
+    max_steps = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
     machine = run.get("machine") or {}
     hardware = ", ".join(f"{v}" for v in (run.get("device_name"), machine.get("cpu")) if v)
     if hardware and machine.get("cores"):
