@@ -70,7 +70,7 @@ def test_a_clear_difference_is_not_buried_in_advice():
     """Guard: an honest, well-measured difference gets its one sentence."""
     a = [run(2.000, 1), run(2.010, 2), run(2.005, 3)]
     b = [run(2.100, 1), run(2.110, 2), run(2.120, 3)]
-    assert verdict(sides(a, b)) == ["A beats B by 0.105 ± 0.02078 (95% CI), Welch p = 0.000565: significant."]
+    assert verdict(sides(a, b)) == ["A beats B by 0.105 ± 0.02078 (95% CI), Welch p < 0.001: significant."]
 
 
 def test_significant_but_noisier_than_the_difference_says_a_single_run_could_differ():
@@ -121,13 +121,13 @@ def test_a_repeated_seed_is_named():
     a = [run(2.0, 1, steps=100, max_steps=100), run(2.0, 1, steps=100, max_steps=100)]
     b = [run(2.1, 1, steps=100, max_steps=100), run(2.1, 2, steps=100, max_steps=100)]
     lines = verdict(sides(a, b))
-    assert lines[0] == "A beats B by 0.1 ± 0 (95% CI), Welch p < 0.0001: significant."
+    assert lines[0] == "A beats B by 0.1 ± 0 (95% CI), Welch p < 0.001: significant."
     assert lines[1].startswith("A ran seed 1 more than once: a repeated seed is the same model and data order again")
     assert not any(line.startswith("B ran seed") for line in lines)
 
 
-@pytest.mark.parametrize("p, text", [(0.0, "< 0.0001"), (3e-300, "< 0.0001"), (9.9e-5, "< 0.0001"),
-                                     (1e-4, "0.0001"), (0.000565, "0.000565"), (0.0496, "0.0496"), (None, "n/a")])
+@pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (3e-300, "< 0.001"), (0.000565, "< 0.001"),
+                                     (0.001, "0.001"), (0.00123, "0.00123"), (0.0496, "0.0496"), (None, "n/a")])
 def test_p_values_are_never_written_as_zero(p, text):
     assert compare.format_p(p) == text
 

@@ -150,7 +150,8 @@ def welch_line(ref: Side, side: Side, cmp: Comparison) -> str:
 
 # --------------------------------------------------------------------------- numbers, one way
 
-P_FLOOR = 1e-4  # a t-test's p below this speaks of the normal distribution's tails, not of a few runs
+# A t-test's p below this speaks of the normal distribution's tails, not of a few runs; the leaderboard's floor too.
+P_FLOOR = 1e-3
 
 
 def format_number(value: float | None, signed: bool = False) -> str:
@@ -164,7 +165,7 @@ def format_number(value: float | None, signed: bool = False) -> str:
 
 def format_p(p: float | None) -> str:
     """A p-value, never `0`: a test on a handful of runs makes no difference certain (and two sides without
-    spread give p = 0.0 exactly); below P_FLOOR it is `< 0.0001`."""
+    spread give p = 0.0 exactly); below P_FLOOR it is `< 0.001`."""
     if p is None:
         return "n/a"
     return f"< {P_FLOOR:g}" if p < P_FLOOR else f"{p:.3g}"
