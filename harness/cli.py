@@ -269,12 +269,12 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, fmt, chart_path):
 
 
 def _compare_table(sides, rows) -> str:
+    from harness.results.compare import format_number, format_p
+
     def num(v, ratio=False):
         if v is None:
             return "-"
-        if ratio:
-            return f"x{v:.3f}"
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+        return f"x{v:.3f}" if ratio else format_number(v)
 
     ref = sides[0].label
     header = ["metric"] + [f"{s.label} (n={len(s.runs)})" for s in sides] + \
@@ -291,11 +291,11 @@ def _compare_table(sides, rows) -> str:
                 cells.append(num(row[f"{prefix}: ratio"], ratio=True))
             else:
                 d, ci = row[f"{prefix}: diff"], row[f"{prefix}: ci95"]
-                cells.append("-" if d is None else f"{d:+.4g}" + (f" ± {num(ci)}" if ci is not None else ""))
+                cells.append("-" if d is None else format_number(d, True) + (f" ± {num(ci)}" if ci is not None else ""))
         for s in sides[1:]:
             p = row[f"{s.label} vs {ref}: p"]
             cells.append("n/a (1 run)" if p is None and row[f"{s.label} vs {ref}: note"].startswith("one run")
-                         else ("-" if p is None else f"{p:.3g}"))
+                         else ("-" if p is None else format_p(p)))
         lines.append(cells)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths))]

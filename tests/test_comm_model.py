@@ -134,3 +134,61 @@ def test_track_defaults_are_an_hgx_b300():
     assert bus_bandwidth(LARGE, 8, b300) / 1e9 == pytest.approx(720, rel=0.01)
     assert bus_bandwidth(LARGE, 32, b300) / 1e9 == pytest.approx(720, rel=0.02)  # 8 x 96 GB/s of NICs > NVLink
     assert math.isclose(b300.inter_bytes_per_s, 96e9)
+
+
+# A busy 2-core CPU, the local track's links (gloo, 2 ranks a node) and the baseline's 425,984 parameters.
+BUSY_GRAD_BYTES, BUSY_STEP_S = 4 * 425_984, 0.05
+
+
+def busy_points(overhead_s: float, spread_s: float | None, probe_comm_s: float | None = None) -> list[dict]:
+    return [{"world_size": 1, "overhead_s": 0.0, "step_s": BUSY_STEP_S, "step_s_spread": spread_s},
+            {"world_size": 2, "overhead_s": overhead_s, "step_s": BUSY_STEP_S + overhead_s, "step_s_spread": spread_s,
+             "probe_comm_s": probe_comm_s}]
+
+
+def local_links() -> Links:
+    from harness.tracks.spec import load_track
+
+    return Links.from_interconnect(load_track("local").interconnect, 2)
+
+
+def test_a_link_fitted_from_noise_is_refused():
+    """A 40 ms overhead at 2 ranks is a 35 MB/s link when nothing says how noisy the steps were; when the steps
+    themselves spread by 25 ms at each size, that overhead is inside the noise and no link is fitted from it."""
+    fit_kw = {"backward_s": 2 / 3 * BUSY_STEP_S, "grad_bytes": BUSY_GRAD_BYTES, "links": local_links()}
+    unknown = fit_intra_node(busy_points(0.040, None), **fit_kw)
+    assert unknown["links"].intra_bytes_per_s == pytest.approx(35e6, rel=0.1)  # what a noisy set used to give
+    noisy = fit_intra_node(busy_points(0.040, 0.025, probe_comm_s=0.030), **fit_kw)
+    assert noisy["links"] is None
+    assert noisy["refused"] == ("the step-time overheads (40.00 ms at 2 (noise ±70.71 ms)) are within 2 standard "
+                                "deviations of the step times: the measurement cannot tell the link (a busy machine? "
+                                "measure on a quiet one, with more --steps)")
+    assert noisy["inputs"] == [{"world_size": 2, "overhead_s": 0.040, "noise_s": pytest.approx(0.025 * 2**0.5),
+                                "probe_comm_s": 0.030}]
+
+
+def test_an_overhead_the_probe_does_not_find_is_not_blamed_on_the_link():
+    """Above the noise, but the probe (synchronised against compute-only steps at 2 ranks) finds 4 ms of the
+    40 ms as exposed all-reduce: the rest is the ranks competing for the cores, not a 35 MB/s link."""
+    fit = fit_intra_node(busy_points(0.040, 0.002, probe_comm_s=0.004), backward_s=2 / 3 * BUSY_STEP_S,
+                         grad_bytes=BUSY_GRAD_BYTES, links=local_links())
+    assert fit["links"] is None
+    assert fit["refused"].startswith("at 2 the step grew by 40.00 ms but the communication probe measured 4.00 ms")
+
+
+def test_an_honest_measurement_is_still_fitted():
+    """Overheads made by a known link, steps that spread by 1% of the smallest overhead, and a probe that finds
+    the overhead as communication: fitted, and the link recovered."""
+    truth = Links(8, 2e9, 1e9, 300e-6, 100e-6, 200e-6)
+    grad, backward = 4 * 500_000, 0.004
+    points = [{"world_size": 1, "overhead_s": 0.0, "step_s": 0.006, "step_s_spread": 0.0}]
+    for n in (2, 4, 8):
+        exposed = exposed_comm(grad, backward, n, truth)["exposed_s"]
+        points.append({"world_size": n, "overhead_s": exposed, "step_s_spread": 0.0, "probe_comm_s": 0.9 * exposed})
+    smallest = min(p["overhead_s"] for p in points[1:])
+    for p in points:
+        p["step_s_spread"] = 0.01 * smallest
+    fit = fit_intra_node(points, backward_s=backward, grad_bytes=grad, links=Links(8, 50e9, 1e9, 3e-6, 100e-6, 200e-6))
+    assert "refused" not in fit
+    assert fit["links"].intra_bytes_per_s == pytest.approx(2e9, rel=0.1)
+    assert fit["links"].intra_latency_s == pytest.approx(300e-6, rel=0.2)

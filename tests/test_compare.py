@@ -48,3 +48,23 @@ def test_unknown_side_is_a_clear_error(cli, tmp_path):
     assert "Did you mean" not in result.err and "Teams: alpha, bravo, charlie." in result.err
     near = cli("compare", "alpah", "bravo", "--runs-dir", str(runs))
     assert near.code == 2 and "Did you mean: alpha?" in near.err
+
+
+def test_sides_made_differently_and_exact_p_values_are_said_plainly(cli, tmp_path):
+    """Two runs a side with no spread give Welch p = 0.0 exactly: printed `< 0.001`, never `0`. One side
+    trained to the budget, the other bounded by --max-steps: the verdict says they are not comparable."""
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        make_run(runs, "alpha", 2.0, seed=seed)
+        bounded = make_run(runs, "bravo", 2.1, seed=seed, official=False)
+        record = json.loads((bounded / "run.json").read_text())
+        record["track"]["max_steps"] = 200
+        (bounded / "run.json").write_text(json.dumps(record))
+    result = cli("compare", "alpha", "bravo", "--all", "--runs-dir", str(runs), "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result.err
+    val_row = next(line for line in result.out.splitlines() if line.startswith("val_loss "))
+    assert val_row.split()[-2:] == ["<", "0.001"]  # the p column
+    assert "alpha beats bravo by 0.1 ± 0 (95% CI), Welch p < 0.001: significant." in result.out
+    assert "p = 0" not in result.out and "  0  " not in val_row
+    assert ("alpha and bravo are not comparable: their runs differ in --max-steps (alpha: none (the time budget); "
+            "bravo: 200)") in result.out

@@ -79,3 +79,37 @@ def test_measurements_the_probe_or_arithmetic_contradicts_are_flagged():
     assert above.startswith("1.130 at 2 is above 1: the one-device measurement ran slower")
     (contention,) = measurement_notes([point(1, 1.0, 1.0), point(2, 0.42, 1.026)])
     assert "probe found no exposed all-reduce (1.026)" in contention and "fell to 0.420" in contention
+
+
+def test_a_fit_the_measurement_cannot_support_is_refused_and_the_record_and_report_say_why(tmp_path):
+    """On a busy CPU the steps at 1 and 2 ranks spread by more than the step grew: the prediction keeps the
+    track's intra-node figures, `model.fit.refused` says why, and so does the printed report."""
+    from harness.launcher.scale import build_model, scale_lines
+    from harness.tracks.spec import load_track
+
+    points = _points(0.55)
+    for p in points:
+        p["step_s_spread"] = 0.25
+    model = build_model(load_track("local"), 2, points, params=425984)
+    summary = model.pop("summary")
+    assert summary["intra_node_from"] == "the track's [interconnect]"
+    assert summary["links"] == summary["track_links"] and model["links"].describe() == summary["track_links"]
+    assert summary["fit"]["refused"].startswith("the step-time overheads (300.00 ms at 2 (noise ±707.11 ms)) are "
+                                                "within 2 standard deviations of the step times")
+    record = {"device_name": "cpu", "notes": [], "model": summary, "prediction": {},
+              "points": [{**p, "tokens_per_s": 1000.0, "weak_scaling_efficiency": 1.0} for p in points]}
+    lines = scale_lines(record, tmp_path)
+    assert f"  - fit refused: {summary['fit']['refused']}; the prediction uses the track's intra-node figures" in lines
+
+
+def test_the_step_times_are_the_gaps_between_rank_0s_reports_after_warm_up():
+    from harness.launcher.channel import Message
+    from harness.launcher.scale import timed_step_times
+
+    def progress(rank: int, step: int, t: float) -> Message:
+        return Message("progress", {"rank": rank, "step": step, "train_time_s": t}, 0.0)
+
+    times = [0.0, 0.5, 0.6, 0.7, 0.9, 1.0, 1.3]  # agreement before steps 0..6: steps 0-1 warm up
+    messages = [progress(0, s, t) for s, t in enumerate(times) if s != 5]  # step 5's report never arrived
+    messages += [progress(1, 3, 99.0), Message("result", {"rank": 0, "step": 4, "train_time_s": 0.0}, 0.0)]
+    assert timed_step_times(messages[::-1], warmup_steps=2) == [pytest.approx(0.1), pytest.approx(0.2)]

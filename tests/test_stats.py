@@ -5,6 +5,7 @@ import math
 import pytest
 from scipy import stats as ref
 
+import harness.results.stats as stats
 from harness.results.stats import summarize, t_quantile, t_sf, welch
 
 
@@ -34,3 +35,20 @@ def test_welch_gives_scipys_p_value_and_interval():
     assert c.diff + c.ci95 == pytest.approx(interval.high, rel=1e-10)
     assert c.significant is bool(expected.pvalue < 0.05)
     assert welch([2.6], b).p_value is None and math.isclose(welch([2.6], b).diff, 2.6 - sum(b) / 3)
+
+
+def _t_test_power(n: int, std_over_diff: float) -> float:
+    """The exact power of a two-sided t-test at 0.05 with n runs a side (the noncentral t), as a check."""
+    dof, shift = 2 * n - 2, math.sqrt(n / 2) / std_over_diff
+    critical = ref.t.ppf(0.975, dof)
+    return float(ref.nct.sf(critical, dof, shift) + ref.nct.cdf(-critical, dof, shift))
+
+
+@pytest.mark.parametrize("std_over_diff", [0.3, 0.5, 1.0, 2.0, 5.0])
+def test_runs_needed_is_the_fewest_runs_with_80_percent_power(std_over_diff):
+    """The count `harness compare` asks for: with it, the exact power of the t-test is about 0.8; one fewer
+    run a side falls short of 0.8."""
+    n = stats.runs_needed(std_over_diff * 0.01, 0.01)
+    assert _t_test_power(n, std_over_diff) >= 0.79
+    assert n == 2 or _t_test_power(n - 1, std_over_diff) < 0.801
+    assert stats.runs_needed(0.1, 0.0) is None  # equal means: no number of runs separates them

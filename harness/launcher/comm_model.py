@@ -147,12 +147,56 @@ def predict(world_sizes: list[int], *, step_s: float, backward_s: float, grad_by
     return out
 
 
+# When the measurement cannot support a fit of the link (refused, the track's figures kept):
+NOISE_SIGMAS = 2.0  # an overhead within 2 standard deviations of the step-to-step spread is what load alone gives
+PROBE_SHARE_MIN = 0.5  # the probe must find at least half of an overhead as exposed all-reduce to blame the link
+
+
+def step_noise_s(base: dict | None, point: dict) -> float | None:
+    """The spread of the difference between a step at 1 device and a step at N: sqrt(s1^2 + sN^2), s being the
+    standard deviation of each size's timed step times. Not the standard error of their means: t(1) and t(N)
+    are measured one after the other, and on a shared machine the load that makes steps jitter also moves the
+    mean between two measurements, which averaging more steps does not remove. None where not recorded."""
+    s1 = None if base is None else base.get("step_s_spread")
+    sn = point.get("step_s_spread")
+    return None if s1 is None or sn is None else math.hypot(s1, sn)
+
+
+def fit_refusal(base: dict | None, usable: list[dict]) -> str | None:
+    """Why the measured overheads t(N) - t(1) cannot support a fit of the intra-node link, or None.
+
+    - No size's overhead stands out of the noise of the step times (NOISE_SIGMAS x step_noise_s): the fit would
+      be a link made of noise (on a busy CPU, tens of MB/s), then extrapolated to hundreds of devices. Sizes
+      inside the noise still enter a supported fit: their overhead is a measurement of "about 0".
+    - At a size whose overhead does stand out, the communication probe (synchronised against compute-only steps
+      on the same batch, at that size) finds less than PROBE_SHARE_MIN of it as exposed all-reduce: the step grew
+      for another reason (ranks competing for cores, memory bandwidth), and the link is not to blame.
+    """
+    noise = {p["world_size"]: step_noise_s(base, p) for p in usable}
+    above = [p for p in usable if noise[p["world_size"]] is None
+             or p["overhead_s"] > NOISE_SIGMAS * noise[p["world_size"]]]
+    if not above:
+        seen = ", ".join(f"{1000 * p['overhead_s']:.2f} ms at {p['world_size']} (noise ±"
+                         f"{1000 * NOISE_SIGMAS * noise[p['world_size']]:.2f} ms)" for p in usable)
+        return (f"the step-time overheads ({seen}) are within {NOISE_SIGMAS:g} standard deviations of the step "
+                "times: the measurement cannot tell the link (a busy machine? measure on a quiet one, with more "
+                "--steps)")
+    for p in above:
+        comm = p.get("probe_comm_s")
+        if comm is not None and comm < PROBE_SHARE_MIN * p["overhead_s"]:
+            return (f"at {p['world_size']} the step grew by {1000 * p['overhead_s']:.2f} ms but the communication "
+                    f"probe measured {1000 * comm:.2f} ms of exposed all-reduce: most of the overhead is not the link "
+                    "(ranks competing for cores?)")
+    return None
+
+
 def fit_intra_node(points: list[dict], *, backward_s: float, grad_bytes: float, links: Links) -> dict:
     """The intra-node bandwidth and latency per step that make the model's exposed communication match the
     measured step overheads t(N) - t(1) of one node (with one size measured, only the term that dominates
     there); a grid search in log space.
 
-    Returns the fitted Links and how well they fit, or a note saying why the measurement cannot tell.
+    Returns the fitted Links and how well they fit, or a note saying why the measurement cannot tell; a fit
+    the measurement cannot support (fit_refusal) is not made, and `refused` says why.
     """
     usable = [p for p in points if p["world_size"] > 1 and not p.get("oversubscribed")
               and p["world_size"] <= links.devices_per_node]
@@ -161,6 +205,13 @@ def fit_intra_node(points: list[dict], *, backward_s: float, grad_bytes: float, 
     if max(p["overhead_s"] for p in usable) <= 0:
         return {"links": None, "note": "no step overhead was measured at any size (communication hidden or below "
                                        "the noise): the intra-node figures are the track's"}
+    base = next((p for p in points if p["world_size"] == 1), None)
+    inputs = [{"world_size": p["world_size"], "overhead_s": p["overhead_s"], "noise_s": step_noise_s(base, p),
+               "probe_comm_s": p.get("probe_comm_s")} for p in usable]
+    refused = fit_refusal(base, usable)
+    if refused:
+        return {"links": None, "refused": refused, "inputs": inputs,
+                "note": f"refused: {refused}; the intra-node figures are the track's"}
     sizes = sorted({p["world_size"] for p in usable})
     # Two or more sizes: bandwidth and latency per step both. One size is one equation: the term that dominates
     # there (by the track's own figures) is fitted, the other kept.
@@ -205,4 +256,4 @@ def fit_intra_node(points: list[dict], *, backward_s: float, grad_bytes: float, 
                                        "told from them, so the intra-node figures are the track's"}
     return {"links": fitted, "rms_residual_s": rms, "fitted": [k for k, on in (("bandwidth", fit_bw),
                                                                       ("latency", fit_lat)) if on], "note": note,
-            "inputs": [{"world_size": p["world_size"], "overhead_s": p["overhead_s"]} for p in usable]}
+            "inputs": inputs}

@@ -10,14 +10,17 @@ The prediction beyond what was measured is harness/launcher/comm_model.py's: DDP
 all-reduce (ring, tree or hierarchical, with latency and bandwidth terms, inside and between
 nodes) against the backward it overlaps, from the measured step time and parameter count and
 the track's stated links. The intra-node link is fitted to the measured overheads when the
-measurement ran on the track's kind of device; the inter-node one is never seen from one node
-and is the track's. The record says which figure came from where.
+measurement ran on the track's kind of device and can support a fit (comm_model.fit_refusal: not
+overheads within the noise of the step times, nor ones the probe does not find as communication);
+the inter-node one is never seen from one node and is the track's. The record says which figure
+came from where, and why a fit was refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +39,9 @@ from harness.launcher.watch import Deadlines, abort_on_signals
 
 PREDICT_AT = (8, 16, 32, 64, 128, 256)
 HIDDEN_BY_PROBE = 0.97  # a probe ratio at least this close to 1: no exposed communication, within timing noise
+# Rank 0 reports every step (the spread of the step times decides whether the link can be fitted); the channel
+# takes 20,000 messages and 4 MiB a rank, and 5,000 reports of ~200 bytes stay well under both.
+MAX_STEPS = 5_000
 
 
 @dataclass(kw_only=True)
@@ -58,6 +64,8 @@ class ScaleOptions:
         self.world_sizes = sorted(set(self.world_sizes))
         if self.steps < 1 or self.warmup_steps < 0 or self.probe_steps < 1:
             raise ValueError("--steps and --probe-steps must be >= 1, --warmup-steps >= 0")
+        if self.warmup_steps + self.steps > MAX_STEPS:
+            raise ValueError(f"--warmup-steps + --steps must be at most {MAX_STEPS:,} (every step is reported)")
 
 
 def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
@@ -89,7 +97,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             job = TrainJob(
                 run_id=f"{scale_id}-n{n}", track=track.name, submission_dir=str(out_dir / "submission"),
                 seed=opts.seed, budget_s=1e9, clock_start="first_forward", backend=track.backend,
-                device=track.device, dtype=precision, log_interval_s=0.5,
+                device=track.device, dtype=precision, log_interval_s=0.0,  # a progress report every step
                 collective_timeout_s=track.collective_timeout_s, cpu_threads_per_rank=threads,
                 vocab_size=track.data.vocab_size, train_shards=data.train, log_dir=str(out_dir / "logs" / f"n{n}"),
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
@@ -106,13 +114,16 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                                    f"(logs in {out_dir / 'logs'})")
             r0 = phase.reports("result")[0]
             tps = r0["measured_tokens_per_s"]
+            step_times = timed_step_times(phase.messages, opts.warmup_steps)
             cores = os.cpu_count() or 1
             if track.device == "cpu" and n * threads > cores:
                 reporter.info(f"note: {n} ranks x {threads} thread(s) on {cores} cores: oversubscribed, "
                               "this size measures CPU contention as much as communication")
             points.append({"world_size": n, "oversubscribed": track.device == "cpu" and n * threads > cores,
                            "tokens_per_s": tps, "tokens_per_step": r0["tokens_per_step"],
-                           "step_s": r0["tokens_per_step"] / tps, "probe_comm_s": r0.get("comm_s"),
+                           "step_s": r0["tokens_per_step"] / tps, "step_s_samples": len(step_times),
+                           "step_s_spread": statistics.stdev(step_times) if len(step_times) >= 2 else None,
+                           "probe_comm_s": r0.get("comm_s"),
                            "probe_comm_overlap_efficiency": r0.get("comm_overlap_efficiency"),
                            "probe_compute_step_s": r0.get("comm_probe_compute_step_s"),
                            "device_name": r0.get("device_name")})
@@ -137,6 +148,16 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     write_atomic(out_dir / "scale.json", json.dumps(record, indent=2) + "\n")
     _chart(record, out_dir / "scale.png")
     return record, out_dir
+
+
+def timed_step_times(messages, warmup_steps: int) -> list[float]:
+    """Each timed step's duration, seconds, from rank 0's progress reports (one a step here): the time between
+    the agreements that start two consecutive steps, after warm-up. A report the launcher could not take leaves
+    a gap, and the two steps around it out."""
+    reports = sorted((m.body for m in messages if m.kind == "progress" and m.body.get("rank") == 0),
+                     key=lambda body: body["step"])
+    return [b["train_time_s"] - a["train_time_s"] for a, b in zip(reports, reports[1:])
+            if a["step"] >= warmup_steps and b["step"] == a["step"] + 1]
 
 
 def measurement_notes(points: list[dict]) -> list[str]:
@@ -230,7 +251,9 @@ def scale_lines(record: dict, out_dir: Path) -> list[str]:
     lines.append("PREDICTION (a model, not a measurement): weak-scaling efficiency = t(1) / (t(1) + exposed comm)")
     for a in model["assumptions"]:
         lines.append(f"  - {a}")
-    if fit.get("links") and model["intra_node_from"].startswith("fitted"):
+    if fit.get("refused"):
+        lines.append(f"  - fit refused: {fit['refused']}; the prediction uses the track's intra-node figures")
+    elif fit.get("links") and model["intra_node_from"].startswith("fitted"):
         f = fit["links"]
         lines.append(f"  - fit: intra-node {f['intra_gb_per_s']:.3g} GB/s, {f['intra_latency_us']:.3g} us a step "
                      f"(rms residual {1000 * fit['rms_residual_s']:.2f} ms)" + (f"; {fit['note']}" if fit.get("note") else ""))

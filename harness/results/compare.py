@@ -5,6 +5,11 @@ directory. Every metric is shown side by side with the difference from the first
 reference), a 95% Welch interval and a Welch t-test p-value; with a single run on a side no
 significance is claimed. Throughput is compared as a ratio. An overlay chart shows the loss
 curves of every run of every side.
+
+The verdict also says when the comparison cannot be trusted whatever the p-value: sides made
+differently (another track, budget, --max-steps, world size, precision, data, or, for runs
+bounded by time, another machine), and run-to-run noise as large as the difference (on a busy
+laptop the same seed has given 2.03 and 2.33), with what to do: more seeds, runs bounded by steps.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
 from harness.results.records import iter_run_dirs, match_runs, read_record_json, upgrade_record
-from harness.results.stats import is_finite, summarize, welch
+from harness.results.stats import Comparison, is_finite, runs_needed, summarize, welch
 
 # (field, label, how differences are shown)
 METRICS = [
     ("val_loss", "val_loss", "diff"),
+    ("loss_gap", "loss_gap", "diff"),  # val_loss - the data's floor: what compares across machines' local draws
     ("train_loss", "train_loss", "diff"),
     ("tokens_per_s", "tokens_per_s", "ratio"),
     ("mfu", "mfu", "diff"),
@@ -116,21 +122,198 @@ def compare(sides: list[Side]) -> list[dict[str, Any]]:
 
 
 def verdict(sides: list[Side]) -> list[str]:
-    """Plain sentences on val_loss: who is lower, and whether it is significant."""
+    """Plain sentences on val_loss, for each side against the first: whether the two are comparable at all,
+    who is lower and whether it is significant, whether the run-to-run noise is larger than the difference
+    (and what to do), and seeds repeated within a side."""
     ref = sides[0]
     lines = []
     for side in sides[1:]:
         cmp = welch(side.values("val_loss"), ref.values("val_loss"))
-        better, worse = (side.label, ref.label) if cmp.diff < 0 else (ref.label, side.label)
-        if cmp.p_value is None:
-            lines.append(f"{better} has the lower val_loss than {worse} by {abs(cmp.diff):.4f}, but {cmp.note}.")
-        elif cmp.p_value < 0.05:
-            lines.append(f"{better} beats {worse} by {abs(cmp.diff):.4f} ± {cmp.ci95:.4f} (95% CI), "
-                         f"Welch p = {cmp.p_value:.3g}: significant.")
-        else:
-            lines.append(f"{better} is lower than {worse} by {abs(cmp.diff):.4f} ± {cmp.ci95:.4f} (95% CI), "
-                         f"Welch p = {cmp.p_value:.3g}: not significant at 0.05.")
-    return lines
+        lines += [line for line in (comparability_line(ref, side), welch_line(ref, side, cmp)) if line]
+        lines += noise_lines(ref, side, cmp)
+    lines += [line for s in sides if (line := repeated_seeds_line(s))]
+    return list(dict.fromkeys(lines))  # what is said of the reference alone is said once, not once per side
+
+
+def welch_line(ref: Side, side: Side, cmp: Comparison) -> str:
+    if cmp.diff == 0:
+        return f"{ref.label} and {side.label} have the same mean val_loss."
+    better, worse = (side.label, ref.label) if cmp.diff < 0 else (ref.label, side.label)
+    by = format_number(abs(cmp.diff))
+    if cmp.p_value is None:
+        return f"{better} has the lower val_loss than {worse} by {by}, but {cmp.note}."
+    interval = f"{by} ± {format_number(cmp.ci95)} (95% CI), Welch {p_phrase(cmp.p_value)}"
+    if cmp.significant:
+        return f"{better} beats {worse} by {interval}: significant."
+    return f"{better} is lower than {worse} by {interval}: not significant at 0.05."
+
+
+# --------------------------------------------------------------------------- numbers, one way
+
+# A t-test's p below this speaks of the normal distribution's tails, not of a few runs; the leaderboard's floor too.
+P_FLOOR = 1e-3
+
+
+def format_number(value: float | None, signed: bool = False) -> str:
+    """Every figure `harness compare` prints, in its table and its verdict alike: 4 significant digits,
+    whole numbers with grouped thousands from 1000 up."""
+    if value is None:
+        return "-"
+    sign = "+" if signed else ""
+    return f"{value:{sign},.0f}" if abs(value) >= 1000 else f"{value:{sign}.4g}"
+
+
+def format_p(p: float | None) -> str:
+    """A p-value, never `0`: a test on a handful of runs makes no difference certain (and two sides without
+    spread give p = 0.0 exactly); below P_FLOOR it is `< 0.001`."""
+    if p is None:
+        return "n/a"
+    return f"< {P_FLOOR:g}" if p < P_FLOOR else f"{p:.3g}"
+
+
+def p_phrase(p: float) -> str:
+    text = format_p(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
+# --------------------------------------------------------------------------- are the two sides comparable?
+
+# What a record says of how its val_loss was made, with the name a sentence uses. Sides that differ in any of
+# these compare their setups as much as their models.
+SETUP_KEYS = (("track", "track"), ("max_steps", "--max-steps"),
+              ("budget_s", "budget_s"), ("world_size", "world size"), ("precision", "precision"),
+              ("machine", "machine (runs bounded by time)"), ("data", "data fingerprint"))
+
+
+def setup_of(run: dict) -> dict[str, Any]:
+    """How a run was made, as far as it decides its val_loss; None where the record does not say."""
+    track = run.get("track") or {}
+    bound = track.get("max_steps")  # absent from records made before --max-steps: they trained to the budget
+    max_steps = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
+    machine = run.get("machine") or {}
+    hardware = ", ".join(f"{v}" for v in (run.get("device_name"), machine.get("cpu")) if v)
+    if hardware and machine.get("cores"):
+        hardware += f" ({machine['cores']} cores)"
+    return {
+        "track": run.get("track_name"),
+        "max_steps": max_steps,
+        # Bounded by steps, a run trains the same steps under any budget it finishes within, on any machine;
+        # bounded by time, a faster machine (or a quieter moment) trains more of them.
+        "budget_s": None if max_steps else (run.get("budget_s") or track.get("budget_s")),
+        "machine": None if max_steps else (hardware or None),
+        "world_size": run.get("world_size"),  # the global batch: the tokens a step sees
+        "precision": run.get("precision"),
+        "data": run.get("data_fingerprint"),
+    }
+
+
+def _setup_values(side: Side, key: str) -> list[str]:
+    values = {v for r in side.runs if (v := setup_of(r)[key]) is not None}
+    if key == "max_steps":
+        return sorted(str(v) if v else "none (the time budget)" for v in values)
+    return sorted(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def setup_differences(ref: Side, side: Side) -> list[str]:
+    """Each way the two sides' runs were made differently (or a side's runs among themselves), as
+    'what (A: x; B: y)'. A figure one side's records do not hold is not a difference."""
+    out = []
+    for key, name in SETUP_KEYS:
+        a, b = _setup_values(ref, key), _setup_values(side, key)
+        if a and b and (a != b or len(a) > 1 or len(b) > 1):
+            out.append(f"{name} ({ref.label}: {', '.join(a)}; {side.label}: {', '.join(b)})")
+    return out
+
+
+def comparability_line(ref: Side, side: Side) -> str | None:
+    diffs = setup_differences(ref, side)
+    if not diffs:
+        return None
+    data = (" (on the synthetic local tracks each machine draws its own data: compare loss_gap)"
+            if any(d.startswith("data") for d in diffs) else "")
+    return (f"{ref.label} and {side.label} are not comparable: their runs differ in {'; '.join(diffs)}. A "
+            f"difference in val_loss measures the setups as much as the models{data}: run both the same way.")
+
+
+# --------------------------------------------------------------------------- is the noise larger than the difference?
+
+STEPS_VARY = 0.05  # one submission's runs on one budget that differ by more than this in steps: the machine varied
+
+
+def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
+    """Said plainly when the run-to-run spread of val_loss (each side's standard deviation) is at least the
+    difference of the means, or cannot be measured, or the runs are too few to tell; then why the runs spread
+    (time-bound runs that trained different numbers of steps) and what to do."""
+    diff = abs(cmp.diff)
+    stds = {s.label: summarize(v).std for s in (ref, side) if (v := s.values("val_loss"))}
+    measured = {label: std for label, std in stds.items() if std is not None}
+    if not measured:
+        head = (f"One run a side: the run-to-run noise cannot be measured, and on a busy machine it can be larger "
+                f"than this difference ({format_number(diff)}).")
+        return [head, *causes(ref, side), advice(ref, side, None)]
+    noise = max(measured.values())
+    if cmp.significant and noise < diff:
+        return []
+    spread = "; ".join(f"{label} {format_number(std)}" for label, std in measured.items())
+    if noise >= diff:
+        head = (f"The run-to-run noise is larger than the difference: val_loss std {spread}, against a difference "
+                f"of {format_number(diff)}.")
+    else:
+        head = (f"The run-to-run noise (val_loss std {spread}) is below the difference of {format_number(diff)}, "
+                "but there are too few runs to tell.")
+    if cmp.significant:
+        return [head + " The means differ significantly over these runs; a single run of either could come out ahead."]
+    return [head, *causes(ref, side), advice(ref, side, runs_needed(noise, diff))]
+
+
+def _bounded_alike(ref: Side, side: Side) -> bool:
+    """Both sides bounded by the same number of steps: the machine's speed is out of their result already."""
+    bounds = {setup_of(r)["max_steps"] for r in ref.runs + side.runs}
+    return len(bounds) == 1 and 0 not in bounds
+
+
+def causes(ref: Side, side: Side) -> list[str]:
+    return [] if _bounded_alike(ref, side) else [line for s in (ref, side) if (line := steps_varied(s))]
+
+
+def advice(ref: Side, side: Side, needed: int | None) -> str:
+    """What makes the comparison fair: enough seeds, and (unless both sides already are) runs bounded by the same
+    number of steps, whose result does not depend on how fast the machine was at the time."""
+    if needed is None:
+        seeds = "at least 3 a side: their spread says how many are needed"
+    else:
+        seeds = f"about {needed} a side at this spread"
+    todo = [f"more seeds (`harness run SUBMISSION --repeat N`: {seeds})"]
+    if not _bounded_alike(ref, side):
+        runs = ref.runs + side.runs
+        trained = [int(r["steps"]) for r in runs if not setup_of(r)["max_steps"] and is_finite(r.get("steps"))]
+        fits = (f" {min(trained)}`: what the slowest of these runs trained in its budget, so both finish within it"
+                if trained else " N`")
+        todo.append(f"the same number of steps for both (`--max-steps{fits}), compared with "
+                    "`harness compare ... --all` (runs bounded by steps are unofficial)")
+    return "For a fair comparison: " + "; and ".join(todo) + "."
+
+
+def steps_varied(side: Side) -> str | None:
+    """One submission's runs on one time budget train about the same steps on a quiet machine; when they did
+    not, the machine's speed changed under them, and val_loss with it."""
+    steps = [int(r["steps"]) for r in side.runs if not setup_of(r)["max_steps"] and is_finite(r.get("steps"))]
+    if len(steps) < 2 or max(steps) - min(steps) <= STEPS_VARY * max(steps):
+        return None
+    return (f"{side.label}'s runs trained {min(steps)} to {max(steps)} steps in their budget: the machine's speed "
+            "changed under them, and val_loss with it.")
+
+
+def repeated_seeds_line(side: Side) -> str | None:
+    """A seed run twice measures the machine, not the spread between seeds that two models' means must be told
+    apart from (bounded by steps, it repeats the same figure and shows a spread of 0)."""
+    seeds = [r.get("seed") for r in side.runs if r.get("seed") is not None]
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if not repeated:
+        return None
+    return (f"{side.label} ran seed {', '.join(map(str, repeated))} more than once: a repeated seed is the same "
+            "model and data order again (bounded by steps, the same figure), not another draw; `--repeat N` takes "
+            "consecutive seeds.")
 
 
 def overlay_chart(sides: list[Side], path: Path) -> Path:

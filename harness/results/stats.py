@@ -95,6 +95,31 @@ def welch(a: list[float], b: list[float]) -> Comparison:
     return Comparison(diff, t_quantile(1 - ALPHA / 2, dof) * se, p)
 
 
+POWER = 0.8  # the usual planning figure: a real difference found four times in five
+
+
+def runs_needed(std: float, diff: float, power: float = POWER) -> int | None:
+    """About how many runs a side a two-sided t-test at ALPHA needs to find a true difference `diff` with
+    probability `power`, when single runs spread with standard deviation `std` on both sides: the smallest n
+    with n >= 2 (t_(1-ALPHA/2) + t_power)^2 (std / diff)^2, t at the 2(n - 1) degrees of freedom of n runs a side
+    (the textbook iteration on the normal approximation, which would promise too few runs when they are few).
+    None when diff is 0: no number of runs separates equal means."""
+    if diff == 0:
+        return None
+    ratio_sq = (std / diff) ** 2
+
+    def enough(n: int) -> bool:
+        dof = 2 * (n - 1)
+        return n >= 2 * (t_quantile(1 - ALPHA / 2, dof) + t_quantile(power, dof)) ** 2 * ratio_sq
+
+    # The normal quantiles (t's limit) give a lower bound; from there, step up to the first n that is enough.
+    z = t_quantile(1 - ALPHA / 2, math.inf) + t_quantile(power, math.inf)
+    n = max(2, math.ceil(2 * z**2 * ratio_sq))
+    while not enough(n):
+        n += 1
+    return n
+
+
 def best_permutation(a: list[float], b: list[float], max_exact: int = 20_000, draws: int = 20_000) -> Comparison:
     """Is min(a) really below min(b)? A two-sided permutation test on the difference of the minima.
 

@@ -1,0 +1,147 @@
+"""`harness compare`'s verdict on records held in memory: when the comparison is fair, when the run-to-run noise
+is larger than the difference, what to do, and how its numbers are written (never `p = 0`)."""
+
+import pytest
+
+import harness.results.compare as compare
+from harness.results.compare import Side, verdict
+from harness.results.stats import runs_needed, summarize
+
+
+def run(val_loss: float, seed: int, *, steps: int = 290, max_steps: int = 0, **fields) -> dict:
+    """A run.json as `harness run` writes it, reduced to what the verdict reads: the local track, 30 s, 2 ranks."""
+    return {"val_loss": val_loss, "seed": seed, "steps": steps, "track_name": "local",
+            "track": {"name": "local", "budget_s": 30.0, "max_steps": max_steps}, "budget_s": 30.0,
+            "world_size": 2, "precision": "bfloat16", "device_name": "cpu",
+            "machine": {"cpu": "AMD EPYC 7B13", "cores": 2}, "data_fingerprint": "5e1f", **fields}
+
+
+def sides(a: list[dict], b: list[dict]) -> list[Side]:
+    return [Side("A", a), Side("B", b)]
+
+
+def test_noise_larger_than_the_difference_is_said_with_what_to_do():
+    """The issue's laptop: one seed gave 2.03 and 2.33. Time-bound runs that trained 180 to 290 steps spread
+    far more than the two models differ: the verdict says so, with how many seeds would be needed at this
+    spread and a --max-steps that fits the slowest run's budget."""
+    a = [run(2.03, 1, steps=290), run(2.33, 2, steps=180), run(2.10, 3, steps=260)]
+    b = [run(2.00, 1, steps=280), run(2.25, 2, steps=200), run(2.15, 3, steps=250)]
+    welch_line, noise, cause_a, cause_b, todo = verdict(sides(a, b))
+    assert "not significant" in welch_line
+    assert noise == ("The run-to-run noise is larger than the difference: val_loss std A 0.157; B 0.1258, against "
+                     "a difference of 0.02.")
+    assert cause_a.startswith("A's runs trained 180 to 290 steps in their budget: the machine's speed changed")
+    assert cause_b.startswith("B's runs trained 200 to 280 steps")
+    std = summarize([2.03, 2.33, 2.10]).std
+    assert todo.startswith(f"For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about "
+                           f"{runs_needed(std, 0.02)} a side at this spread)")
+    assert "`--max-steps 180`" in todo and "--all" in todo  # step-bound runs are unofficial
+
+
+def test_one_run_a_side_says_the_noise_cannot_be_measured():
+    welch_line, noise, todo = verdict(sides([run(2.03, 1)], [run(2.33, 1, steps=180)]))
+    assert welch_line.startswith("A has the lower val_loss than B by 0.3, but one run on a side")
+    assert noise.startswith("One run a side: the run-to-run noise cannot be measured")
+    assert "--repeat N`: at least 3 a side" in todo and "`--max-steps 180`" in todo
+
+
+def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
+    a = [run(2.00, 1, steps=100, max_steps=100), run(2.10, 2, steps=100, max_steps=100)]
+    b = [run(2.05, 1, steps=100, max_steps=100), run(1.98, 2, steps=100, max_steps=100)]
+    welch_line, noise, todo = verdict(sides(a, b))  # the same steps: no runs that trained more than others
+    assert "not significant" in welch_line
+    assert noise.startswith("The run-to-run noise is larger than the difference")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about 66 a side at this "
+                    "spread).")
+
+
+def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():
+    """Spread below the difference, 2 runs a side, not significant: the count asked for is the t-test's (3),
+    not the normal approximation's 2, which these runs already are."""
+    a = [run(2.00, 1), run(2.02, 2)]
+    b = [run(2.06, 1), run(2.09, 2)]
+    _, noise, todo = verdict(sides(a, b))
+    assert noise == ("The run-to-run noise (val_loss std A 0.01414; B 0.02121) is below the difference of 0.065, "
+                     "but there are too few runs to tell.")
+    assert "about 3 a side" in todo
+
+
+def test_a_clear_difference_is_not_buried_in_advice():
+    """Guard: an honest, well-measured difference gets its one sentence."""
+    a = [run(2.000, 1), run(2.010, 2), run(2.005, 3)]
+    b = [run(2.100, 1), run(2.110, 2), run(2.120, 3)]
+    assert verdict(sides(a, b)) == ["A beats B by 0.105 ± 0.02078 (95% CI), Welch p < 0.001: significant."]
+
+
+def test_significant_but_noisier_than_the_difference_says_a_single_run_could_differ():
+    a = [run(2.0 + 0.1 * (i % 3 - 1), i) for i in range(30)]
+    b = [run(2.06 + 0.1 * (i % 3 - 1), i) for i in range(30)]
+    lines = verdict(sides(a, b))
+    assert lines[0].startswith("A beats B by 0.06") and lines[0].endswith(": significant.")
+    assert lines[1].endswith("The means differ significantly over these runs; a single run of either could come "
+                             "out ahead.")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"max_steps": 200, "steps": 200}, "--max-steps (A: none (the time budget); B: 200)"),
+    ({"budget_s": 60.0}, "budget_s (A: 30; B: 60)"),
+    ({"world_size": 1}, "world size (A: 2; B: 1)"),
+    ({"track_name": "local-text"}, "track (A: local; B: local-text)"),
+    ({"precision": "float32"}, "precision (A: bfloat16; B: float32)"),
+    ({"machine": {"cpu": "Intel Xeon", "cores": 8}},
+     "machine (runs bounded by time) (A: cpu, AMD EPYC 7B13 (2 cores); B: cpu, Intel Xeon (8 cores))"),
+    ({"data_fingerprint": "77aa"}, "data fingerprint (A: 5e1f; B: 77aa)"),
+])
+def test_sides_made_differently_are_not_comparable(change, named):
+    a = [run(2.00, 1), run(2.01, 2)]
+    b = [run(1.90, 1, **change), run(1.91, 2, **change)]
+    lines = verdict(sides(a, b))
+    assert lines[0] == (f"A and B are not comparable: their runs differ in {named}. A difference in val_loss measures "
+                        "the setups as much as the models"
+                        + (" (on the synthetic local tracks each machine draws its own data: compare loss_gap)"
+                           if "data" in named else "") + ": run both the same way.")
+    assert lines[1].startswith("B beats A by 0.1")
+
+
+def test_runs_bounded_by_the_same_steps_compare_across_machines_and_budgets_and_a_mixed_side_does_not():
+    """Bounded by steps, the machine and the budget do not decide the result (only whether it finishes);
+    a side whose runs mix setups compares a mixture, whatever the other side holds."""
+    elsewhere = {"machine": {"cpu": "Intel Xeon", "cores": 8}, "budget_s": 60.0}
+    a = [run(2.00, 1, steps=200, max_steps=200), run(2.01, 2, steps=200, max_steps=200)]
+    b = [run(1.90, 1, steps=200, max_steps=200, **elsewhere), run(1.91, 2, steps=200, max_steps=200, **elsewhere)]
+    assert not any("not comparable" in line for line in verdict(sides(a, b)))
+    mixed = [run(2.00, 1), run(2.01, 2, steps=200, max_steps=200)]
+    lines = verdict(sides(mixed, list(mixed)))
+    assert lines[0].startswith("A and B are not comparable: their runs differ in --max-steps "
+                               "(A: 200, none (the time budget); B: 200, none (the time budget))")
+
+
+def test_a_repeated_seed_is_named():
+    """Bounded by steps, a seed run twice gives the same figure twice: a spread of 0 is not a measurement."""
+    a = [run(2.0, 1, steps=100, max_steps=100), run(2.0, 1, steps=100, max_steps=100)]
+    b = [run(2.1, 1, steps=100, max_steps=100), run(2.1, 2, steps=100, max_steps=100)]
+    lines = verdict(sides(a, b))
+    assert lines[0] == "A beats B by 0.1 ± 0 (95% CI), Welch p < 0.001: significant."
+    assert lines[1].startswith("A ran seed 1 more than once: a repeated seed is the same model and data order again")
+    assert not any(line.startswith("B ran seed") for line in lines)
+
+
+@pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (3e-300, "< 0.001"), (0.000565, "< 0.001"),
+                                     (0.001, "0.001"), (0.00123, "0.00123"), (0.0496, "0.0496"), (None, "n/a")])
+def test_p_values_are_never_written_as_zero(p, text):
+    assert compare.format_p(p) == text
+
+
+@pytest.mark.parametrize("value, signed, text", [(2.0025, False, "2.002"), (0.10749, False, "0.1075"),
+                                                 (-0.0123, True, "-0.0123"), (0.5, True, "+0.5"),
+                                                 (39912.4, False, "39,912"), (-1500.0, True, "-1,500"),
+                                                 (None, False, "-")])
+def test_numbers_are_written_one_way(value, signed, text):
+    assert compare.format_number(value, signed) == text
+
+
+def test_a_max_steps_of_the_wrong_type_reads_as_bounded_by_time():
+    odd = run(2.1, 1)
+    odd["track"] = {**odd["track"], "max_steps": "lots"}
+    assert compare.setup_of(odd)["max_steps"] == 0 and compare.setup_of(run(2.0, 1, max_steps=200))["max_steps"] == 200
+    assert verdict(sides([run(2.0, 1)], [odd]))[0].startswith("A has the lower val_loss than B")
