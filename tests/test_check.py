@@ -142,3 +142,18 @@ def test_a_model_that_needs_real_values_is_checked_for_real_at_batch_2(cli, tmp_
     r = json.loads(result.out)
     assert r["shapes_on"].startswith("cpu (") and r["real_batch"] == 2 and r["logits_shape"] == [2, 1024, 32768]
     assert r["flops_method"].startswith("cpu batch 1")
+
+
+def test_a_get_model_that_returns_a_compiled_module_is_said_to_compile(cli, tmp_path):
+    # As real Paris teams wrote it: no COMPILE, the model compiled inside get_model. The first training step
+    # compiles on the clock, so check says so (it was reported as "compile": false), and checks it eagerly.
+    folder = tmp_path / "compiled_in_get_model"
+    folder.mkdir()
+    source = (FIXTURES / "compiled_get_model" / "submission.py").read_text()
+    (folder / "submission.py").write_text(source.replace("COMPILE = True\n", ""))
+    report = json.loads(cli("check", str(folder), "--track", str(TINY_TRACK), "--json").out)
+    assert report["accepted"] and report["compile"] is True and report["compiled_by_get_model"] is True
+    text = cli("check", str(folder), "--track", str(TINY_TRACK)).out
+    assert "compile           yes (get_model returns a torch.compile'd module): the first training step compiles" in text
+    plain = json.loads(cli("check", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), "--json").out)
+    assert plain["compile"] is False and plain["compiled_by_get_model"] is False

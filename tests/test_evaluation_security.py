@@ -184,6 +184,7 @@ def test_a_compiled_get_model_is_trained_once_and_evaluated_plain(cli, tmp_path)
     assert result.code == 0, record["reason"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert list(ckpt["model"]) == ["table.weight"], "a compiled wrapper's prefix leaked into the checkpoint"
+    assert record["compiled"] is True and record["first_step_s"] > 0  # the step that compiled (extra: flattened)
     assert record["eval"]["causality"]["causal"] is True
     assert "torch._dynamo" not in _log(run_dir, "eval-model-rank0.log")
     assert not record["flagged"], record["flag_reason"]  # an honest compiled model is never caught

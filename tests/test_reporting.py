@@ -103,3 +103,45 @@ def test_on_a_terminal_the_live_line_is_cleared_before_the_summary_goes_to_stdou
     assert out.getvalue() == "status     ok\nrecord     runs/x\n"
     first_out = next(i for i, e in enumerate(events) if e[0] == "out")
     assert ("err", "flush", "") in events[events.index(("err", "write", "\r" + " " * 16 + "\r")):first_out]
+
+
+def _record(**fields):
+    from harness.results.records import RunRecord
+
+    record = RunRecord(run_id="r", team="t", track_name="local", status="ok", budget_s=30.0, train_time_s=30.1,
+                       steps=5, tokens=5120, tokens_per_s=170.0, track={"max_steps": 0})
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
+    from harness.launcher.assemble import summary_lines
+
+    fixed = "\n".join(summary_lines(_record(train_loss=2.5), tmp_path))
+    assert "trained    30.10s of 30s budget, 5 steps, 5120 tokens" in fixed and "train_loss 2.5000" in fixed
+    stepped = "\n".join(summary_lines(_record(track={"max_steps": 20}, steps=20, train_time_s=20.49, official=False,
+                                              overrides={"max_steps": 20}), tmp_path))
+    assert "trained    20 steps (--max-steps) in 20.49s" in stepped and "budget" not in stepped
+    assert "`harness leaderboard --all`" in stepped  # an unofficial run is only on the --all board
+    script = "\n".join(summary_lines(_record(division="open", steps=None, tokens=None, tokens_per_s=None,
+                                             train_time_s=36.4, startup_s=None), tmp_path))
+    assert "None" not in script and "steps not reported" in script
+    assert "36.40s by the launcher's clock against a 30s budget (from the ranks' start" in script
+    assert "the checkpoint's save included" in script
+
+
+def test_a_first_step_that_took_most_of_the_budget_is_said_with_its_cause():
+    from harness.launcher.assemble import say_slow_first_step
+
+    compiled = _record(steps=2, extra={"first_step_s": 24.0, "compiled": True})
+    say_slow_first_step(compiled)
+    (warning,) = compiled.warnings
+    assert warning.startswith("the first step took 24.0 s, 80% of the 30 s budget, and 2 step(s) were trained")
+    assert "torch.compile compiles in it" in warning
+    quick = _record(extra={"first_step_s": 1.0, "compiled": True})
+    say_slow_first_step(quick)
+    assert quick.warnings == []
+    stepped = _record(extra={"first_step_s": 24.0}, track={"max_steps": 3})  # no budget to speak of
+    say_slow_first_step(stepped)
+    assert stepped.warnings == []

@@ -29,7 +29,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
     record.device_name = r0.get("device_name")
     for key in ("max_step_s", "median_step_s", "slowest_earlier_step_s", "last_step_start_s", "tokens_per_step",
-                "reports_dropped"):
+                "reports_dropped", "first_step_s", "compiled"):
         if key in r0:
             record.extra[key] = r0[key]
     if r0.get("config"):
@@ -45,6 +45,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
         record.extra["checkpoint_write"] = {"bytes": saved.get("bytes"), "save_s": saved.get("save_s")}
     check_replicas(record, results)
     check_first_step(record, r0)
+    say_slow_first_step(record)
     check_reports(record, phase)
     if record.tokens and record.train_time_s:
         record.tokens_per_s = record.tokens / record.train_time_s
@@ -152,6 +153,23 @@ def check_first_step(record: RunRecord, result: dict) -> None:
                          f"{loss:.3f} nats, and {relabeled:.3f} once the vocabulary was relabelled at random; an "
                          f"untrained model scores both alike (the bound is {bound:.2f} nats). Weights "
                          "shipped with the submission, or training before the clock?")
+
+
+SLOW_FIRST_STEP_SHARE = 0.5  # a first step that took this much of the budget left little for training
+
+
+def say_slow_first_step(record: RunRecord) -> None:
+    """A first step that took most of the budget is said, with its likely cause: a compiled model's first
+    step compiles, on the clock, and on a short track it can leave a handful of steps (a val_loss near
+    uniform, otherwise unexplained)."""
+    first_s, budget_s = record.extra.get("first_step_s"), record.budget_s
+    if not first_s or not budget_s or record.track.get("max_steps") or first_s < SLOW_FIRST_STEP_SHARE * budget_s:
+        return
+    why = ("torch.compile compiles in it: on this track compiling costs more than it saves; try the run without "
+           "COMPILE (and return the plain model from get_model)" if record.extra.get("compiled")
+           else "a slow first forward, data or allocation")
+    record.warnings.append(f"the first step took {first_s:.1f} s, {first_s / budget_s:.0%} of the {budget_s:.0f} s "
+                           f"budget, and {record.steps} step(s) were trained in all ({why})")
 
 
 def check_window(record: RunRecord, track) -> str:
@@ -352,10 +370,12 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
             floor = f"  (floor {record.loss_floor:.4f}, gap {record.val_loss - record.loss_floor:+.4f})"
         lines.append(f"val_loss   {record.val_loss:.4f}{floor}")
     if record.train_time_s is not None:
-        lines.append(f"trained    {record.train_time_s:.2f}s of {record.budget_s:.0f}s budget, "
-                     f"{record.steps} steps, {record.tokens} tokens, {fmt_rate(record.tokens_per_s)} tok/s")
+        lines.append(f"trained    {_trained(record)}")
+    if record.train_loss is not None:
+        lines.append(f"train_loss {record.train_loss:.4f}  (the last logged mean over the ranks)")
     if not record.official:
-        lines.append(f"unofficial overrides: {', '.join(record.overrides)}")
+        lines.append(f"unofficial overrides: {', '.join(record.overrides)}  (listed only by "
+                     f"`harness leaderboard --all`)")
     if record.flagged:
         lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
     for warning in record.warnings:
@@ -364,6 +384,22 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     if record.status not in ("ok",):
         lines.append(f"logs       {run_dir / 'logs'}")
     return lines
+
+
+def _trained(record: RunRecord) -> str:
+    """The summary's training line: what bounded the run and what the window covers, in words, with
+    what was not reported left out rather than printed as None."""
+    counts = [f"{record.steps} steps" if record.steps is not None else "steps not reported",
+              *([f"{record.tokens} tokens"] if record.tokens is not None else []),
+              *([f"{fmt_rate(record.tokens_per_s)} tok/s"] if record.tokens_per_s else [])]
+    max_steps = record.track.get("max_steps")
+    if max_steps:
+        return f"{max_steps} steps (--max-steps) in {record.train_time_s:.2f}s, " + ", ".join(counts[1:] or counts)
+    if record.division == "open":  # the launcher's window: no first_forward() report moves its start past the ranks'
+        return (f"{record.train_time_s:.2f}s by the launcher's clock against a {record.budget_s:.0f}s budget (from "
+                + ("first_forward()" if record.startup_s is not None else "the ranks' start: no first_forward()")
+                + " to the job's exit, the checkpoint's save included), " + ", ".join(counts))
+    return f"{record.train_time_s:.2f}s of {record.budget_s:.0f}s budget, " + ", ".join(counts)
 
 
 def repeat_summary(records: list[RunRecord]) -> list[str]:

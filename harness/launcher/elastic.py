@@ -138,10 +138,23 @@ def register_rendezvous() -> None:
 _registered: list = []
 
 
+# torch elastic installs its SIGTERM/SIGINT handlers only from the main thread; its agent runs in the
+# launcher's "harness-agent" thread, so every launcher.log opened with a warning that workers "could be
+# orphaned". They cannot: the launcher's main thread owns those signals (watch.abort_on_signals), ends
+# the job's whole process tree (process_tree.ProcessScope), and every rank dies with the launcher
+# (process.die_with_launcher, PR_SET_PDEATHSIG). The warning is dropped, not the handlers' failures.
+NOT_ON_MAIN_THREAD = "Failed to register signal handlers since torchelastic is running on a child thread"
+
+
+def _not_the_agent_thread_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NOT_ON_MAIN_THREAD)
+
+
 def _route_torch_logs(log_path: Path) -> logging.Handler:
     """torch elastic's own messages go to the launcher log, not over the progress line."""
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.addFilter(_not_the_agent_thread_warning)
     for name in ("torch.distributed", "torch.distributed.elastic"):
         lg = logging.getLogger(name)
         lg.addHandler(handler)

@@ -102,8 +102,10 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, a
     if start is not None and end is not None:
         record.launcher_train_time_s = max(0.0, end - start)
         record.train_time_s = record.launcher_train_time_s  # the only clock of an open run the harness trusts
-        record.startup_s = start - w.setup_start_s
-        record.timings.update(train_s=record.launcher_train_time_s, startup_s=record.startup_s)
+        record.timings["train_s"] = record.launcher_train_time_s
+        if w.train_start_s is not None:  # without a first_forward() the start-up is not known: not 0 s
+            record.startup_s = start - w.setup_start_s
+            record.timings["startup_s"] = record.startup_s
     record.sandbox["training"] = phase.sandbox_report(0)
     results = phase.reports("result")
     if results:

@@ -221,8 +221,9 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
         if w.train_start_s is None:
             reporter.progress("starting ranks (rendezvous, model build)...", key="starting")
             return
-        if w.train_end_s is not None:
-            reporter.progress("training done; finishing (checkpoint, communication probe)...", key="finishing")
+        if w.train_end_s is not None:  # an open-division script has no communication probe: it only saves
+            after = "the script saves its checkpoint" if getattr(job, "script", None) else "checkpoint, communication probe"
+            reporter.progress(f"training done; finishing ({after})...", key="finishing")
             return
         progress = [m.body for m in channel.all("progress") if m.body.get("rank") == 0]
         p = progress[-1] if progress else {}
@@ -230,7 +231,9 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
         key = ("train", p.get("step"))  # a new line in a log per progress report, i.e. per log interval
         if job.max_steps:  # a fixed number of steps: count them, and the time they take
             step = f"step {p['step']}/{job.max_steps}" if p else f"first steps of {job.max_steps} running"
-            reporter.progress(f"{step} | {elapsed:.1f}s", key=key)
+            loss = p.get("train_loss")
+            shown = "" if loss is None else f" | loss {loss:.4f}" if loss == loss else " | loss not finite"
+            reporter.progress(f"{step}{shown} | {elapsed:.1f}s", key=key)
             return
         reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s"),
                                         job.log_interval_s), key=key)

@@ -92,6 +92,7 @@ class Training:
     first_step_loss: float | None = None  # their means over the ranks, read at the vote after step 0
     first_step_relabeled_loss: float | None = None
     first_step_relabeled_spread: float | None = None
+    compiled: bool = False  # torch.compile'd (COMPILE, or get_model's own): the first step compiles
 
     @property
     def file(self) -> str:
@@ -167,7 +168,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         agreed=torch.zeros(7, dtype=torch.float64, device=device),
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
-        loss_sum=torch.zeros((), dtype=torch.float32, device=device),
+        loss_sum=torch.zeros((), dtype=torch.float32, device=device), compiled=model is not raw_model,
     )
 
 
@@ -337,6 +338,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     result = finish(tr, step, tokens, synced, warm_s)
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
             "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
-            "last_step_start_s": last_step_start_s,
+            "last_step_start_s": last_step_start_s, "first_step_s": step_s[0] if step_s else synced,
+            "compiled": tr.compiled,
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_relabeled_spread": tr.first_step_relabeled_spread}

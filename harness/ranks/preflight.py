@@ -48,9 +48,11 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
     from harness.ranks.flops import flop_counter
     from harness.submission.contract import check_forward_output
 
+    from harness.ranks.checkpoint import unwrap
+
     B, T, V = sub.micro_batch_size, sub.seq_len, int(sub.config["vocab_size"])
     with torch.device("meta"):
-        model = sub.get_model(dict(sub.config))
+        model = unwrap(sub.get_model(dict(sub.config)))  # shapes need no compiler
     if not isinstance(model, torch.nn.Module):
         return {}  # reported by the real build, with its message
     model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
@@ -85,6 +87,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
 
     import torch
 
+    from harness.ranks.checkpoint import unwrap
     from harness.submission.contract import SubmissionError, check_forward_output
 
     file = str(sub.file)
@@ -110,6 +113,10 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     if not isinstance(model, torch.nn.Module):
         raise SubmissionError(file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
                               "return the model instance from get_model(config)")
+    # A torch.compile'd module is checked as evaluation runs it, eagerly: compiling it here would cost
+    # minutes at the several shapes below. That it compiles is said: its first training step will.
+    plain = unwrap(model)
+    compiled_by_get_model, model = plain is not model, plain
     model.to(device=device, dtype=torch.float32)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
@@ -163,9 +170,10 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     else:
         from harness.ranks.flops import count_training_flops_per_token
 
-        flops = count_training_flops_per_token(lambda: sub.get_model(dict(sub.config)), vocab_size,
+        flops = count_training_flops_per_token(lambda: unwrap(sub.get_model(dict(sub.config))), vocab_size,
                                                sub.micro_batch_size, T)
     return {
+        "compiled_by_get_model": compiled_by_get_model,
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in trainable),
         "initial_loss": float(loss.item()),
@@ -245,6 +253,7 @@ def run_checks(request: dict) -> dict:
             report["compile"] = sub.compile
             report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
                                       request.get("eval_seq_len"), request.get("precision", "bfloat16")))
+            report["compile"] = bool(sub.compile or report["compiled_by_get_model"])
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
         report["problems"].append(_problem(exc, request["submission_dir"]))
     report["ok"] = not report["problems"]
