@@ -90,7 +90,7 @@ def test_the_scorer_never_reaches_the_code_that_imports_a_submission():
     only in harness/ranks/model_worker.py, a process of its own)."""
     forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib",
                  "harness.ranks.model_worker", "harness.ranks.model_template", "harness.ranks.loop",
-                 "harness.ranks.preflight",
+                 "harness.ranks.preflight", "harness.ranks.open_checks",
                  "harness.ranks.checkpoint.load_model", "harness.submission.contract.import_submission_module")
     assert _violations("harness.scoring", forbidden) == []
 

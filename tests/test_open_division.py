@@ -8,6 +8,7 @@ not rank 1's).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -186,3 +187,66 @@ def test_a_checkpoint_that_unpacks_far_beyond_its_size_is_refused_unread(tmp_pat
         archive.writestr("archive/data/0", b"\0" * (50 << 20))
     found = normalize_in_own_process(bomb, tmp_path / "out.pt", tmp_path / "log.txt")
     assert "unpacks to" in found["error"] and not (tmp_path / "out.pt").exists()
+
+
+SHORT_POSITIONS_MODEL = '''
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:  # the starter kit's way: get_model(config) builds it with **config
+    vocab_size: int
+    seq_len: int
+
+
+class ShortPositions(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.vocab_size)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.vocab_size)  # sized to the training length only
+
+    def forward(self, idx, targets=None):
+        logits = self.embed(idx) + self.pos(torch.arange(idx.size(1)))
+        loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def get_model(config):
+    return ShortPositions(Config(**config))
+'''
+
+
+def test_a_model_that_fails_at_the_evaluation_length_is_found_before_training(cli, tmp_path):
+    # Trained at --seq_len 32, scored on tiny's 64-token windows: found after a whole slot, until now.
+    guessed = open_submission(tmp_path / "guessed", "ok")
+    (guessed / "model.py").write_text(SHORT_POSITIONS_MODEL)
+    checked = cli("check", str(guessed), "--track", str(ROOMY_TRACK), "--json")
+    assert checked.code == 0, checked.text  # a config the harness guessed never rejects: a warning
+    report = json.loads(checked.out)
+    before = report["before_training"]
+    # the script's own arguments the model does not take (mode, batch_size) were left out of the guess
+    assert before["ok"] is False and before["declared"] is False and before["config"] == {"vocab_size": 256,
+                                                                                          "seq_len": 32}
+    (warning,) = [w for w in report["warnings"] if "window of 64 tokens" in w]
+    assert warning.startswith("model.py:") and "[open.config]" in warning
+
+    declared = open_submission(tmp_path / "declared", "ok", extra_toml="config = { vocab_size = 256, seq_len = 32 }")
+    (declared / "model.py").write_text(SHORT_POSITIONS_MODEL)
+    rejected = cli("check", str(declared), "--track", str(ROOMY_TRACK))
+    assert rejected.code == 1 and "REJECTED" in rejected.out and "window of 64 tokens" in rejected.out
+    result = cli("run", str(declared), "--track", str(ROOMY_TRACK))
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "invalid" and "window of 64 tokens" in record["reason"], record["reason"]
+    assert not (run_dir / "logs" / "rank0.log").exists(), "the script ran for a model that cannot be scored"
+
+
+def test_an_honest_model_passes_the_check_before_training_with_its_arguments(cli):
+    report = json.loads(cli("check", str(Path(__file__).parent.parent / "submissions" / "open_example"),
+                            "--json").out)
+    assert report["accepted"] and report["before_training"]["ok"], report.get("before_training")
+    assert report["before_training"]["params"] == 425_984

@@ -263,6 +263,7 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
     record's copy, the ranks' private copy or the folder on the machine that ran it: a reason on a leaderboard
     reads the same wherever the run happened."""
     record.reason = relative_paths(record.reason, copies)
+    record.warnings = [relative_paths(w, copies) for w in record.warnings]
     if record.traceback:
         record.traceback = relative_paths(record.traceback, copies)
     for problem in record.extra.get("problems", []):

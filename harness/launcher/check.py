@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.launcher.identity import name_clash
-from harness.submission.open_division import OPEN, division_of, read_open_spec, script_argv
+from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
 from harness.launcher.phases import run_preflight
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
@@ -39,7 +39,9 @@ def _open_division(folder: Path, track: Track) -> dict | None:
     spec = read_open_spec(folder)
     argv = script_argv(spec, data_dir="<train shards>", checkpoint_path="<private>/checkpoint.pt",
                        vocab_size=track.data.vocab_size, budget_s=track.budget_s, seq_len=track.eval.seq_len)
-    return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv]}
+    config, declared = config_before_training(spec, vocab_size=track.data.vocab_size, seq_len=track.eval.seq_len)
+    return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv], "config": config,
+            "config_declared": declared}
 
 
 def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None) -> CheckResult:
@@ -50,7 +52,8 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
         report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed,
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
                                precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower
-                               open_division={k: open_division[k] for k in ("model_file", "script")}
+                               open_division={k: open_division[k] for k in ("model_file", "script", "config",
+                                                                              "config_declared")}
                                if open_division else None)
         if open_division:
             report["division"], report["script_argv"] = OPEN, open_division["argv"]
@@ -67,7 +70,8 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
     for p in problems:  # the team's own files, as they name them: paths relative to the submission folder
         p["file"] = relative_paths(p.get("file", ""), [folder]) or "."
         p["problem"] = relative_paths(p.get("problem", ""), [folder])
-    warnings = list(report.get("warnings", []))
+    warnings = [relative_paths(str(w), [folder]) for w in report.get("warnings", [])]
+    report["warnings"] = warnings
     clash = name_clash(runs_root(runs_dir), team, folder)
     if clash:
         warnings.append(clash)
@@ -86,8 +90,15 @@ def render(result: CheckResult) -> list[str]:
     if r.get("division") == OPEN:
         row("division", "open: your script runs on every rank (torch elastic, as torchrun) as")
         lines.append(f"      python {' '.join(r['script_argv'])}")
-        row("model", "its files compile and get_model is defined; the model itself is checked after training, "
-                     "rebuilt from the checkpoint's config (shapes, gradients, causality, FLOPs)")
+        before = r.get("before_training") or {}
+        if before.get("ok"):
+            how = "[open.config]" if before.get("declared") else "the config your arguments suggest"
+            row("model", f"ok before training with {how}: {before.get('params', 0):,} parameters, forward at the "
+                         f"evaluation length {t.eval.seq_len}, causal; checked again after training, rebuilt from the "
+                         "checkpoint's config")
+        else:
+            row("model", "its files compile and get_model is defined; the model itself is checked after training, "
+                         "rebuilt from the checkpoint's config (shapes, gradients, causality, FLOPs)")
     cfg = r.get("config")
     if cfg:
         B, T, A = cfg["micro_batch_size"], cfg["seq_len"], cfg["grad_accum_steps"]

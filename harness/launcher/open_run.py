@@ -27,7 +27,7 @@ from harness.ranks.jobs import OpenJob
 from harness.ranks.process import ended_how
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.results.records import RunRecord
-from harness.submission.open_division import OpenSpec, script_argv
+from harness.submission.open_division import OpenSpec, config_before_training, script_argv
 from harness.tracks.spec import Track
 
 
@@ -72,6 +72,9 @@ def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, 
     extra = {"model_file": spec.model, "script": spec.script}
     if checkpoint is not None:
         extra["checkpoint"] = str(checkpoint)
+    else:  # before training: the model at the evaluation length now, not after a 10-minute slot
+        extra["config"], extra["config_declared"] = config_before_training(
+            spec, vocab_size=track.data.vocab_size, seq_len=track.eval.seq_len)
     return run_preflight(snapshot, vocab_size=track.data.vocab_size, device=track.device, seed=seed,
                          log_path=log_path, eval_seq_len=track.eval.seq_len, precision=record.precision,
                          sandbox_mode=track.sandbox, protected=protected, open_division=extra,

@@ -51,6 +51,7 @@ from harness.submission.contract import (
     TeamInfo,
     find_submission,
     read_team,
+    relative_paths,
     snapshot_submission,
     submission_sha256,
     team_slug,
@@ -245,6 +246,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     record.sandbox["check"] = report.get("sandbox") or {}
     record.warnings += screen_warnings(record.extra["screen"])
     for warning in report.get("warnings", []):
+        warning = relative_paths(str(warning), copies)  # the team's files as it names them
         record.warnings.append(warning)
         reporter.info(f"warning: {warning}")
     if abort.is_set:

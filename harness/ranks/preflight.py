@@ -13,9 +13,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 # Tokens the quick causality probe runs on: enough for a missing mask to show at every probed cut,
 # an eighth of a Paris 2026 window. Evaluation checks causality again on the full scoring windows.
@@ -260,65 +258,6 @@ def run_checks(request: dict) -> dict:
     return report
 
 
-@dataclass
-class OpenModel:
-    """An open-division model as check_model sees it: model.py's get_model and the checkpoint's config."""
-
-    folder: Path
-    file: Path
-    config: dict
-    get_model: Any
-    seq_len: int
-    vocab_out: int
-    micro_batch_size: int = 1  # FLOPs per token hardly depend on it; the script's batch is not known here
-
-
-def run_open_checks(request: dict) -> dict:
-    """Before training: the files compile and model.py defines get_model. After it (with the script's
-    checkpoint, already in the harness's form): the model rebuilt from its config, the weights loaded
-    strictly, and the model checked like a fixed-loop submission's (shapes, gradients, evaluation
-    length, causality, FLOPs)."""
-    from harness.ranks.checkpoint import load_module_state, unwrap
-    from harness.submission.contract import SubmissionError, import_submission_module
-
-    folder = Path(request["submission_dir"])
-    model_file = request["model_file"]
-    report: dict = {"ok": False, "problems": [], "screen": request.get("screen") or _screen(request)}
-    try:
-        for path in sorted(folder.rglob("*.py")):
-            source = path.read_text(errors="replace")
-            compile(source, str(path), "exec")  # a syntax error is found now, not after the budget
-        module = import_submission_module(folder, model_file)
-        get_model = getattr(module, "get_model", None)
-        if not callable(get_model):
-            raise SubmissionError(folder / model_file, "defines no get_model(config).",
-                                  "define get_model(config) returning the model your checkpoint's state dict loads into")
-        if request.get("checkpoint"):  # normalised by harness code, hashed; this process may only read it
-            import torch
-
-            saved = torch.load(request["checkpoint"], map_location="cpu", weights_only=True)
-            config = saved["config"]
-            try:  # the weights must be those of get_model(config): evaluation loads them the same way
-                load_module_state(unwrap(get_model(dict(config))), saved["model"])
-            except Exception as exc:
-                raise SubmissionError(folder / model_file, "the checkpoint does not load into get_model(checkpoint"
-                                      f"['config']): {type(exc).__name__}: {str(exc)[:600]}",
-                                      "save the state dict of the model get_model(config) builds, with that config")
-            del saved
-            seq_len = int(config.get("seq_len") or config.get("block_size") or request["eval_seq_len"])
-            model = OpenModel(folder=folder, file=folder / model_file, config=config, get_model=get_model,
-                              seq_len=seq_len, vocab_out=int(config.get("vocab_size") or request["vocab_size"]))
-            report.update(check_model(model, request["device"], request["seed"], request["vocab_size"],
-                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
-    except SyntaxError as exc:
-        report["problems"].append({"file": f"{exc.filename}:{exc.lineno}", "problem": f"syntax error: {exc.msg}.",
-                                   "fix": "fix the line shown", "line": (exc.text or "").rstrip("\n")})
-    except BaseException as exc:
-        report["problems"].append(_problem(exc, request["submission_dir"]))
-    report["ok"] = not report["problems"]
-    return report
-
-
 def main(argv: list[str]) -> None:
     from harness.ranks.process import show_native_crashes
 
@@ -341,7 +280,12 @@ def main(argv: list[str]) -> None:
         import torch
 
         torch.set_num_threads(max(1, int(request.get("threads", 1))))
-        report = run_open_checks(request) if request.get("division") == "open" else run_checks(request)
+        if request.get("division") == "open":
+            from harness.ranks.open_checks import run_open_checks
+
+            report = run_open_checks(request)
+        else:
+            report = run_checks(request)
     except BaseException as exc:
         report = {"ok": False, "problems": [_problem(exc, request.get("submission_dir", ""))]}
     for problem in report["problems"]:  # the log says what the report says, with the traceback where there is one

@@ -29,7 +29,7 @@ FIXED, OPEN = "fixed", "open"
 DIVISIONS = (FIXED, OPEN)
 # Filled by the harness from the track and the run; a team may not set them in [open.args].
 HARNESS_ARGS = ("data_dir", "checkpoint_path", "vocab_size", "time_limit_min")
-OPEN_KEYS = {"script", "model", "args", "tokens_per_step"}
+OPEN_KEYS = {"script", "model", "args", "tokens_per_step", "config"}
 
 
 @dataclass
@@ -41,6 +41,7 @@ class OpenSpec:
     model: str = "model.py"
     args: dict[str, Any] = field(default_factory=dict)  # the team's own --key value arguments
     tokens_per_step: int | None = None  # for throughput from the checkpoint's step count, when the script reports none
+    config: dict[str, Any] | None = None  # the config the script saves: its model is checked strictly before training
 
     def __post_init__(self) -> None:
         toml = self.folder / "submission.toml"
@@ -60,6 +61,9 @@ class OpenSpec:
             if not isinstance(value, (str, int, float, bool)):
                 raise SubmissionError(toml, f"[open.args] {key} must be a string, number or boolean, got {value!r}.",
                                       "write one value per argument")
+        if self.config is not None and not isinstance(self.config, dict):
+            raise SubmissionError(toml, f"[open] config must be a table, got {self.config!r}.",
+                                  "write it as [open.config], with the keys your script saves in checkpoint['config']")
         if self.tokens_per_step is not None and (isinstance(self.tokens_per_step, bool)
                                                  or not isinstance(self.tokens_per_step, int) or self.tokens_per_step < 1):
             raise SubmissionError(toml, f"[open] tokens_per_step must be a positive int, got {self.tokens_per_step!r}.",
@@ -103,7 +107,18 @@ def read_open_spec(folder: Path) -> OpenSpec:
     if not isinstance(args, dict):
         raise SubmissionError(folder / "submission.toml", "[open] args must be a table.", "write it as [open.args]")
     return OpenSpec(folder=folder, script=raw.get("script", "train.py"), model=raw.get("model", "model.py"),
-                    args=dict(args), tokens_per_step=raw.get("tokens_per_step"))
+                    args=dict(args), tokens_per_step=raw.get("tokens_per_step"), config=raw.get("config"))
+
+
+def config_before_training(spec: OpenSpec, *, vocab_size: int, seq_len: int) -> tuple[dict[str, Any], bool]:
+    """The config model.py's get_model is checked with before the script runs, and whether the team
+    declared it ([open.config]: the check is then strict, a failure ends the run before training).
+    Otherwise the config the script's own arguments suggest, the starter kit's way (its saved config
+    is built from --vocab_size, --seq_len and the model's --n_layer ...): a failure with a config the
+    harness guessed is a warning, never a rejection."""
+    if spec.config is not None:
+        return dict(spec.config), True
+    return {"vocab_size": vocab_size, "seq_len": seq_len, **spec.args}, False
 
 
 def _flag(key: str, value: Any) -> list[str]:
