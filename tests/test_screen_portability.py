@@ -1,12 +1,17 @@
 """The portability screen: lines of an open-division script that will not run on the track's device.
 
 Unit tests on source strings (the starter kit's hard-coded lines, the guarded forms of
-submissions/open_example, a GPU track), and the record's warnings through screen_folder.
+submissions/open_example, a GPU track), the record's warnings through screen_folder, and through the
+real entry point `harness check` (a warning naming file:line, never a rejection) and `harness run`
+(the record's warnings).
 """
 
 from __future__ import annotations
 
-from conftest import ROOT
+import json
+import shutil
+
+from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
 from harness.submission.portability import screen_portability
 from harness.submission.screen import screen_folder, summarize
 
@@ -110,3 +115,44 @@ def test_the_records_warnings_name_each_line_and_a_fixed_loop_folder_is_not_scre
     assert sum(w.startswith("train.py:") for w in warnings) == len(KIT_LINES)
     assert not any("portability" in w for w in warnings)  # one warning per line, not a category summary
     assert [f for f in screen_folder(tmp_path, "train.py") if f["category"] == "portability"] == []
+
+
+def _starter_copy(tmp_path):
+    """tests/fixtures/open_modes with the starter kit's `dist.init_process_group("nccl")`, and the warning
+    that names its line."""
+    folder = tmp_path / "starter"
+    shutil.copytree(FIXTURES / "open_modes", folder)
+    (folder / "submission.toml").write_text('division = "open"\n[team]\nname = "starter"\n'
+                                            '[open.args]\nmode = "ok"\nbatch_size = 4\nseq_len = 32\n')
+    script = folder / "train.py"
+    text = script.read_text()
+    assert 'dist.init_process_group("gloo")' in text
+    script.write_text(text.replace('dist.init_process_group("gloo")', 'dist.init_process_group("nccl")'))
+    line = next(i for i, row in enumerate(script.read_text().splitlines(), 1) if "init_process_group" in row)
+    return folder, (f'train.py:{line}: dist.init_process_group("nccl") will not run on track {{track}} (cpu, gloo): '
+                    'write dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")'), line
+
+
+def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, tmp_path):
+    folder, warning, line = _starter_copy(tmp_path)
+    warning = warning.format(track="local")
+
+    result = cli("check", str(folder), "--track", "local")
+    assert result.code == 0, result.text
+    assert f"  WARNING: {warning}" in result.out and "ACCEPTED" in result.out
+
+    as_json = cli("check", str(folder), "--track", "local", "--json")
+    assert as_json.code == 0, as_json.text
+    report = json.loads(as_json.out)
+    assert report["accepted"] and warning in report["warnings"]
+    assert [(f["file"], f["line"]) for f in report["portability"]] == [("train.py", line)]
+    assert all(f["category"] != "portability" for f in report["screen"])  # the team's to fix, not a reviewer's
+
+
+def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path):
+    folder, warning, _ = _starter_copy(tmp_path)
+    result = cli("run", str(folder), "--track", str(TINY_TRACK))
+    assert result.code == 1, result.text
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
+    assert warning.format(track="tiny") in record["warnings"]
