@@ -3,12 +3,13 @@
 Unit tests on source strings (the starter kit's hard-coded lines, the guarded forms of
 submissions/open_example, a GPU track), the record's warnings through screen_folder, and through the
 real entry point `harness check` (a warning naming file:line, never a rejection) and `harness run`
-(the record's warnings).
+(the record's warnings), and the docs' two edits.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
@@ -156,3 +157,14 @@ def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
     assert warning.format(track="tiny") in record["warnings"]
+
+
+def test_the_two_edits_in_the_docs_pass_the_screen():
+    """docs/submission.md's backend and device lines are what the warnings ask for: they must not be named."""
+    text = (ROOT / "docs" / "submission.md").read_text()
+    section = text.split("**On a CPU track, two edits.**", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "init_process_group(" in code and "torch.cuda.set_device(device)" in code
+    script = f"import os, torch\nimport torch.distributed as dist\n{code}"
+    assert screen_portability(script, "train.py", CPU_TRACK) == []
+    assert "harness check submissions/<you> --track local" in section.split("**The arguments")[0]
