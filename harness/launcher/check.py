@@ -19,6 +19,7 @@ from harness.submission.open_division import OPEN, config_before_training, divis
 from harness.launcher.phases import run_preflight
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
+from harness.submission.portability import CATEGORY as PORTABILITY, portability_target, warning_lines
 from harness.tracks.spec import Track, load_track
 
 
@@ -41,7 +42,8 @@ def _open_division(folder: Path, track: Track) -> dict | None:
                        vocab_size=track.data.vocab_size, budget_s=track.budget_s, seq_len=track.eval.seq_len)
     config, declared = config_before_training(spec, vocab_size=track.data.vocab_size, seq_len=track.eval.seq_len)
     return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv], "config": config,
-            "config_declared": declared}
+            "config_declared": declared,
+            "target_track": portability_target(track)}  # this check runs on a CPU; the script on the track's device
 
 
 def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None) -> CheckResult:
@@ -53,7 +55,7 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
                                precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower
                                open_division={k: open_division[k] for k in ("model_file", "script", "config",
-                                                                              "config_declared")}
+                                                                              "config_declared", "target_track")}
                                if open_division else None)
         if open_division:
             report["division"], report["script_argv"] = OPEN, open_division["argv"]
@@ -70,7 +72,12 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
     for p in problems:  # the team's own files, as they name them: paths relative to the submission folder
         p["file"] = relative_paths(p.get("file", ""), [folder]) or "."
         p["problem"] = relative_paths(p.get("problem", ""), [folder])
+    # Lines that will not run on the track's device: for the team to fix, not for a reviewer to read.
+    screen = report.get("screen", [])
+    report["screen"] = [f for f in screen if f["category"] != PORTABILITY]
+    report["portability"] = [f for f in screen if f["category"] == PORTABILITY]
     warnings = [relative_paths(str(w), [folder]) for w in report.get("warnings", [])]
+    warnings += warning_lines(report["portability"])
     report["warnings"] = warnings
     clash = name_clash(runs_root(runs_dir), team, folder)
     if clash:

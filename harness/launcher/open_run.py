@@ -28,6 +28,7 @@ from harness.ranks.process import ended_how
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.results.records import RunRecord
 from harness.submission.open_division import OpenSpec, config_before_training, script_argv
+from harness.submission.portability import portability_target
 from harness.tracks.spec import Track
 
 
@@ -69,7 +70,7 @@ def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, 
     """Before training: the files compile, model.py has get_model. After (with the normalised
     checkpoint, which the process may read and nothing else of the record): the model rebuilt from
     its config, the weights loaded strictly, and the model checked like a fixed-loop submission's."""
-    extra = {"model_file": spec.model, "script": spec.script}
+    extra = {"model_file": spec.model, "script": spec.script, "target_track": portability_target(track)}
     if checkpoint is not None:
         extra["checkpoint"] = str(checkpoint)
     else:  # before training: the model at the evaluation length now, not after a 10-minute slot

@@ -228,7 +228,8 @@ def _screen(request: dict) -> list[dict]:
 
     try:
         return screen_folder(Path(request["submission_dir"]),
-                             script=request.get("script") if request.get("division") == "open" else None)
+                             script=request.get("script") if request.get("division") == "open" else None,
+                             target=request.get("target_track"))  # the track's device: `harness check` runs on a CPU
     except Exception as exc:  # noqa: BLE001  (an unreadable file: the checks report it with its name)
         return [{"file": ".", "line": 0, "category": "screen failed", "what": f"{type(exc).__name__}: {exc}",
                  "code": ""}]

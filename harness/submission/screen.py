@@ -153,26 +153,33 @@ def screen_source(text: str, rel: str) -> list[Finding]:
     return sorted(visitor.found, key=lambda f: (f.file, f.line, f.category))
 
 
-def screen_folder(folder: Path, script: str | None = None) -> list[dict]:
+def screen_folder(folder: Path, script: str | None = None, target: dict | None = None) -> list[dict]:
     """Every .py file of the submission; `script` is an open-division training script, whose file,
-    environment and data-path findings are its job and are left out."""
+    environment and data-path findings are its job and are left out. With `target` (an open-division
+    run's track: portability.portability_target), the lines that will not run on its device too."""
     from harness.submission.contract import submission_files
+    from harness.submission.portability import screen_portability
 
     findings: list[Finding] = []
     for path in submission_files(Path(folder)):
         if path.suffix == ".py":
             rel = str(path.relative_to(folder))
-            found = screen_source(path.read_text(errors="replace"), rel)
+            text = path.read_text(errors="replace")
+            found = screen_source(text, rel)
             if rel == script:
                 found = [f for f in found if f.category not in SCRIPT_DUTIES]
-            findings += found
+            findings += found + (screen_portability(text, rel, target) if target else [])
     return [asdict(f) for f in findings]
 
 
 def summarize(findings: list[dict]) -> list[str]:
-    """One warning per category, naming where: what `harness check` and the record show first."""
+    """One warning per category, naming where: what `harness check` and the record show first. A
+    portability finding is one warning each: its line and its fix are the point."""
+    from harness.submission.portability import CATEGORY as PORTABILITY, warning_lines
+
     by_category: dict[str, list[str]] = {}
     for f in findings:
-        by_category.setdefault(f["category"], []).append(f"{f['file']}:{f['line']}")
+        if f["category"] != PORTABILITY:
+            by_category.setdefault(f["category"], []).append(f"{f['file']}:{f['line']}")
     return [f"screen: {category} at {', '.join(places[:6])}" + (f" and {len(places) - 6} more" if len(places) > 6 else "")
-            for category, places in sorted(by_category.items())]
+            for category, places in sorted(by_category.items())] + warning_lines(findings)

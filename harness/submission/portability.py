@@ -1,0 +1,179 @@
+"""Lines of an open-division script that will not run on the track's device: a static screen.
+
+The event's starter kit hard-codes `init_process_group(backend="nccl")`, `cuda:LOCAL_RANK` devices
+and `DDP(..., device_ids=[...])`. On a CPU track (device cpu, backend gloo) each of those lines
+raises, after the launch and before any step; `harness check` runs the team's files on no device
+and so cannot see it. This screen reads the source (it parses it and runs none of it) and names each
+such line with the edit that makes it run on both kinds of track. On a GPU track a hard-coded
+`gloo` runs, slowly (GPU gradients all-reduced through host memory): a warning too.
+
+Reported, on a track whose device is not cuda, where no guard (below) surrounds them:
+- a literal "nccl" backend: `init_process_group("nccl")`, `backend="nccl"`, `backend = "nccl"`;
+- a CUDA device literal ("cuda", "cuda:0", f"cuda:{rank}") used as a device: in `torch.device(...)`,
+  as `device=`, in `.to(...)`, or assigned (to any name but a `..._type`: nanoGPT's `device_type`
+  names autocast's device type, which only warns on a CPU);
+- `.cuda()`, `device_ids=[...]` (a list or tuple written there), and the torch.cuda calls that
+  raise without a GPU (`set_device`, `synchronize`, `current_device`, `Event`, `Stream`,
+  `reset_peak_memory_stats`).
+
+A guard, kept simple on purpose: the expression is inside a conditional expression
+(`"nccl" if cuda else "gloo"`), or inside either branch of an `if` whose test mentions `is_available`,
+a name assigned from an expression that mentions it (`cuda = torch.cuda.is_available()` then
+`if cuda:`), or the string "cuda" or "cpu" (`if device.type == "cuda":`). A guard it does not
+recognise (`if args.gpu:`) gives a false warning: these are warnings, never a reason to reject.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from harness.submission.screen import Finding, _dotted
+
+CATEGORY = "portability"
+CUDA_DEVICE = re.compile(r"cuda(:\d+)?$")
+# torch.cuda functions that raise on a machine without a GPU (torch 2.x CPU build); manual_seed,
+# empty_cache and the memory readers return quietly and are not listed.
+CUDA_ONLY_CALLS = {"set_device", "synchronize", "current_device", "Event", "Stream", "reset_peak_memory_stats"}
+GUARD_STRINGS = {"cuda", "cpu"}
+CHOSEN_BACKEND = '"nccl" if torch.cuda.is_available() else "gloo"'
+DEVICE_FIX = ('write device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() '
+              'else torch.device("cpu"), and use that device here')
+CUDA_CALL_FIX = ('write .to(device), with device = torch.device("cuda", local_rank) if torch.cuda.is_available() '
+                 'else torch.device("cpu")')
+DEVICE_IDS_FIX = "write device_ids=[local_rank] if torch.cuda.is_available() else None"
+
+
+def portability_target(track: Any) -> dict:
+    """What the screen needs of a track (a Track, or anything with its name, device and backend)."""
+    return {"name": track.name, "device": track.device, "backend": track.backend}
+
+
+def _is_cuda_device(node: ast.AST) -> bool:
+    """"cuda", "cuda:0", f"cuda:{rank}": a literal naming a CUDA device."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return bool(CUDA_DEVICE.match(node.value))
+    if isinstance(node, ast.JoinedStr) and node.values:
+        head = node.values[0]
+        return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith("cuda:")
+    return False
+
+
+def _is_str(node: ast.AST, value: str) -> bool:
+    return isinstance(node, ast.Constant) and node.value == value
+
+
+def _backend_literal(node: ast.AST, backend: str) -> str:
+    """What the line does, when `node` sets a literal `backend` ("nccl", "gloo"); "" otherwise."""
+    if isinstance(node, ast.Call):
+        if _dotted(node.func).endswith("init_process_group") and node.args and _is_str(node.args[0], backend):
+            return f'{_dotted(node.func)}("{backend}")'
+        if any(k.arg == "backend" and _is_str(k.value, backend) for k in node.keywords):
+            return f'backend="{backend}"'
+    if isinstance(node, ast.Assign) and _is_str(node.value, backend) and any(
+            "backend" in _dotted(t).lower() for t in node.targets):
+        return f'{_dotted(node.targets[0])} = "{backend}"'
+    return ""
+
+
+def _backend_fix(what: str, backend: str) -> str:
+    """The same line with the backend chosen by the device: `write dist.init_process_group("nccl" if ...)`."""
+    return "write " + what.replace(f'"{backend}"', CHOSEN_BACKEND)
+
+
+def _cuda_use(node: ast.AST) -> tuple[str, str]:
+    """(what the line does, the fix) when `node` needs a GPU; ("", "") otherwise."""
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func)
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        if name in ("torch.device", "device") and node.args and _is_cuda_device(node.args[0]):
+            return 'torch.device("cuda...")', DEVICE_FIX
+        if any(k.arg == "device" and _is_cuda_device(k.value) for k in node.keywords):
+            return 'device="cuda..."', DEVICE_FIX
+        if method == "to" and node.args and _is_cuda_device(node.args[0]):
+            return '.to("cuda...")', DEVICE_FIX
+        if method == "cuda":
+            return ".cuda()", CUDA_CALL_FIX
+        if name.split(".")[-2:-1] == ["cuda"] and name.split(".")[-1] in CUDA_ONLY_CALLS:
+            call = f"torch.cuda.{name.split('.')[-1]}(...)"
+            return call, f"guard it: if torch.cuda.is_available(): {call}"
+        if any(k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)) for k in node.keywords):
+            return "device_ids=[...]", DEVICE_IDS_FIX
+    if isinstance(node, ast.Assign) and _is_cuda_device(node.value):
+        targets = [_dotted(t) for t in node.targets]
+        if not all(t.endswith("_type") for t in targets):  # a device *type* (autocast's) is not a device
+            return f'{targets[0]} = "cuda..."', DEVICE_FIX
+    return "", ""
+
+
+def _mentions(node: ast.AST, names: set[str], strings: set[str] = GUARD_STRINGS) -> bool:
+    """Whether an expression mentions `is_available`, one of `names` (as written: `cuda`,
+    `self.use_gpu`; `torch.cuda` is not `cuda`), or one of `strings`."""
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Name, ast.Attribute)) and (_dotted(sub).split(".")[-1] == "is_available"
+                                                           or _dotted(sub) in names):
+            return True
+        if isinstance(sub, ast.Constant) and sub.value in strings:
+            return True
+    return False
+
+
+def _guard_names(tree: ast.AST) -> set[str]:
+    """Names assigned from an expression that mentions `is_available` (or another such name), in any
+    scope of the file: `cuda = torch.cuda.is_available()` makes `if cuda:` a guard."""
+    assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    names: set[str] = set()
+    while True:  # to a fixed point: `use_gpu = cuda and not args.cpu` is a guard name too
+        found = {_dotted(t) for n in assigns if _mentions(n.value, names, strings=set())
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if _dotted(t)}
+        if found <= names:
+            return names
+        names |= found
+
+
+def _unguarded(tree: ast.AST, names: set[str]):
+    """Every node outside a guard, walked without recursion (a team's file may nest deeply)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.IfExp):
+            continue  # a conditional expression chooses; whatever it holds is guarded
+        if isinstance(node, ast.If) and _mentions(node.test, names):
+            continue  # both branches: the script distinguishes the devices here
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def screen_portability(text: str, rel: str, target: dict) -> list[Finding]:
+    """The lines of one file that will not run (or, for gloo on a GPU, run slowly) on `target`'s track."""
+    try:
+        tree = ast.parse(text, filename=rel)
+    except SyntaxError:
+        return []  # the main screen and the checks report it, with its line
+    on = f"track {target['name']} ({target['device']}, {target['backend']})"
+    lines = text.splitlines()
+    found: dict[int, Finding] = {}  # one warning per line: the outermost construct on it
+    for node in _unguarded(tree, _guard_names(tree)):
+        line = getattr(node, "lineno", 0)
+        if line in found:
+            continue
+        if target["device"] == "cuda":
+            what = _backend_literal(node, "gloo")
+            message = (f"{what} runs on {on} but slowly (gloo all-reduces GPU gradients through host memory): "
+                       f"{_backend_fix(what, 'gloo')}") if what else ""
+        else:
+            what = _backend_literal(node, "nccl")
+            fix = _backend_fix(what, "nccl")
+            if not what:
+                what, fix = _cuda_use(node)
+            message = f"{what} will not run on {on}: {fix}" if what else ""
+        if message:
+            code = lines[line - 1].strip()[:160] if 0 < line <= len(lines) else ""
+            found[line] = Finding(rel, line, CATEGORY, message, code)
+    return sorted(found.values(), key=lambda f: f.line)
+
+
+def warning_lines(findings: list[dict]) -> list[str]:
+    """`train.py:34: init_process_group("nccl") will not run on track local (cpu, gloo): write ...`"""
+    return [f"{f['file']}:{f['line']}: {f['what']}" for f in findings if f["category"] == CATEGORY]

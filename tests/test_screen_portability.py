@@ -1,0 +1,170 @@
+"""The portability screen: lines of an open-division script that will not run on the track's device.
+
+Unit tests on source strings (the starter kit's hard-coded lines, the guarded forms of
+submissions/open_example, a GPU track), the record's warnings through screen_folder, and through the
+real entry point `harness check` (a warning naming file:line, never a rejection) and `harness run`
+(the record's warnings), and the docs' two edits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
+from harness.submission.portability import screen_portability
+from harness.submission.screen import screen_folder, summarize
+
+CPU_TRACK = {"name": "local", "device": "cpu", "backend": "gloo"}
+GPU_TRACK = {"name": "paris2026", "device": "cuda", "backend": "nccl"}
+
+# The Paris 2026 starter kit's set-up, as its teams wrote it (REFERENCE.md: NCCL and cuda:LOCAL_RANK
+# hard-coded), with the other forms a team's script uses. Line numbers matter: the file starts here.
+STARTER_KIT = '''import os
+import torch
+import torch.distributed as dist
+from torch.distributed import init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+backend = "nccl"
+def main():
+    init_process_group(backend="nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = f"cuda:{local_rank}"
+    torch.cuda.set_device(device)
+    model = DDP(GPT().to(device), device_ids=[local_rank])
+    x = torch.zeros(1, device="cuda")
+    y = x.cuda()
+    torch.cuda.synchronize()
+    dist.init_process_group("nccl")
+    z = torch.device("cuda", local_rank)
+    w = x.to("cuda:0")
+    device_type = "cuda"
+    torch.cuda.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+'''
+# line: what the screen must name on a CPU track (19: a device *type*; 20: harmless without a GPU;
+# 22: guarded by a test on the device)
+KIT_LINES = {6: 'backend = "nccl"', 8: 'backend="nccl"', 10: 'device = "cuda..."', 11: "torch.cuda.set_device(...)",
+             12: "device_ids=[...]", 13: 'device="cuda..."', 14: ".cuda()", 15: "torch.cuda.synchronize(...)",
+             16: 'dist.init_process_group("nccl")', 17: 'torch.device("cuda...")', 18: '.to("cuda...")'}
+
+
+def test_the_starter_kits_hard_coded_lines_are_named_with_their_fix_on_a_cpu_track():
+    found = screen_portability(STARTER_KIT, "train.py", CPU_TRACK)
+    assert {f.line: f.what.split(" will not run")[0] for f in found} == KIT_LINES
+    by_line = {f.line: f for f in found}
+    assert by_line[16].what == ('dist.init_process_group("nccl") will not run on track local (cpu, gloo): '
+                                'write dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")')
+    assert 'torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else ' \
+           'torch.device("cpu")' in by_line[10].what
+    assert "device_ids=[local_rank] if torch.cuda.is_available() else None" in by_line[12].what
+    assert by_line[11].code == "torch.cuda.set_device(device)" and {f.category for f in found} == {"portability"}
+
+
+def test_the_guarded_forms_of_the_open_example_are_not_named():
+    example = (ROOT / "submissions" / "open_example" / "train.py").read_text()
+    # the example does hold the constructs, each behind a guard: the screen must see past them
+    assert 'init_process_group("nccl" if cuda else "gloo")' in example and "torch.cuda.set_device(device)" in example
+    assert screen_portability(example, "train.py", CPU_TRACK) == []
+    guarded = '''import torch
+use_gpu = torch.cuda.is_available()
+gpu_and_ddp = use_gpu and True
+if torch.cuda.is_available():
+    torch.cuda.set_device(0)
+else:
+    x = torch.zeros(1, device="cuda")
+if gpu_and_ddp:
+    model = model.cuda()
+ddp = DDP(model, device_ids=[0] if use_gpu else None)
+ddp = DDP(model, device_ids=None)
+class Trainer:
+    def __init__(self):
+        self.use_gpu = torch.cuda.is_available()
+        if self.use_gpu:
+            torch.cuda.set_device(0)
+'''
+    assert screen_portability(guarded, "train.py", CPU_TRACK) == []
+
+
+def test_an_unrecognised_guard_is_named():
+    """The guard detection is simple: `if args.gpu:` is not one, and the line inside is named (a warning)."""
+    source = 'import torch\nif args.gpu:\n    torch.cuda.set_device(0)\n'
+    assert [f.line for f in screen_portability(source, "train.py", CPU_TRACK)] == [3]
+
+
+def test_on_a_gpu_track_nccl_runs_and_a_hard_coded_gloo_is_named_as_slow():
+    assert screen_portability(STARTER_KIT, "train.py", GPU_TRACK) == []
+    source = 'import torch.distributed as dist\ndist.init_process_group("gloo")\n' \
+             'dist.init_process_group("nccl" if ok else "gloo")\n'
+    (slow,) = screen_portability(source, "train.py", GPU_TRACK)
+    assert slow.line == 2 and "runs on track paris2026 (cuda, nccl) but slowly" in slow.what
+    assert 'write dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")' in slow.what
+
+
+def test_the_records_warnings_name_each_line_and_a_fixed_loop_folder_is_not_screened(tmp_path):
+    """screen_folder is what the check process sends over its pipe; summarize is what the record's
+    warnings get at the start of `harness run`."""
+    (tmp_path / "train.py").write_text(STARTER_KIT)
+    model = "import torch\ndef get_model(config):\n    return torch.nn.Linear(2, 2).cuda()\n"
+    (tmp_path / "model.py").write_text(model)
+    found = screen_folder(tmp_path, "train.py", CPU_TRACK)
+    warnings = summarize(found)
+    assert "model.py:3: .cuda() will not run on track local (cpu, gloo): write .to(device), with device = " \
+           'torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")' in warnings
+    assert sum(w.startswith("train.py:") for w in warnings) == len(KIT_LINES)
+    assert not any("portability" in w for w in warnings)  # one warning per line, not a category summary
+    assert [f for f in screen_folder(tmp_path, "train.py") if f["category"] == "portability"] == []
+
+
+def _starter_copy(tmp_path):
+    """tests/fixtures/open_modes with the starter kit's `dist.init_process_group("nccl")`, and the warning
+    that names its line."""
+    folder = tmp_path / "starter"
+    shutil.copytree(FIXTURES / "open_modes", folder)
+    (folder / "submission.toml").write_text('division = "open"\n[team]\nname = "starter"\n'
+                                            '[open.args]\nmode = "ok"\nbatch_size = 4\nseq_len = 32\n')
+    script = folder / "train.py"
+    text = script.read_text()
+    assert 'dist.init_process_group("gloo")' in text
+    script.write_text(text.replace('dist.init_process_group("gloo")', 'dist.init_process_group("nccl")'))
+    line = next(i for i, row in enumerate(script.read_text().splitlines(), 1) if "init_process_group" in row)
+    return folder, (f'train.py:{line}: dist.init_process_group("nccl") will not run on track {{track}} (cpu, gloo): '
+                    'write dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")'), line
+
+
+def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, tmp_path):
+    folder, warning, line = _starter_copy(tmp_path)
+    warning = warning.format(track="local")
+
+    result = cli("check", str(folder), "--track", "local")
+    assert result.code == 0, result.text
+    assert f"  WARNING: {warning}" in result.out and "ACCEPTED" in result.out
+
+    as_json = cli("check", str(folder), "--track", "local", "--json")
+    assert as_json.code == 0, as_json.text
+    report = json.loads(as_json.out)
+    assert report["accepted"] and warning in report["warnings"]
+    assert [(f["file"], f["line"]) for f in report["portability"]] == [("train.py", line)]
+    assert all(f["category"] != "portability" for f in report["screen"])  # the team's to fix, not a reviewer's
+
+
+def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path):
+    folder, warning, _ = _starter_copy(tmp_path)
+    result = cli("run", str(folder), "--track", str(TINY_TRACK))
+    assert result.code == 1, result.text
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
+    assert warning.format(track="tiny") in record["warnings"]
+
+
+def test_the_two_edits_in_the_docs_pass_the_screen():
+    """docs/submission.md's backend and device lines are what the warnings ask for: they must not be named."""
+    text = (ROOT / "docs" / "submission.md").read_text()
+    section = text.split("**On a CPU track, two edits.**", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "init_process_group(" in code and "torch.cuda.set_device(device)" in code
+    script = f"import os, torch\nimport torch.distributed as dist\n{code}"
+    assert screen_portability(script, "train.py", CPU_TRACK) == []
+    assert "harness check submissions/<you> --track local" in section.split("**The arguments")[0]
