@@ -381,10 +381,19 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
         lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
     for warning in record.warnings:
         lines.append(f"WARNING    {warning}")
-    lines.append(f"record     {run_dir}")
+    shown = _near(run_dir)
+    lines.append(f"record     {shown}")
     if record.status not in ("ok",):
-        lines.append(f"logs       {run_dir / 'logs'}")
+        lines.append(f"logs       {shown / 'logs'}")
     return lines
+
+
+def _near(path: Path) -> Path:
+    """A path as the person typed their way to it: relative to the current folder when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return Path(path)
 
 
 def _trained(record: RunRecord) -> str:
