@@ -97,6 +97,34 @@ def test_a_shape_error_in_a_second_file_is_named_at_that_files_line_everywhere(c
     assert f"{site}: RuntimeError" in (run_dir / "logs" / "preflight.log").read_text()
 
 
+def test_a_syntax_error_in_a_second_file_is_named_at_that_file(cli, tmp_path):
+    # A SyntaxError has no frame in the broken file: the file it names is the team's line, not the import's.
+    folder = tmp_path / "imports_a_broken_model"
+    folder.mkdir()
+    (folder / "submission.py").write_text('from model import get_model\nCONFIG = {"micro_batch_size": 4, "seq_len": 32}\n')
+    (folder / "model.py").write_text("import torch\ndef get_model(config)\n    return None\n")
+    (problem,) = json.loads(cli("check", str(folder), "--track", str(TINY_TRACK), "--json").out)["problems"]
+    assert problem["file"] == "model.py:2" and problem["problem"].startswith("syntax error"), problem
+
+
+def test_a_compiled_model_killed_before_its_second_step_is_told_why(cli, tmp_path):
+    # The likeliest end of a compiled model on a short CPU track: its first step (the compilation) runs past
+    # budget + grace. The reason says so, instead of only "killed at the hard limit".
+    folder = tmp_path / "compiles_forever"
+    folder.mkdir()
+    source = (FIXTURES / "sleepy_forward" / "submission.py").read_text()
+    source = source.replace("if calls >= 3:", "if os.environ.get('LOCAL_RANK') is not None:")  # training, not check
+    source = source.replace("    return Bigram(config[\"vocab_size\"])", "    return torch.compile(Bigram(config[\"vocab_size\"]), "
+                            "backend=\"eager\")")
+    (folder / "submission.py").write_text(source)
+    result = cli("run", str(folder), "--track", str(one_rank(tmp_path)))
+    assert result.code == 1
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "timeout" and "hard limit" in record["reason"], record["reason"]
+    assert "the model is torch.compile'd and no step after the first was reported" in record["reason"]
+    assert_clean(record)
+
+
 def test_a_crash_in_a_second_file_names_that_files_line_in_the_reason(cli, tmp_path):
     site = f"model.py:{line_of('second_file_crash', 'CRASH LINE')}"
     result = run_fixture(cli, "second_file_crash")

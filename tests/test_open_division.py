@@ -250,3 +250,41 @@ def test_an_honest_model_passes_the_check_before_training_with_its_arguments(cli
                             "--json").out)
     assert report["accepted"] and report["before_training"]["ok"], report.get("before_training")
     assert report["before_training"]["params"] == 425_984
+
+
+def test_finishing_a_script_stops_an_idle_pool_and_waits_for_a_running_save():
+    # torch.compile leaves an idle ThreadPoolExecutor worker (non-daemon): joined as is, it waits forever.
+    # What Python's own exit does first (threading's atexit callbacks) tells it to stop; a thread still
+    # working (an asynchronous checkpoint save) is waited for.
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, threading, time, sys\n"
+        "gc.disable()\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from harness.ranks.open_rank import finish_threads\n"
+        "pool = ThreadPoolExecutor(1); pool.submit(int).result()\n"
+        "saved = []\n"
+        "threading.Thread(target=lambda: (time.sleep(0.5), saved.append(1))).start()\n"
+        "finish_threads()\n"
+        "print(saved, sorted(t.name for t in threading.enumerate()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1] ['MainThread']", out.stdout
+
+
+def test_a_check_with_a_guessed_config_that_kills_its_process_is_a_warning_not_a_rejection(cli, tmp_path):
+    # The guessed config never rejects, even when what it builds hangs or kills the check process: what was
+    # checked before it stands, and the end is a warning with the log's path.
+    folder = open_submission(tmp_path, "ok")
+    (folder / "model.py").write_text((FIXTURES / "open_modes" / "model.py").read_text() + (
+        "\n\nimport os\n_build = get_model\n\n\ndef get_model(config):\n"
+        "    if not config.get('d_model'):  # the guessed config (the script's own passes d_model)\n"
+        "        os._exit(3)  # as an out-of-memory kill or a crash in native code would end it\n"
+        "    return _build(config)\n"))
+    checked = cli("check", str(folder), "--track", str(ROOMY_TRACK))
+    assert checked.code == 0, checked.text
+    assert "model.py's check before training: it ended the check process (exit code 3)" in checked.out

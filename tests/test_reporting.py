@@ -122,13 +122,19 @@ def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
     assert "trained    30.10s of 30s budget, 5 steps, 5120 tokens" in fixed and "train_loss 2.5000" in fixed
     stepped = "\n".join(summary_lines(_record(track={"max_steps": 20}, steps=20, train_time_s=20.49, official=False,
                                               overrides={"max_steps": 20}), tmp_path))
-    assert "trained    20 steps (--max-steps) in 20.49s" in stepped and "budget" not in stepped
+    assert "trained    20 of 20 steps (--max-steps) in 20.49s" in stepped and "budget" not in stepped
+    short = "\n".join(summary_lines(_record(track={"max_steps": 20}, steps=12), tmp_path))
+    assert "trained    12 of 20 steps (--max-steps)" in short  # what was trained, not what was asked for
     assert "`harness leaderboard --all`" in stepped  # an unofficial run is only on the --all board
     script = "\n".join(summary_lines(_record(division="open", steps=None, tokens=None, tokens_per_s=None,
                                              train_time_s=36.4, startup_s=None), tmp_path))
     assert "None" not in script and "steps not reported" in script
     assert "36.40s by the launcher's clock against a 30s budget (from the ranks' start" in script
     assert "the checkpoint's save included" in script
+    stepped_script = "\n".join(summary_lines(_record(division="open", track={"max_steps": 20}, steps=12,
+                                                      startup_s=1.0), tmp_path))
+    assert "by the launcher's clock against a 30s budget (--max-steps 20) (from first_forward()" in stepped_script
+    assert "12 steps" in stepped_script
 
 
 def test_a_first_step_that_took_most_of_the_budget_is_said_with_its_cause():

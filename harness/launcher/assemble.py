@@ -167,7 +167,7 @@ def say_slow_first_step(record: RunRecord) -> None:
         return
     why = ("torch.compile compiles in it: on this track compiling costs more than it saves; try the run without "
            "COMPILE (and return the plain model from get_model)" if record.extra.get("compiled")
-           else "a slow first forward, data or allocation")
+           else "a slow first forward: compilation inside the model (a compiled block or attention), data, allocation")
     record.warnings.append(f"the first step took {first_s:.1f} s, {first_s / budget_s:.0%} of the {budget_s:.0f} s "
                            f"budget, and {record.steps} step(s) were trained in all ({why})")
 
@@ -403,12 +403,14 @@ def _trained(record: RunRecord) -> str:
               *([f"{record.tokens} tokens"] if record.tokens is not None else []),
               *([f"{fmt_rate(record.tokens_per_s)} tok/s"] if record.tokens_per_s else [])]
     max_steps = record.track.get("max_steps")
-    if max_steps:
-        return f"{max_steps} steps (--max-steps) in {record.train_time_s:.2f}s, " + ", ".join(counts[1:] or counts)
     if record.division == "open":  # the launcher's window: no first_forward() report moves its start past the ranks'
-        return (f"{record.train_time_s:.2f}s by the launcher's clock against a {record.budget_s:.0f}s budget (from "
-                + ("first_forward()" if record.startup_s is not None else "the ranks' start: no first_forward()")
+        bound = f" (--max-steps {max_steps})" if max_steps else ""
+        return (f"{record.train_time_s:.2f}s by the launcher's clock against a {record.budget_s:.0f}s budget{bound} "
+                "(from " + ("first_forward()" if record.startup_s is not None else "the ranks' start: no first_forward()")
                 + " to the job's exit, the checkpoint's save included), " + ", ".join(counts))
+    if max_steps:  # the steps trained, of those asked for: a run can stop short (a divergence, the hard limit)
+        done = "steps not reported" if record.steps is None else f"{record.steps} of {max_steps} steps"
+        return f"{done} (--max-steps) in {record.train_time_s:.2f}s, " + ", ".join(counts[1:])
     return f"{record.train_time_s:.2f}s of {record.budget_s:.0f}s budget, " + ", ".join(counts)
 
 

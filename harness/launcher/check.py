@@ -42,7 +42,7 @@ def _open_division(folder: Path, track: Track) -> dict | None:
                        vocab_size=track.data.vocab_size, budget_s=track.budget_s, seq_len=track.eval.seq_len)
     config, declared = config_before_training(spec, vocab_size=track.data.vocab_size, seq_len=track.eval.seq_len)
     return {"model_file": spec.model, "script": spec.script, "argv": [spec.script, *argv], "config": config,
-            "config_declared": declared,
+            "config_declared": declared, "track_device": track.device,
             "target_track": portability_target(track)}  # this check runs on a CPU; the script on the track's device
 
 
@@ -55,7 +55,8 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
                                precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower
                                open_division={k: open_division[k] for k in ("model_file", "script", "config",
-                                                                              "config_declared", "target_track")}
+                                                                              "config_declared", "track_device",
+                                                                              "target_track")}
                                if open_division else None)
         if open_division:
             report["division"], report["script_argv"] = OPEN, open_division["argv"]

@@ -132,6 +132,12 @@ def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: Op
     dict's sum would count both)."""
     record.params, record.config = report.get("params", found.get("params")), found.get("config", {})
     record.flops_per_token = report.get("flops_per_token")
+    saved = found.get("config") if isinstance(found.get("config"), dict) else {}
+    if spec.config is not None:  # the model checked before training was built from [open.config]
+        differ = sorted(str(k) for k in set(spec.config) | set(saved) if spec.config.get(k) != saved.get(k))
+        if differ:
+            record.notes.append(f"the checkpoint's config differs from [open.config], which was checked before "
+                                f"training, in {', '.join(differ[:10])}: the model scored is the checkpoint's")
     if found.get("prefixes_removed"):
         record.notes.append("the checkpoint's torch.compile/DDP key prefixes were removed")
     if record.steps is None and found.get("step") is not None:

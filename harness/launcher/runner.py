@@ -283,6 +283,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
+        if o.status == "timeout" and report.get("compile") and not any(m.get("step") for m in metrics):
+            record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
+                              "step compiles, on the clock; on this track compiling may cost more than it saves)")
         if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:
             record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
         joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")

@@ -338,7 +338,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     result = finish(tr, step, tokens, synced, warm_s)
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
             "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
-            "last_step_start_s": last_step_start_s, "first_step_s": step_s[0] if step_s else synced,
+            "last_step_start_s": last_step_start_s, "first_step_s": step_s[0] if step_s else None,  # none when no step ran
             "compiled": tr.compiled,
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_relabeled_spread": tr.first_step_relabeled_spread}

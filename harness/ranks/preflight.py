@@ -264,6 +264,7 @@ def main(argv: list[str]) -> None:
 
     show_native_crashes()  # its stderr is preflight.log
     request = json.loads(Path(argv[1]).read_text())
+    request["report_path"] = argv[2]  # where an interim report goes (harness/ranks/open_checks.py)
     from harness.ranks import sandbox
 
     # As evaluation's model processes (harness/ranks/model_worker.py): it needs no network either.

@@ -158,6 +158,8 @@ def team_site(exc: BaseException, team_dir: str | os.PathLike | None) -> str:
         return ""
     roots = {os.path.join(str(team_dir), ""), os.path.join(os.path.realpath(team_dir), "")}
     for cause in reversed(_causes(exc)):
+        if isinstance(cause, SyntaxError) and any(str(cause.filename or "").startswith(r) for r in roots):
+            return f"{cause.filename}:{cause.lineno}"  # the broken file has no frame: the error names it
         for frame in reversed(traceback.extract_tb(cause.__traceback__)):
             if any(frame.filename.startswith(root) for root in roots):
                 return f"{frame.filename}:{frame.lineno}"
