@@ -180,6 +180,7 @@ def test_a_record_with_fields_of_the_wrong_type_is_one_unreadable_row(tmp_path, 
     odd = make_run(runs, "delta", 1.7) / "run.json"
     odd.write_text(odd.read_text().replace('"status": "ok"', '"status": "victorious"'))
     make_run(runs, "charlie", 2.2)
+    huge = make_run(runs, "echo", 1.9, params=2**64) / "run.json"  # beyond int64: once failed the whole table
     result = cli("leaderboard", "--runs-dir", str(runs))
     assert result.code == 0, result.err
     rows = {r["team"]: r for r in csv.DictReader((tmp_path / "leaderboard" / "local.csv").open())}
@@ -188,6 +189,8 @@ def test_a_record_with_fields_of_the_wrong_type_is_one_unreadable_row(tmp_path, 
     assert str(bad) in rows["bravo"]["reason"] and "field steps is 'many', not a number" in rows["bravo"]["reason"]
     assert rows["delta"]["status"] == "unreadable" and "'victorious' is not a run status" in rows["delta"]["reason"]
     assert str(odd) in rows["delta"]["reason"]
+    assert rows["echo"]["status"] == "unreadable" and "not a count from 0 to 2**62" in rows["echo"]["reason"]
+    assert str(huge) in rows["echo"]["reason"]
     assert (tmp_path / "leaderboard" / "local.html").is_file()
 
 

@@ -8,6 +8,7 @@ not rank 1's).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -288,3 +289,24 @@ def test_a_check_with_a_guessed_config_that_kills_its_process_is_a_warning_not_a
     checked = cli("check", str(folder), "--track", str(ROOMY_TRACK))
     assert checked.code == 0, checked.text
     assert "model.py's check before training: it ended the check process (exit code 3)" in checked.out
+
+
+def test_the_parameter_count_is_the_checkpoints_distinct_tensors_under_the_models_parameter_names(tmp_path):
+    # Counted by harness code from the checkpoint: what the sandboxed check says only selects names, so a
+    # forged answer can never make the count exceed what the checkpoint really holds.
+    import torch
+
+    from harness.launcher.open_run import parameter_count
+    from harness.ranks.checkpoint import normalize_team_checkpoint
+
+    spec = importlib.util.spec_from_file_location("fixture_model", FIXTURES / "open_modes" / "model.py")
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    model = fixture.get_model({"vocab_size": 256, "d_model": 64})
+    torch.save({"model": model.state_dict(), "config": {}, "step": 2**70}, tmp_path / "team.pt")
+    found = normalize_team_checkpoint(tmp_path / "team.pt", tmp_path / "ours.pt")
+    assert found["step"] is None  # a step the tables could not hold is no step
+    names = [name for name, _ in model.named_parameters()]
+    assert parameter_count(found, names) == 256 * 64  # tied: one tensor under wte and lm_head; the buffer is not one
+    assert parameter_count(found, names * 3 + ["lm_head.weight", "scale", "nonsense"]) == 256 * 64 + 1
+    assert parameter_count(found, "everything") == 256 * 64 + 1  # no usable names: every distinct tensor, once

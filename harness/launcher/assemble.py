@@ -22,6 +22,18 @@ PROBE_FIELDS = {"comm_probe_steps": "steps", "comm_probe_synced_step_s": "synced
                 "comm_overlap_efficiency_max": "efficiency_max", "comm_s": "comm_s"}
 
 
+def team_count(value: Any) -> int | None:
+    """A count from a file team code could write (the check's report.json): an int from 0 to 2**62, or
+    nothing. Anything else would reach the tables as a figure they cannot hold."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**62 else None
+
+
+def team_number(value: Any) -> float | None:
+    """A non-negative finite number from a file team code could write, or nothing."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
+
+
 def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     results = phase.reports("result")
     r0 = results.get(0, {})

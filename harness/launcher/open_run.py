@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from harness.data.prepare import PreparedData
-from harness.launcher.assemble import check_reports, flag_run, set_outcome
+from harness.launcher.assemble import check_reports, flag_run, set_outcome, team_number
 from harness.launcher.phases import PhaseResult, run_preflight
 from harness.launcher.watch import Deadlines
 from harness.launcher.workarea import WorkArea
@@ -126,12 +126,13 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, a
 
 
 def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: OpenSpec) -> None:
-    """What the checkpoint says (read by harness code alone: step, config) and what the model check
-    measured in the sandboxed process that ran model.py, as for the fixed loop: FLOPs per token and
-    the parameter count (model.parameters(): a tied embedding once, buffers not at all; the state
-    dict's sum would count both)."""
-    record.params, record.config = report.get("params", found.get("params")), found.get("config", {})
-    record.flops_per_token = report.get("flops_per_token")
+    """What the checkpoint says (read by harness code alone: step, config, its tensors' sizes) and what
+    the model check measured in the sandboxed process that ran model.py: FLOPs per token, and which
+    names are parameters. The parameter count is harness code's: the checkpoint's tensors under those
+    names, each distinct tensor once (a tied embedding once, buffers not at all), never more than the
+    checkpoint holds whatever the check claims."""
+    record.params, record.config = parameter_count(found, report.get("param_names")), found.get("config", {})
+    record.flops_per_token = team_number(report.get("flops_per_token"))  # report.json: team code ran beside it
     saved = found.get("config") if isinstance(found.get("config"), dict) else {}
     if spec.config is not None:  # the model checked before training was built from [open.config]
         differ = sorted(str(k) for k in set(spec.config) | set(saved) if spec.config.get(k) != saved.get(k))
@@ -142,7 +143,7 @@ def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: Op
         record.notes.append("the checkpoint's torch.compile/DDP key prefixes were removed")
     if record.steps is None and found.get("step") is not None:
         record.steps = found["step"]
-        if spec.tokens_per_step:
+        if spec.tokens_per_step and found["step"] * spec.tokens_per_step <= 2**62:  # a count the tables can hold
             record.tokens = found["step"] * spec.tokens_per_step
             record.extra["tokens_from"] = "the checkpoint's step x [open] tokens_per_step"
     if record.tokens and record.launcher_train_time_s:
@@ -152,6 +153,18 @@ def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: Op
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
     record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+
+
+def parameter_count(found: dict, names) -> int | None:
+    """The checkpoint's distinct tensors under the model's parameter names (checkpoint.distinct_tensors);
+    without usable names, every distinct tensor (buffers included)."""
+    tensors = found.get("tensors")
+    if not isinstance(tensors, dict):
+        return found.get("params")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        names = list(tensors)
+    distinct = {tensors[n][0]: tensors[n][1] for n in set(names) if n in tensors}
+    return sum(distinct.values())
 
 
 NORMALIZE_TIMEOUT_S = 600.0

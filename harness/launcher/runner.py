@@ -31,6 +31,8 @@ from harness.launcher.assemble import (
     name_team_files,
     sandbox_warnings,
     set_outcome,
+    team_count,
+    team_number,
 )
 from harness.launcher.console import NullReporter
 from harness.launcher.identity import name_clash
@@ -258,8 +260,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
                      + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return
-    record.params, record.config = report.get("params"), report.get("config", {})
-    record.flops_per_token = report.get("flops_per_token")
+    record.params, record.config = team_count(report.get("params")), report.get("config", {})
+    record.flops_per_token = team_number(report.get("flops_per_token"))  # report.json: team code ran beside it
     for key in ("flops_method", "flops_note"):
         if report.get(key):
             record.extra[key] = report[key]

@@ -181,12 +181,26 @@ def normalize_team_checkpoint(src: str | Path, dst: str | Path) -> dict:
         raise CheckpointError(f"two of the checkpoint's model keys are the same once the torch.compile/DDP prefixes "
                               f"are removed. Fix: {fix}")
     step = raw.get("step")
-    step = int(step) if isinstance(step, int) and not isinstance(step, bool) else None
+    step = int(step) if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= 2**62 else None
     tmp = f"{dst}.tmp"
     torch.save({"config": raw["config"], "model": state, "step": step, "tokens": None}, tmp)
     os.replace(tmp, dst)
-    return {"step": step, "params": sum(v.numel() for v in state.values()), "config": raw["config"],
-            "prefixes_removed": any(plain_key(str(k)) != str(k) for k in raw["model"])}
+    tensors = distinct_tensors(state)
+    return {"step": step, "params": sum(dict(tensors.values()).values()), "tensors": tensors,
+            "config": raw["config"], "prefixes_removed": any(plain_key(str(k)) != str(k) for k in raw["model"])}
+
+
+def distinct_tensors(state: dict) -> dict[str, list[int]]:
+    """Each key of a state dict -> [which distinct tensor it is, its element count]. Tied weights (one
+    Parameter under two names: GPT-2's wte and lm_head) are one tensor, here as in the model: the
+    launcher counts parameters over the names the model calls parameters, each tensor once, and a
+    count can never exceed what the checkpoint really holds, whatever those names are."""
+    index: dict[tuple, int] = {}
+    out: dict[str, list[int]] = {}
+    for key, tensor in state.items():
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        out[key] = [index.setdefault(ident, len(index)), int(tensor.numel())]
+    return out
 
 
 def main(argv: list[str]) -> None:

@@ -173,6 +173,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     return {
         "compiled_by_get_model": compiled_by_get_model,
         "params": sum(p.numel() for p in model.parameters()),
+        "param_names": [name for name, _ in model.named_parameters()],  # open division: counted by the launcher
         "trainable_params": sum(p.numel() for p in trainable),
         "initial_loss": float(loss.item()),
         "causality": causality,

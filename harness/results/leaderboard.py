@@ -34,6 +34,8 @@ COLUMNS = [
     "precision", "val_loss_std", "run_id", "submission_sha256", "reason",
 ]
 INT_COLUMNS = ["rank", "n_runs", "params", "tokens", "steps"]  # counts: written as integers, never 425984.0
+COUNT_FIELDS = ("params", "tokens", "steps")  # a record's counts: beyond int64, or infinite, the table cannot hold them
+MAX_COUNT = 2**62
 # Which failure says the team got furthest: shown for teams without an ok run.
 UNREADABLE = "unreadable"  # a run.json that cannot be parsed: not a record status, a finding about the file
 STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "flagged", "evaluating", "running",
@@ -90,6 +92,8 @@ def field_problem(raw: dict[str, Any]) -> str:
         v = raw.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             return f"field {key} is {str(v)[:40]!r}, not a number"
+        if key in COUNT_FIELDS and v is not None and not (0 <= v <= MAX_COUNT):  # a table column of int64
+            return f"field {key} is {str(v)[:40]!r}, not a count from 0 to 2**62"
     for key in TEXT_FIELDS:
         v = raw.get(key)
         if v is not None and not isinstance(v, str):
