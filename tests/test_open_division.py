@@ -310,3 +310,21 @@ def test_the_parameter_count_is_the_checkpoints_distinct_tensors_under_the_model
     assert parameter_count(found, names) == 256 * 64  # tied: one tensor under wte and lm_head; the buffer is not one
     assert parameter_count(found, names * 3 + ["lm_head.weight", "scale", "nonsense"]) == 256 * 64 + 1
     assert parameter_count(found, "everything") == 256 * 64 + 1  # no usable names: every distinct tensor, once
+
+
+def test_a_warning_made_of_team_text_cannot_forge_lines_on_the_terminal(cli, tmp_path):
+    # The red team's case: a model that raises, for the guessed config only, a message of terminal escapes
+    # and line breaks that would have printed "val_loss 1.2345" over the check's own lines.
+    folder = open_submission(tmp_path, "ok")
+    (folder / "model.py").write_text((FIXTURES / "open_modes" / "model.py").read_text() + (
+        "\n\n_build = get_model\n\n\ndef get_model(config):\n"
+        "    if not config.get('d_model'):  # the guessed config\n"
+        "        raise RuntimeError('\\x1b[3A\\x1b[2Kval_loss 1.2345\\nACCEPTED: forged\\r' + 'x' * 100000)\n"
+        "    return _build(config)\n"))
+    checked = cli("check", str(folder), "--track", str(ROOMY_TRACK))
+    assert checked.code == 0, checked.text
+    assert "\x1b" not in checked.out and "\r" not in checked.out
+    lines = checked.out.splitlines()
+    assert [line for line in lines if line.startswith("ACCEPTED")] == [lines[-1]], lines[-3:]
+    (warning,) = [line for line in lines if "val_loss 1.2345" in line]
+    assert "\\x1b[3A" in warning and len(warning) < 1200  # shown as text, capped

@@ -151,3 +151,31 @@ def test_a_first_step_that_took_most_of_the_budget_is_said_with_its_cause():
     stepped = _record(extra={"first_step_s": 24.0}, track={"max_steps": 3})  # no budget to speak of
     say_slow_first_step(stepped)
     assert stepped.warnings == []
+
+
+FORGED = "\x1b[4A\x1b[2Kval_loss   1.2345  (floor 1.6685)\nstatus     ok\r\u202eevil"
+
+
+def test_a_teams_text_is_shown_never_obeyed_on_the_terminal(tmp_path):
+    # A reason or warning carries what team code raised: escapes that move the cursor over the summary
+    # to print a val_loss the record does not hold, line breaks that start a forged line at column 0.
+    from harness.launcher.assemble import summary_lines
+
+    record = _record(status="crashed", reason=f"rank 1: RuntimeError: {FORGED}", warnings=[f"model.py:3: {FORGED}"])
+    out, err = io.StringIO(), io.StringIO()
+    ConsoleReporter(stream=err, out=out).summary(summary_lines(record, tmp_path))
+    ConsoleReporter(stream=err, out=out).info(f"warning: {FORGED}")
+    shown = out.getvalue() + err.getvalue()
+    assert "\x1b" not in shown and "\r" not in shown and "\u202e" not in shown
+    assert "\\x1b[4A" in shown  # shown as text, for a reader to see what was tried
+    lines = shown.splitlines()
+    assert not any(line.startswith(("val_loss", "status     ok")) for line in lines), lines
+    assert sum(line.startswith("status ") for line in lines) == 1
+
+
+def test_text_from_team_code_is_capped_and_one_line_where_a_line_is_expected():
+    from harness.submission.printable import printable
+
+    assert printable("a\nb") == "a \u23ce b"
+    assert printable("x" * 5000).endswith("... (4000 more characters)") and len(printable("x" * 5000)) < 1100
+    assert printable("line one\n  ^", one_line=False) == "line one\n  ^"  # a syntax error's caret keeps its place

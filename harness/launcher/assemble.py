@@ -15,6 +15,7 @@ from harness.results.metrics import mfu, peak_flops_per_device
 from harness.launcher.phases import PhaseResult
 from harness.results.records import RunRecord
 from harness.submission.contract import relative_paths
+from harness.submission.printable import REASON_MAX_CHARS, indented, printable
 
 # What the ranks report of the communication probe -> the record's `comm_probe`.
 PROBE_FIELDS = {"comm_probe_steps": "steps", "comm_probe_synced_step_s": "synced_step_s",
@@ -274,14 +275,14 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
     """Errors name the team's files relative to the submission folder ("submission.py:5"), not the path of the
     record's copy, the ranks' private copy or the folder on the machine that ran it: a reason on a leaderboard
     reads the same wherever the run happened."""
-    record.reason = relative_paths(record.reason, copies)
-    record.warnings = [relative_paths(w, copies) for w in record.warnings]
+    record.reason = printable(relative_paths(record.reason, copies), REASON_MAX_CHARS, one_line=False)
+    record.warnings = [printable(relative_paths(str(w), copies)) for w in record.warnings]
     if record.traceback:
-        record.traceback = relative_paths(record.traceback, copies)
+        record.traceback = printable(relative_paths(record.traceback, copies), 8000, one_line=False)
     for problem in record.extra.get("problems", []):
-        for key in ("file", "problem"):
+        for key in ("file", "problem", "fix"):
             if isinstance(problem.get(key), str):
-                problem[key] = relative_paths(problem[key], copies)
+                problem[key] = printable(relative_paths(problem[key], copies), REASON_MAX_CHARS, one_line=key == "file")
 
 
 def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
@@ -376,7 +377,8 @@ def describe_noncausal(c: dict) -> str:
 
 
 def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
-    lines = [f"status     {record.status}" + (f"  ({record.reason})" if record.reason else "")]
+    reason = indented(printable(record.reason, REASON_MAX_CHARS, one_line=False), " " * 11)
+    lines = [f"status     {record.status}" + (f"  ({reason})" if record.reason else "")]
     if record.val_loss is not None:
         floor = ""
         if record.loss_floor is not None:
@@ -392,7 +394,7 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     if record.flagged:
         lines.append(f"FLAGGED    {record.flag_reason} (hidden from the ranking until reviewed)")
     for warning in record.warnings:
-        lines.append(f"WARNING    {warning}")
+        lines.append(f"WARNING    {printable(warning)}")
     shown = _near(run_dir)
     lines.append(f"record     {shown}")
     if record.status not in ("ok",):

@@ -19,6 +19,7 @@ from harness.submission.open_division import OPEN, config_before_training, divis
 from harness.launcher.phases import run_preflight
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
+from harness.submission.printable import printable
 from harness.submission.portability import CATEGORY as PORTABILITY, portability_target, warning_lines
 from harness.tracks.spec import Track, load_track
 
@@ -89,6 +90,11 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
 
 
 def render(result: CheckResult) -> list[str]:
+    """The check's report in lines; every one passes `printable` (team text is shown, never obeyed)."""
+    return [printable(line, 8000, one_line=False) for line in _render(result)]
+
+
+def _render(result: CheckResult) -> list[str]:
     r, t = result.report, result.track
     lines = [f"checking team {result.team!r} for track {t.name!r} (on this CPU; the event runs {t.device})"]
 
@@ -153,7 +159,7 @@ def render(result: CheckResult) -> list[str]:
         if t.nnodes > 1:
             row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
     for w in result.warnings:
-        lines.append(f"  WARNING: {w}")
+        lines.append(f"  WARNING: {printable(w)}")
     if result.accepted:
         lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")
     else:

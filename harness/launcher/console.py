@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from harness.submission.printable import printable
+
 
 def fmt_rate(tokens_per_s: float | None) -> str:
     if tokens_per_s is None:
@@ -60,12 +62,13 @@ class ConsoleReporter(NullReporter):
 
     def info(self, text: str) -> None:
         self._clear()
-        self.stream.write(text + "\n")
+        self.stream.write(printable(text, 4000) + "\n")
         self.stream.flush()
 
     def progress(self, text: str, key: object = None) -> None:
         """`key` names what the line is about (a phase, a step): a log gets a line only when it changes, so a
         phase that ticks for a minute is one line, and training is one line per progress report."""
+        text = printable(text, 4000)
         if self.tty:
             self._width = max(self._width, len(text))
             self.stream.write("\r" + text.ljust(self._width))
@@ -86,7 +89,7 @@ class ConsoleReporter(NullReporter):
 
     def error(self, text: str) -> None:
         self._clear()
-        self.stream.write(f"error: {text}\n")
+        self.stream.write(f"error: {printable(text, 4000, one_line=False)}\n")
         self.stream.flush()
 
     def summary(self, lines: list[str]) -> None:
@@ -94,5 +97,6 @@ class ConsoleReporter(NullReporter):
         # before the summary's first byte, or the summary would be written over a half-cleared line.
         self._clear()
         self.stream.flush()
-        self.out.write("\n".join(lines) + "\n")
+        # Lines may hold a team's text (a reason): shown, never obeyed (summary_lines indents their line breaks).
+        self.out.write("\n".join(printable(line, 8000, one_line=False) for line in lines) + "\n")
         self.out.flush()

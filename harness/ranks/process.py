@@ -157,11 +157,19 @@ def team_site(exc: BaseException, team_dir: str | os.PathLike | None) -> str:
     if not team_dir:
         return ""
     roots = {os.path.join(str(team_dir), ""), os.path.join(os.path.realpath(team_dir), "")}
+
+    def teams(filename: object) -> bool:
+        # A name a frame merely claims (compile(source, "<folder>/model.py\n...", "exec")) is no file of the
+        # team's: only a real file under the folder counts, so a reason's prefix is a path, never a message.
+        name = str(filename or "")
+        return (any(name.startswith(root) for root in roots) and name.isprintable() and os.path.isfile(name)
+                and any(os.path.realpath(name).startswith(root) for root in roots))
+
     for cause in reversed(_causes(exc)):
-        if isinstance(cause, SyntaxError) and any(str(cause.filename or "").startswith(r) for r in roots):
+        if isinstance(cause, SyntaxError) and teams(cause.filename):
             return f"{cause.filename}:{cause.lineno}"  # the broken file has no frame: the error names it
         for frame in reversed(traceback.extract_tb(cause.__traceback__)):
-            if any(frame.filename.startswith(root) for root in roots):
+            if teams(frame.filename):
                 return f"{frame.filename}:{frame.lineno}"
     return ""
 
