@@ -157,3 +157,22 @@ def test_a_get_model_that_returns_a_compiled_module_is_said_to_compile(cli, tmp_
     assert "compile           yes (get_model returns a torch.compile'd module): the first training step compiles" in text
     plain = json.loads(cli("check", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), "--json").out)
     assert plain["compile"] is False and plain["compiled_by_get_model"] is False
+
+
+def test_a_screen_larger_than_the_pipe_neither_blocks_the_check_nor_floods_the_report(cli, tmp_path):
+    # 1,200 lines for a reviewer: once more than a pipe holds (64 KiB), the check process blocked on its
+    # write while the launcher waited for it to exit, until the 300 s timeout rejected it.
+    import shutil
+    import time
+
+    folder = tmp_path / "much_to_review"
+    shutil.copytree(FIXTURES / "ok_bigram", folder)
+    (folder / "helpers.py").write_text("".join(f"def read_{i}(path):\n    return open(path).read()\n\n"
+                                               for i in range(1200)))
+    t0 = time.monotonic()
+    checked = cli("check", str(folder), "--track", str(TINY_TRACK), "--json")
+    assert checked.code == 0, checked.text
+    assert time.monotonic() - t0 < 120  # far from the 300 s timeout it used to run into
+    screen = json.loads(checked.out)["screen"]
+    more = int(screen[-1]["what"].split()[0])  # the 1,200 and what the fixture has of its own, less the 500 listed
+    assert len(screen) == 501 and more >= 700 and screen[-1]["what"].endswith("more finding(s) not listed")

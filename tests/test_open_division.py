@@ -328,3 +328,16 @@ def test_a_warning_made_of_team_text_cannot_forge_lines_on_the_terminal(cli, tmp
     assert [line for line in lines if line.startswith("ACCEPTED")] == [lines[-1]], lines[-3:]
     (warning,) = [line for line in lines if "val_loss 1.2345" in line]
     assert "\\x1b[3A" in warning and len(warning) < 1200  # shown as text, capped
+
+
+def test_a_submission_toml_the_harness_cannot_carry_is_invalid_not_a_harness_error(tmp_path):
+    # A TOML date in [open.config] once crashed the launcher ("harness error: TypeError ... datetime"), and
+    # arrays nested past the parser's depth escaped as a RecursionError: both are the team's file, named.
+    folder = tmp_path / "odd"
+    shutil.copytree(FIXTURES / "open_modes", folder)
+    (folder / "submission.toml").write_text('division = "open"\n[open.config]\nreleased = 1979-05-27T07:32:00Z\n')
+    with pytest.raises(SubmissionError, match=r"\[open\] config must be a table of strings, numbers"):
+        read_open_spec(folder)
+    (folder / "submission.toml").write_text('division = "open"\nx = ' + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(SubmissionError, match="is not valid TOML: RecursionError"):
+        division_of(folder)

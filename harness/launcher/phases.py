@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
                                     start_new_session=True, cwd=tmp, env=env, pass_fds=(box_write,))
             os.close(box_write)
             box_write = -1
+            drain = _Drain(box_read)  # read as it is written: a report past the pipe's 64 KiB must not block it
+            drain.start()
             if meanwhile is not None:
                 meanwhile()  # an exception here leaves the scope, which ends the process
             timed_out = False
@@ -77,7 +80,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code, timed_out = proc.wait(), True
-        box = _read_all(box_read)
+        drain.join(timeout=5.0)  # the process and all it started are gone: the writers are closed
+        box = drain.data()
     finally:
         os.close(box_read)
         if box_write >= 0:
@@ -138,20 +142,29 @@ def _read_report(path: Path) -> dict | None:
     return report if isinstance(report, dict) else None
 
 
-def _read_all(fd: int) -> bytes:
-    """What the check process wrote to its report pipe (every writer is gone: it ended, and it closed
-    the pipe before team code ran)."""
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
+class _Drain(threading.Thread):
+    """The check process's report pipe, read while the process runs (it writes the sandbox report and the
+    screen before any team code, then closes it). Kept up to PIPE_MAX_BYTES; the rest is read and dropped,
+    so the writer never blocks on a full pipe."""
+
+    def __init__(self, fd: int):
+        super().__init__(name="harness-check-pipe", daemon=True)
+        self.fd, self.chunks, self.size = fd, [], 0
+
+    def run(self) -> None:
         try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:  # a writer still holds it open: take what was sent
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
+            while chunk := os.read(self.fd, 65536):
+                if self.size < PIPE_MAX_BYTES:
+                    self.chunks.append(chunk)
+                    self.size += len(chunk)
+        except OSError:  # closed under it after a join that timed out: what was read is what there is
+            pass
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)[:PIPE_MAX_BYTES]
+
+
+PIPE_MAX_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------------- training and evaluation

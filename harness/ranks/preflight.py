@@ -236,6 +236,17 @@ def _screen(request: dict) -> list[dict]:
                  "code": ""}]
 
 
+SCREEN_MAX_FINDINGS = 500  # a reviewer reads the first hundreds; the count says how many more there were
+
+
+def capped(findings: list[dict]) -> list[dict]:
+    if len(findings) <= SCREEN_MAX_FINDINGS:
+        return findings
+    more = len(findings) - SCREEN_MAX_FINDINGS
+    return [*findings[:SCREEN_MAX_FINDINGS], {"file": ".", "line": 0, "category": "screen truncated",
+                                              "what": f"{more} more finding(s) not listed", "code": ""}]
+
+
 def run_checks(request: dict) -> dict:
     """Every problem found, at once where they are independent; the static screen always."""
     from harness.submission.contract import config_warnings, import_submission_module, inspect_submission
@@ -273,7 +284,7 @@ def main(argv: list[str]) -> None:
     box = sandbox.enter(policy, "no sandbox was asked for")
     # The static screen reads the team's files and runs none of them: it is taken now, and leaves with
     # the sandbox report over the launcher's pipe before any team code can change either.
-    request["screen"] = _screen(request)
+    request["screen"] = capped(_screen(request))
     if len(argv) > 3:  # the launcher's pipe
         with os.fdopen(int(argv[3]), "wb") as pipe:
             pipe.write(json.dumps({"sandbox": box.to_dict(), "screen": request["screen"]}).encode())

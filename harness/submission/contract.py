@@ -203,8 +203,9 @@ def read_team(folder: Path) -> TeamInfo:
         return TeamInfo(name=folder.name)
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SubmissionError(path, f"is not valid TOML: {exc}.", f"fix the syntax (see {DOCS})") from None
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:  # nested past the parser's depth too
+        raise SubmissionError(path, f"is not valid TOML: {type(exc).__name__}: {str(exc)[:200]}.",
+                              f"fix the syntax (see {DOCS})") from None
     team = raw.get("team", {})
     if not isinstance(team, dict):
         raise SubmissionError(path, "`team` must be a table.", "write it as [team] with name = \"...\"")

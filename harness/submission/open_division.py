@@ -61,13 +61,30 @@ class OpenSpec:
             if not isinstance(value, (str, int, float, bool)):
                 raise SubmissionError(toml, f"[open.args] {key} must be a string, number or boolean, got {value!r}.",
                                       "write one value per argument")
-        if self.config is not None and not isinstance(self.config, dict):
-            raise SubmissionError(toml, f"[open] config must be a table, got {self.config!r}.",
+        if self.config is not None and not (isinstance(self.config, dict) and _json_like(self.config)):
+            raise SubmissionError(toml, "[open] config must be a table of strings, numbers, booleans, arrays and "
+                                  f"tables (at most {CONFIG_MAX_DEPTH} deep), as checkpoint['config'] holds.",
                                   "write it as [open.config], with the keys your script saves in checkpoint['config']")
         if self.tokens_per_step is not None and (isinstance(self.tokens_per_step, bool)
                                                  or not isinstance(self.tokens_per_step, int) or self.tokens_per_step < 1):
             raise SubmissionError(toml, f"[open] tokens_per_step must be a positive int, got {self.tokens_per_step!r}.",
                                   "write the tokens one optimizer step consumes over all ranks, or remove it")
+
+
+CONFIG_MAX_DEPTH = 8
+
+
+def _json_like(value: Any, depth: int = 0) -> bool:
+    """What JSON carries (the check process gets the config as JSON): no dates, no infinities."""
+    if depth > CONFIG_MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_like(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_json_like(v, depth + 1) for v in value)
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")
+    return isinstance(value, (str, int, bool))
 
 
 def _read_toml(folder: Path) -> dict:
@@ -77,8 +94,9 @@ def _read_toml(folder: Path) -> dict:
         return {}
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SubmissionError(path, f"is not valid TOML: {exc}.", f"fix the syntax (see {DOCS})") from None
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:  # nested past the parser's depth too
+        raise SubmissionError(path, f"is not valid TOML: {type(exc).__name__}: {str(exc)[:200]}.",
+                              f"fix the syntax (see {DOCS})") from None
 
 
 def division_of(folder: Path) -> str:
