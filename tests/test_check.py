@@ -176,3 +176,20 @@ def test_a_screen_larger_than_the_pipe_neither_blocks_the_check_nor_floods_the_r
     screen = json.loads(checked.out)["screen"]
     more = int(screen[-1]["what"].split()[0])  # the 1,200 and what the fixture has of its own, less the 500 listed
     assert len(screen) == 501 and more >= 700 and screen[-1]["what"].endswith("more finding(s) not listed")
+
+
+def test_one_file_nested_too_deep_to_screen_hides_no_other_files_findings(tmp_path):
+    # A 450-deep attribute chain once made the whole screen one "screen failed: RecursionError" line that
+    # named no file, and every finding of the other files was gone.
+    import shutil
+
+    from harness.submission.screen import screen_folder
+
+    folder = tmp_path / "hides"
+    shutil.copytree(FIXTURES / "frame_walk", folder)
+    honest = screen_folder(folder)
+    (folder / "zz_util.py").write_text("def f(a):\n    return a" + ".b" * 5000 + "\n")
+    screened = screen_folder(folder)
+    assert [f for f in screened if f["file"] != "zz_util.py"] == honest and honest
+    (unscreened,) = [f for f in screened if f["file"] == "zz_util.py"]
+    assert unscreened["category"] == "unscreened" and "a reviewer must read this file" in unscreened["what"]

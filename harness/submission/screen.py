@@ -165,10 +165,15 @@ def screen_folder(folder: Path, script: str | None = None, target: dict | None =
         if path.suffix == ".py":
             rel = str(path.relative_to(folder))
             text = path.read_text(errors="replace")
-            found = screen_source(text, rel)
-            if rel == script:
-                found = [f for f in found if f.category not in SCRIPT_DUTIES]
-            findings += found + (screen_portability(text, rel, target) if target else [])
+            try:  # file by file: one file nested past the parser's depth must not hide the others' findings
+                found = screen_source(text, rel)
+                if rel == script:
+                    found = [f for f in found if f.category not in SCRIPT_DUTIES]
+                found += screen_portability(text, rel, target) if target else []
+            except (RecursionError, MemoryError, ValueError) as exc:
+                found = [Finding(rel, 0, "unscreened", f"could not be screened ({type(exc).__name__}: nested too "
+                                 "deep or too large): a reviewer must read this file", "")]
+            findings += found
     return [asdict(f) for f in findings]
 
 
