@@ -27,6 +27,7 @@ FLOPs). Weak-scaling efficiency at N = t(1) / (t(1) + exposed(N)).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default (the harness keeps it)
@@ -150,6 +151,12 @@ def predict(world_sizes: list[int], *, step_s: float, backward_s: float, grad_by
 # When the measurement cannot support a fit of the link (refused, the track's figures kept):
 NOISE_SIGMAS = 2.0  # an overhead within 2 standard deviations of the step-to-step spread is what load alone gives
 PROBE_SHARE_MIN = 0.5  # the probe must find at least half of an overhead as exposed all-reduce to blame the link
+
+
+def step_spread_s(step_times: list[float]) -> float | None:
+    """How far one timed step strays from another at a world size (a point's `step_s_spread`), seconds: the
+    standard deviation of the step times. None with fewer than two."""
+    return statistics.stdev(step_times) if len(step_times) >= 2 else None
 
 
 def step_noise_s(base: dict | None, point: dict) -> float | None:
