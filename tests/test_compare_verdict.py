@@ -32,9 +32,9 @@ def test_noise_larger_than_the_difference_is_said_with_what_to_do():
                      "a difference of 0.02.")
     assert cause_a.startswith("A's runs trained 180 to 290 steps in their budget: the machine's speed changed")
     assert cause_b.startswith("B's runs trained 200 to 280 steps")
-    std = summarize([2.03, 2.33, 2.10]).std
-    assert todo.startswith(f"For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about "
-                           f"{runs_needed(std, 0.02)} a side at this spread)")
+    assert runs_needed(summarize([2.03, 2.33, 2.10]).std, 0.02, most=10_000) > 100  # a std 8 times the difference
+    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: more than 100 a "
+                           "side: at this spread the difference cannot be told apart from noise)")
     assert "`--max-steps 180`" in todo and "--all" in todo  # step-bound runs are unofficial
 
 
@@ -51,8 +51,29 @@ def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
     welch_line, noise, todo = verdict(sides(a, b))  # the same steps: no runs that trained more than others
     assert "not significant" in welch_line
     assert noise.startswith("The run-to-run noise is larger than the difference")
-    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about 66 a side at this "
-                    "spread).")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about 66 a side to "
+                    "detect a difference of 0.035 (the one observed) with 80% power).")
+
+
+def test_a_difference_far_inside_the_noise_asks_for_no_count_of_runs():
+    """The count a t-test needs grows as (std / diff)^2: a difference of 0.0001 against a spread of 0.05 once
+    asked for about 7,850,000 seeds a side. Past 100 a side the verdict says the difference cannot be told
+    apart from noise."""
+    a = [run(2.00, 1, steps=200, max_steps=200), run(2.10, 2, steps=200, max_steps=200)]
+    b = [run(2.0001, 1, steps=200, max_steps=200), run(2.1001, 2, steps=200, max_steps=200)]
+    _, noise, todo = verdict(sides(a, b))
+    assert noise.startswith("The run-to-run noise is larger than the difference")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: more than 100 a side: at "
+                    "this spread the difference cannot be told apart from noise).")
+
+
+def test_identical_sides_are_said_to_be_identical_not_noisy():
+    """Two sides bounded by the same steps that gave the same figures: no spread and no difference. That is not
+    noise larger than a difference of 0: the verdict says the sides are identical within the measurement."""
+    a = [run(2.00, 1, steps=200, max_steps=200), run(2.00, 2, steps=200, max_steps=200)]
+    lines = verdict(sides(a, [dict(r) for r in a]))
+    assert lines == ["A and B have the same mean val_loss.",
+                     "A and B are identical within the measurement: every run on both sides gave the same val_loss."]
 
 
 def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():
@@ -63,7 +84,7 @@ def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():
     _, noise, todo = verdict(sides(a, b))
     assert noise == ("The run-to-run noise (val_loss std A 0.01414; B 0.02121) is below the difference of 0.065, "
                      "but there are too few runs to tell.")
-    assert "about 3 a side" in todo
+    assert "about 3 a side to detect a difference of 0.065 (the one observed) with 80% power" in todo
 
 
 def test_a_clear_difference_is_not_buried_in_advice():

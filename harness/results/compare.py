@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.results.leaderboard import current_runs, scored
 from harness.results.records import iter_run_dirs, match_runs, read_record_json, upgrade_record
-from harness.results.stats import Comparison, is_finite, runs_needed, summarize, welch
+from harness.results.stats import POWER, RUNS_NEEDED_MAX, Comparison, is_finite, runs_needed, summarize, welch
 
 # (field, label, how differences are shown)
 METRICS = [
@@ -250,10 +250,13 @@ def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
     if not measured:
         head = (f"One run a side: the run-to-run noise cannot be measured, and on a busy machine it can be larger "
                 f"than this difference ({format_number(diff)}).")
-        return [head, *causes(ref, side), advice(ref, side, None)]
+        return [head, *causes(ref, side), advice(ref, side, seeds_needed(None, diff))]
     noise = max(measured.values())
     if cmp.significant and noise < diff:
         return []
+    if noise == 0 and diff == 0:  # not noise as large as a difference: nothing moved at all
+        return [f"{ref.label} and {side.label} are identical within the measurement: every run on both sides gave "
+                "the same val_loss."]
     spread = "; ".join(f"{label} {format_number(std)}" for label, std in measured.items())
     if noise >= diff:
         head = (f"The run-to-run noise is larger than the difference: val_loss std {spread}, against a difference "
@@ -263,7 +266,19 @@ def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
                 "but there are too few runs to tell.")
     if cmp.significant:
         return [head + " The means differ significantly over these runs; a single run of either could come out ahead."]
-    return [head, *causes(ref, side), advice(ref, side, runs_needed(noise, diff))]
+    return [head, *causes(ref, side), advice(ref, side, seeds_needed(noise, diff))]
+
+
+def seeds_needed(noise: float | None, diff: float) -> str:
+    """The seeds a side the advice asks for: what a t-test needs to find the observed difference at the measured
+    spread (stats.runs_needed), none promised past RUNS_NEEDED_MAX."""
+    if noise is None:
+        return "at least 3 a side: their spread says how many are needed"
+    needed = runs_needed(noise, diff)
+    if needed is None:
+        return f"more than {RUNS_NEEDED_MAX} a side: at this spread the difference cannot be told apart from noise"
+    return (f"about {needed} a side to detect a difference of {format_number(diff)} (the one observed) with "
+            f"{POWER:.0%} power")
 
 
 def _bounded_alike(ref: Side, side: Side) -> bool:
@@ -276,13 +291,10 @@ def causes(ref: Side, side: Side) -> list[str]:
     return [] if _bounded_alike(ref, side) else [line for s in (ref, side) if (line := steps_varied(s))]
 
 
-def advice(ref: Side, side: Side, needed: int | None) -> str:
-    """What makes the comparison fair: enough seeds, and (unless both sides already are) runs bounded by the same
-    number of steps, whose result does not depend on how fast the machine was at the time."""
-    if needed is None:
-        seeds = "at least 3 a side: their spread says how many are needed"
-    else:
-        seeds = f"about {needed} a side at this spread"
+def advice(ref: Side, side: Side, seeds: str) -> str:
+    """What makes the comparison fair: enough seeds (`seeds`, from seeds_needed), and (unless both sides already
+    are) runs bounded by the same number of steps, whose result does not depend on how fast the machine was at
+    the time."""
     todo = [f"more seeds (`harness run SUBMISSION --repeat N`: {seeds})"]
     if not _bounded_alike(ref, side):
         runs = ref.runs + side.runs
