@@ -33,8 +33,8 @@ def test_noise_larger_than_the_difference_is_said_with_what_to_do():
     assert cause_a.startswith("A's runs trained 180 to 290 steps in their budget: the machine's speed changed")
     assert cause_b.startswith("B's runs trained 200 to 280 steps")
     assert runs_needed(summarize([2.03, 2.33, 2.10]).std, 0.02, most=10_000) > 100  # a std 8 times the difference
-    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: more than 100 a "
-                           "side: at this spread the difference cannot be told apart from noise)")
+    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --seed 4 --repeat N`: more than "
+                           "100 a side: at this spread the difference cannot be told apart from noise)")
     assert "`--max-steps 180`" in todo and "--all" in todo  # step-bound runs are unofficial
 
 
@@ -42,7 +42,7 @@ def test_one_run_a_side_says_the_noise_cannot_be_measured():
     welch_line, noise, todo = verdict(sides([run(2.03, 1)], [run(2.33, 1, steps=180)]))
     assert welch_line.startswith("A has the lower val_loss than B by 0.3, but one run on a side")
     assert noise.startswith("One run a side: the run-to-run noise cannot be measured")
-    assert "--repeat N`: at least 3 a side" in todo and "`--max-steps 180`" in todo
+    assert "`harness run SUBMISSION --seed 2 --repeat N`: at least 3 a side" in todo and "`--max-steps 180`" in todo
 
 
 def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
@@ -51,8 +51,8 @@ def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
     welch_line, noise, todo = verdict(sides(a, b))  # the same steps: no runs that trained more than others
     assert "not significant" in welch_line
     assert noise.startswith("The run-to-run noise is larger than the difference")
-    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about 66 a side to "
-                    "detect a difference of 0.035 (the one observed) with 80% power).")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --seed 3 --repeat N`: about 66 a side "
+                    "to detect a difference of 0.035 (the one observed) with 80% power).")
 
 
 def test_a_difference_far_inside_the_noise_asks_for_no_count_of_runs():
@@ -63,8 +63,8 @@ def test_a_difference_far_inside_the_noise_asks_for_no_count_of_runs():
     b = [run(2.0001, 1, steps=200, max_steps=200), run(2.1001, 2, steps=200, max_steps=200)]
     _, noise, todo = verdict(sides(a, b))
     assert noise.startswith("The run-to-run noise is larger than the difference")
-    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: more than 100 a side: at "
-                    "this spread the difference cannot be told apart from noise).")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --seed 3 --repeat N`: more than 100 a "
+                    "side: at this spread the difference cannot be told apart from noise).")
 
 
 def test_identical_sides_are_said_to_be_identical_not_noisy():
@@ -74,6 +74,20 @@ def test_identical_sides_are_said_to_be_identical_not_noisy():
     lines = verdict(sides(a, [dict(r) for r in a]))
     assert lines == ["A and B have the same mean val_loss.",
                      "A and B are identical within the measurement: every run on both sides gave the same val_loss."]
+
+
+def test_the_advice_starts_new_seeds_past_those_already_run():
+    """`--repeat N` counts up from `--seed`, 1 unless given: advice to run more seeds without a --seed repeated
+    seeds 1.. and the next verdict named them. Each side is told where to start, and following the advice as
+    typed adds no repeated seed."""
+    a = [run(2.00 + 0.05 * (s % 2), s, steps=200, max_steps=200) for s in range(1, 6)]
+    b = [run(2.01 + 0.05 * (s % 2), s, steps=200, max_steps=200) for s in range(1, 4)]
+    todo = verdict(sides(a, b))[-1]
+    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --seed S --repeat N`, S = 6 "
+                           "for A and 4 for B: "), todo
+    more_a = a + [run(2.0, s, steps=200, max_steps=200) for s in range(6, 9)]  # --seed 6 --repeat 3
+    more_b = b + [run(2.0, s, steps=200, max_steps=200) for s in range(4, 7)]  # --seed 4 --repeat 3
+    assert not any("more than once" in line for line in verdict(sides(more_a, more_b)))
 
 
 def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():

@@ -295,7 +295,7 @@ def advice(ref: Side, side: Side, seeds: str) -> str:
     """What makes the comparison fair: enough seeds (`seeds`, from seeds_needed), and (unless both sides already
     are) runs bounded by the same number of steps, whose result does not depend on how fast the machine was at
     the time."""
-    todo = [f"more seeds (`harness run SUBMISSION --repeat N`: {seeds})"]
+    todo = [f"more seeds ({repeat_command(ref, side)}: {seeds})"]
     if not _bounded_alike(ref, side):
         runs = ref.runs + side.runs
         trained = [int(r["steps"]) for r in runs if not setup_of(r)["max_steps"] and is_finite(r.get("steps"))]
@@ -304,6 +304,22 @@ def advice(ref: Side, side: Side, seeds: str) -> str:
         todo.append(f"the same number of steps for both (`--max-steps{fits}), compared with "
                     "`harness compare ... --all` (runs bounded by steps are unofficial)")
     return "For a fair comparison: " + "; and ".join(todo) + "."
+
+
+def next_seed(side: Side) -> int:
+    """The first seed past every seed a side has run: `--repeat N` counts up from `--seed` (1 unless given), so
+    more runs started at the default would repeat seeds already run, which repeated_seeds_line then names."""
+    seeds = [r["seed"] for r in side.runs if isinstance(r.get("seed"), int) and not isinstance(r["seed"], bool)]
+    return max(seeds, default=0) + 1
+
+
+def repeat_command(ref: Side, side: Side) -> str:
+    """The command that adds seeds to both sides, each starting past its own."""
+    starts = {s.label: next_seed(s) for s in (ref, side)}
+    if len(set(starts.values())) == 1:
+        return f"`harness run SUBMISSION --seed {starts[ref.label]} --repeat N`"
+    each = " and ".join(f"{seed} for {label}" for label, seed in starts.items())
+    return f"`harness run SUBMISSION --seed S --repeat N`, S = {each}"
 
 
 def steps_varied(side: Side) -> str | None:
@@ -325,7 +341,7 @@ def repeated_seeds_line(side: Side) -> str | None:
         return None
     return (f"{side.label} ran seed {', '.join(map(str, repeated))} more than once: a repeated seed is the same "
             "model and data order again (bounded by steps, the same figure), not another draw; `--repeat N` takes "
-            "consecutive seeds.")
+            "consecutive seeds from `--seed` (1 unless given): start it past the seeds already run.")
 
 
 def overlay_chart(sides: list[Side], path: Path) -> Path:
