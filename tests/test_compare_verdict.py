@@ -4,7 +4,7 @@ is larger than the difference, what to do, and how its numbers are written (neve
 import pytest
 
 import harness.results.compare as compare
-from harness.results.compare import Side, verdict
+from harness.results.compare import Side, one_setup, verdict
 from harness.results.stats import runs_needed, summarize
 
 
@@ -35,7 +35,7 @@ def test_noise_larger_than_the_difference_is_said_with_what_to_do():
     assert runs_needed(summarize([2.03, 2.33, 2.10]).std, 0.02, most=10_000) > 100  # a std 8 times the difference
     assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --seed 4 --repeat N`: more than "
                            "100 a side: at this spread the difference cannot be told apart from noise)")
-    assert "`--max-steps 180`" in todo and "--all" in todo  # step-bound runs are unofficial
+    assert "`--max-steps 180`" in todo and "`harness compare ... --max-steps 180`" in todo  # step-bound: unofficial
 
 
 def test_one_run_a_side_says_the_noise_cannot_be_measured():
@@ -149,6 +149,25 @@ def test_runs_bounded_by_the_same_steps_compare_across_machines_and_budgets_and_
     lines = verdict(sides(mixed, list(mixed)))
     assert lines[0].startswith("A and B are not comparable: their runs differ in --max-steps "
                                "(A: 200, none (the time budget); B: 200, none (the time budget))")
+
+
+def test_a_side_that_mixes_setups_keeps_its_newest_runs_and_says_what_it_left_out():
+    """Whatever the setups differ in (here the world size and, bounded by time, the machine), a side's mean is
+    of its newest run's setup; the runs made otherwise are counted by how they were made, and the side keeps
+    no pair of runs that would make it 'not comparable' with itself."""
+    laptop = {"machine": {"cpu": "Intel Xeon", "cores": 8}}
+    older = [run(2.30, 1, world_size=1, started_at="2026-11-29T09:00:00Z"),
+             run(2.31, 2, world_size=1, started_at="2026-11-29T09:01:00Z"),
+             run(2.20, 3, started_at="2026-11-29T09:02:00Z", **laptop)]
+    newer = [run(2.00 + 0.01 * s, s, started_at=f"2026-11-29T10:0{s}:00Z") for s in (1, 2, 3)]
+    side = one_setup(Side("A", older + newer))
+    assert side.runs == newer and side.left_out == older
+    assert side.note == ("A: 2 runs at world size 1 and 1 run on cpu, Intel Xeon (8 cores) left out; compared: 3 runs "
+                         "at world size 2, on cpu, AMD EPYC 7B13 (2 cores) (the setup of its newest run).")
+    same = one_setup(Side("B", list(newer)))
+    assert same.note is None and same.runs == newer
+    lines = verdict([side, Side("B", [dict(r) for r in newer])])
+    assert lines[0] == side.note and not any("not comparable" in line for line in lines)
 
 
 def test_a_repeated_seed_is_named():
