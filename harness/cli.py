@@ -232,10 +232,13 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
 @click.option("--track", "-t", default=None, help="Track to look teams up in (needed when a team ran on several).")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
 @click.option("--all", "include_unofficial", is_flag=True, help="Count a team's unofficial runs too.")
+@click.option("--max-steps", type=click.IntRange(min=0), default=None,
+              help="Compare a team's runs bounded by N steps (unofficial: counted without --all); 0: its runs "
+                   "bounded by the time budget. Without it, a team whose runs mix setups keeps its newest run's.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--chart", "chart_path", default=None,
               help="Where the overlay chart of loss curves goes [default: plots/compare/<A>_vs_<B>.png].")
-def compare_cmd(sides, track, runs_dir, include_unofficial, fmt, chart_path):
+def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, chart_path):
     """Compare SIDES (team names, run ids or run directories) against the first, with statistics."""
     import json
     from pathlib import Path
@@ -249,7 +252,7 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, fmt, chart_path):
         raise SetupError("give at least two sides to compare: team names, run ids or run directories")
     root = runs_root(runs_dir)
     try:
-        resolved = [resolve_side(key, root, track, include_unofficial) for key in sides]
+        resolved = [resolve_side(key, root, track, include_unofficial, max_steps) for key in sides]
     except LookupError as exc:
         raise SetupError(str(exc)) from None
     rows = compare(resolved)

@@ -68,3 +68,67 @@ def test_sides_made_differently_and_exact_p_values_are_said_plainly(cli, tmp_pat
     assert "p = 0" not in result.out and "  0  " not in val_row
     assert ("alpha and bravo are not comparable: their runs differ in --max-steps (alpha: none (the time budget); "
             "bravo: 200)") in result.out
+
+
+def _bounded_by_steps(run_dir, max_steps: int):
+    """A record as `harness run --max-steps N` writes it: the track it ran holds N."""
+    record = json.loads((run_dir / "run.json").read_text())
+    record["track"]["max_steps"] = max_steps
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def _after_the_readme_and_the_recipe(tmp_path):
+    """The README's quickstart (one official run of baseline and one of minimal, bounded by the time budget),
+    then the fair-comparison recipe: five seeds of each at --max-steps 200 (unofficial), of the same submission."""
+    runs = tmp_path / "runs"
+    for team, loss in (("baseline", 1.87), ("minimal", 2.45)):
+        make_run(runs, team, loss + 0.3, seed=1, steps=292, started_at="2026-11-29T09:00:00Z",
+                 run_id="20261129T090000-quick1")  # the same seed as the recipe's first: its own run id
+        for seed in range(1, 6):
+            _bounded_by_steps(make_run(runs, team, loss + 0.01 * seed, seed=seed, official=False, steps=200,
+                                       started_at=f"2026-11-29T10:{seed:02d}:00Z"), 200)
+    return runs
+
+
+def test_the_fair_comparison_recipe_works_after_the_quickstart(cli, tmp_path):
+    """With --all a team side holds every run of its latest submission: the official time-bound run of the
+    quickstart and the five step-bound runs of the recipe. The side keeps its newest run's setup and the
+    verdict says what it left out, instead of "not comparable" over a mean of both kinds."""
+    runs = _after_the_readme_and_the_recipe(tmp_path)
+    result = cli("compare", "baseline", "minimal", "--all", "--runs-dir", str(runs), "--format", "json",
+                 "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    assert not any("not comparable" in line for line in out["verdict"]), out["verdict"]
+    assert out["verdict"][:2] == [
+        "baseline: 1 run bounded by the time budget left out; compared: 5 runs at --max-steps 200 (the setup of "
+        "its newest run; `--max-steps N` chooses).",
+        "minimal: 1 run bounded by the time budget left out; compared: 5 runs at --max-steps 200 (the setup of its "
+        "newest run; `--max-steps N` chooses)."]
+    val = next(r for r in out["rows"] if r["metric"] == "val_loss")
+    assert (val["baseline n"], val["minimal n"]) == (5, 5)
+    assert abs(val["baseline"] - 1.90) < 1e-9  # the step-bound runs' mean alone, not pulled by the 2.17
+    assert not any("more than once" in line for line in out["verdict"])  # seed 1 of each kind is not a repeat
+
+
+def test_compare_max_steps_chooses_the_runs_and_counts_unofficial_ones(cli, tmp_path):
+    """`--max-steps 200` keeps the runs bounded by 200 steps (unofficial, as every step-bound run is, so counted
+    without --all); `--max-steps 0` the runs bounded by the time budget; a bound no run has is a clear error."""
+    runs = _after_the_readme_and_the_recipe(tmp_path)
+    common = ("--runs-dir", str(runs), "--format", "json", "--chart", str(tmp_path / "c.png"))
+    bounded = cli("compare", "baseline", "minimal", "--max-steps", "200", *common)
+    assert bounded.code == 0, bounded.err
+    out = json.loads(bounded.out)
+    assert [len(side["run_ids"]) for side in out["sides"]] == [5, 5]
+    assert out["verdict"][0] == ("baseline: 1 run bounded by the time budget left out; compared: 5 runs at "
+                                 "--max-steps 200.")
+    assert not any("not comparable" in line for line in out["verdict"])
+    timed = json.loads(cli("compare", "baseline", "minimal", "--max-steps", "0", "--all", *common).out)
+    assert [len(side["run_ids"]) for side in timed["sides"]] == [1, 1]
+    assert timed["verdict"][0] == ("baseline: 5 runs at --max-steps 200 left out; compared: 1 run bounded by the "
+                                   "time budget.")
+    missing = cli("compare", "baseline", "minimal", "--max-steps", "100", *common)
+    assert missing.code == 2
+    assert ("team 'baseline' has no ok run at --max-steps 100 of its latest submission: its ok runs are 1 run "
+            "bounded by the time budget and 5 runs at --max-steps 200") in missing.err, missing.err

@@ -4,7 +4,7 @@ is larger than the difference, what to do, and how its numbers are written (neve
 import pytest
 
 import harness.results.compare as compare
-from harness.results.compare import Side, verdict
+from harness.results.compare import Side, one_setup, verdict
 from harness.results.stats import runs_needed, summarize
 
 
@@ -32,17 +32,17 @@ def test_noise_larger_than_the_difference_is_said_with_what_to_do():
                      "a difference of 0.02.")
     assert cause_a.startswith("A's runs trained 180 to 290 steps in their budget: the machine's speed changed")
     assert cause_b.startswith("B's runs trained 200 to 280 steps")
-    std = summarize([2.03, 2.33, 2.10]).std
-    assert todo.startswith(f"For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about "
-                           f"{runs_needed(std, 0.02)} a side at this spread)")
-    assert "`--max-steps 180`" in todo and "--all" in todo  # step-bound runs are unofficial
+    assert runs_needed(summarize([2.03, 2.33, 2.10]).std, 0.02, most=10_000) > 100  # a std 8 times the difference
+    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --seed 4 --repeat N`: more than "
+                           "100 a side: at this spread the difference cannot be told apart from noise)")
+    assert "`--max-steps 180`" in todo and "`harness compare ... --max-steps 180`" in todo  # step-bound: unofficial
 
 
 def test_one_run_a_side_says_the_noise_cannot_be_measured():
     welch_line, noise, todo = verdict(sides([run(2.03, 1)], [run(2.33, 1, steps=180)]))
     assert welch_line.startswith("A has the lower val_loss than B by 0.3, but one run on a side")
     assert noise.startswith("One run a side: the run-to-run noise cannot be measured")
-    assert "--repeat N`: at least 3 a side" in todo and "`--max-steps 180`" in todo
+    assert "`harness run SUBMISSION --seed 2 --repeat N`: at least 3 a side" in todo and "`--max-steps 180`" in todo
 
 
 def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
@@ -51,8 +51,43 @@ def test_sides_already_bounded_by_steps_are_told_to_run_more_seeds_only():
     welch_line, noise, todo = verdict(sides(a, b))  # the same steps: no runs that trained more than others
     assert "not significant" in welch_line
     assert noise.startswith("The run-to-run noise is larger than the difference")
-    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --repeat N`: about 66 a side at this "
-                    "spread).")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --seed 3 --repeat N`: about 66 a side "
+                    "to detect a difference of 0.035 (the one observed) with 80% power).")
+
+
+def test_a_difference_far_inside_the_noise_asks_for_no_count_of_runs():
+    """The count a t-test needs grows as (std / diff)^2: a difference of 0.0001 against a spread of 0.05 once
+    asked for about 7,850,000 seeds a side. Past 100 a side the verdict says the difference cannot be told
+    apart from noise."""
+    a = [run(2.00, 1, steps=200, max_steps=200), run(2.10, 2, steps=200, max_steps=200)]
+    b = [run(2.0001, 1, steps=200, max_steps=200), run(2.1001, 2, steps=200, max_steps=200)]
+    _, noise, todo = verdict(sides(a, b))
+    assert noise.startswith("The run-to-run noise is larger than the difference")
+    assert todo == ("For a fair comparison: more seeds (`harness run SUBMISSION --seed 3 --repeat N`: more than 100 a "
+                    "side: at this spread the difference cannot be told apart from noise).")
+
+
+def test_identical_sides_are_said_to_be_identical_not_noisy():
+    """Two sides bounded by the same steps that gave the same figures: no spread and no difference. That is not
+    noise larger than a difference of 0: the verdict says the sides are identical within the measurement."""
+    a = [run(2.00, 1, steps=200, max_steps=200), run(2.00, 2, steps=200, max_steps=200)]
+    lines = verdict(sides(a, [dict(r) for r in a]))
+    assert lines == ["A and B have the same mean val_loss.",
+                     "A and B are identical within the measurement: every run on both sides gave the same val_loss."]
+
+
+def test_the_advice_starts_new_seeds_past_those_already_run():
+    """`--repeat N` counts up from `--seed`, 1 unless given: advice to run more seeds without a --seed repeated
+    seeds 1.. and the next verdict named them. Each side is told where to start, and following the advice as
+    typed adds no repeated seed."""
+    a = [run(2.00 + 0.05 * (s % 2), s, steps=200, max_steps=200) for s in range(1, 6)]
+    b = [run(2.01 + 0.05 * (s % 2), s, steps=200, max_steps=200) for s in range(1, 4)]
+    todo = verdict(sides(a, b))[-1]
+    assert todo.startswith("For a fair comparison: more seeds (`harness run SUBMISSION --seed S --repeat N`, S = 6 "
+                           "for A and 4 for B: "), todo
+    more_a = a + [run(2.0, s, steps=200, max_steps=200) for s in range(6, 9)]  # --seed 6 --repeat 3
+    more_b = b + [run(2.0, s, steps=200, max_steps=200) for s in range(4, 7)]  # --seed 4 --repeat 3
+    assert not any("more than once" in line for line in verdict(sides(more_a, more_b)))
 
 
 def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():
@@ -63,7 +98,7 @@ def test_too_few_runs_below_the_noise_ask_for_the_runs_a_t_test_needs():
     _, noise, todo = verdict(sides(a, b))
     assert noise == ("The run-to-run noise (val_loss std A 0.01414; B 0.02121) is below the difference of 0.065, "
                      "but there are too few runs to tell.")
-    assert "about 3 a side" in todo
+    assert "about 3 a side to detect a difference of 0.065 (the one observed) with 80% power" in todo
 
 
 def test_a_clear_difference_is_not_buried_in_advice():
@@ -114,6 +149,25 @@ def test_runs_bounded_by_the_same_steps_compare_across_machines_and_budgets_and_
     lines = verdict(sides(mixed, list(mixed)))
     assert lines[0].startswith("A and B are not comparable: their runs differ in --max-steps "
                                "(A: 200, none (the time budget); B: 200, none (the time budget))")
+
+
+def test_a_side_that_mixes_setups_keeps_its_newest_runs_and_says_what_it_left_out():
+    """Whatever the setups differ in (here the world size and, bounded by time, the machine), a side's mean is
+    of its newest run's setup; the runs made otherwise are counted by how they were made, and the side keeps
+    no pair of runs that would make it 'not comparable' with itself."""
+    laptop = {"machine": {"cpu": "Intel Xeon", "cores": 8}}
+    older = [run(2.30, 1, world_size=1, started_at="2026-11-29T09:00:00Z"),
+             run(2.31, 2, world_size=1, started_at="2026-11-29T09:01:00Z"),
+             run(2.20, 3, started_at="2026-11-29T09:02:00Z", **laptop)]
+    newer = [run(2.00 + 0.01 * s, s, started_at=f"2026-11-29T10:0{s}:00Z") for s in (1, 2, 3)]
+    side = one_setup(Side("A", older + newer))
+    assert side.runs == newer and side.left_out == older
+    assert side.note == ("A: 2 runs at world size 1 and 1 run on cpu, Intel Xeon (8 cores) left out; compared: 3 runs "
+                         "at world size 2, on cpu, AMD EPYC 7B13 (2 cores) (the setup of its newest run).")
+    same = one_setup(Side("B", list(newer)))
+    assert same.note is None and same.runs == newer
+    lines = verdict([side, Side("B", [dict(r) for r in newer])])
+    assert lines[0] == side.note and not any("not comparable" in line for line in lines)
 
 
 def test_a_repeated_seed_is_named():

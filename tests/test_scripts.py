@@ -64,8 +64,30 @@ def _torch_install(calls: list[list[str]]) -> list[str] | None:
     ("Linux", None, "torch==2.13.0+cpu", CPU_INDEX),  # PyPI's Linux torch is the CUDA build: GBs
     ("Linux", "2.12.1", "torch==2.12.1+cpu", CPU_INDEX),
     ("Darwin", None, "torch==2.13.0", None),  # PyPI's macOS wheels are the CPU build
+    ("Linux", "2.12.1+cpu", "torch==2.12.1+cpu", CPU_INDEX),  # the CPU build asked for by name: `+cpu` once
+    ("Darwin", "2.12.1+cpu", "torch==2.12.1", None),  # PyPI has no `+cpu` wheels: its macOS build is the CPU one
 ])
 def test_setup_venv_installs_the_cpu_build_of_torch_first(tmp_path, system, version, wanted, index):
+    torch, pips = _setup_venv_torch_install(tmp_path, system, version)
+    assert torch is not None and wanted in torch and pips.index(torch) == 0, pips
+    assert (torch[torch.index("--extra-index-url") + 1] if "--extra-index-url" in torch else None) == index, torch
+    if index:  # an unreachable index (an offline machine with the wheel in pip's find-links) costs seconds
+        assert torch[torch.index("--retries") + 1] == "1" and torch[torch.index("--timeout") + 1] == "10", torch
+    assert pips[-1][:2] == ["pip", "install"] and pips[-1][-2:] == ["-e", ".[test]"], pips
+
+
+@pytest.mark.parametrize("system", ["Linux", "Darwin"])
+def test_setup_venv_takes_another_local_build_as_given_from_its_own_index(tmp_path, system):
+    """`HARNESS_TORCH_VERSION=2.5.1+cu121` names a CUDA build: installed as named (never `+cu121+cpu`), from
+    PyTorch's index for that build (PyPI serves no local versions), not from the CPU index."""
+    torch, pips = _setup_venv_torch_install(tmp_path, system, "2.5.1+cu121")
+    assert torch is not None and "torch==2.5.1+cu121" in torch and pips.index(torch) == 0, pips
+    assert torch[torch.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cu121", torch
+    assert CPU_INDEX not in torch and not any("+cpu" in a for a in torch), torch
+
+
+def _setup_venv_torch_install(tmp_path, system: str, version: str | None):
+    """setup-venv on a fake machine without torch: its torch install command line and every pip call."""
     repo, env, calls = _fake_machine(tmp_path, system)
     if version:
         env["HARNESS_TORCH_VERSION"] = version
@@ -73,12 +95,7 @@ def test_setup_venv_installs_the_cpu_build_of_torch_first(tmp_path, system, vers
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     pips = [c for c in calls() if c[0] == "pip"]
-    torch = _torch_install(pips)
-    assert torch is not None and wanted in torch and pips.index(torch) == 0, pips
-    assert (torch[torch.index("--extra-index-url") + 1] if "--extra-index-url" in torch else None) == index, torch
-    if index:  # an unreachable index (an offline machine with the wheel in pip's find-links) costs seconds
-        assert torch[torch.index("--retries") + 1] == "1" and torch[torch.index("--timeout") + 1] == "10", torch
-    assert pips[-1][:2] == ["pip", "install"] and pips[-1][-2:] == ["-e", ".[test]"], pips
+    return _torch_install(pips), pips
 
 
 def test_setup_venv_keeps_the_torch_already_installed(tmp_path):

@@ -48,7 +48,17 @@ def _t_test_power(n: int, std_over_diff: float) -> float:
 def test_runs_needed_is_the_fewest_runs_with_80_percent_power(std_over_diff):
     """The count `harness compare` asks for: with it, the exact power of the t-test is about 0.8; one fewer
     run a side falls short of 0.8."""
-    n = stats.runs_needed(std_over_diff * 0.01, 0.01)
+    n = stats.runs_needed(std_over_diff * 0.01, 0.01, most=10_000)  # the ceiling is the next test's
     assert _t_test_power(n, std_over_diff) >= 0.79
     assert n == 2 or _t_test_power(n - 1, std_over_diff) < 0.801
     assert stats.runs_needed(0.1, 0.0) is None  # equal means: no number of runs separates them
+
+
+def test_runs_needed_stops_at_a_ceiling():
+    """As the difference nears 0 the count grows as (std / diff)^2 without bound (`harness compare` once asked
+    for "about 125582075045244 a side"): past RUNS_NEEDED_MAX a side no count is given (None), and a count up to
+    it is given exactly."""
+    assert stats.RUNS_NEEDED_MAX == 100
+    assert stats.runs_needed(0.1, 1e-8) is None
+    assert stats.runs_needed(0.05, 0.01) is None and stats.runs_needed(0.05, 0.01, most=10_000) > 100
+    assert stats.runs_needed(0.02, 0.01) == stats.runs_needed(0.02, 0.01, most=10_000) <= 100

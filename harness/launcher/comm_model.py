@@ -27,6 +27,7 @@ FLOPs). Weak-scaling efficiency at N = t(1) / (t(1) + exposed(N)).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default (the harness keeps it)
@@ -149,14 +150,26 @@ def predict(world_sizes: list[int], *, step_s: float, backward_s: float, grad_by
 
 # When the measurement cannot support a fit of the link (refused, the track's figures kept):
 NOISE_SIGMAS = 2.0  # an overhead within 2 standard deviations of the step-to-step spread is what load alone gives
+MAD_TO_STD = 1.4826  # 1 / the normal's 3/4 quantile: the median absolute deviation of normal draws, made a std
 PROBE_SHARE_MIN = 0.5  # the probe must find at least half of an overhead as exposed all-reduce to blame the link
 
 
+def step_spread_s(step_times: list[float]) -> float | None:
+    """How far one timed step strays from another at a world size (a point's `step_s_spread`), seconds: a robust
+    standard deviation, MAD_TO_STD x the median absolute deviation from the median. Not the plain standard
+    deviation: one garbage-collection pause or allocator growth in twenty steps would be most of it, and the
+    fit refusal would read that one step as the machine's noise. None with fewer than two step times."""
+    if len(step_times) < 2:
+        return None
+    middle = statistics.median(step_times)
+    return MAD_TO_STD * statistics.median(abs(t - middle) for t in step_times)
+
+
 def step_noise_s(base: dict | None, point: dict) -> float | None:
-    """The spread of the difference between a step at 1 device and a step at N: sqrt(s1^2 + sN^2), s being the
-    standard deviation of each size's timed step times. Not the standard error of their means: t(1) and t(N)
-    are measured one after the other, and on a shared machine the load that makes steps jitter also moves the
-    mean between two measurements, which averaging more steps does not remove. None where not recorded."""
+    """The spread of the difference between a step at 1 device and a step at N: sqrt(s1^2 + sN^2), s being each
+    size's step_s_spread (step_spread_s). Not the standard error of their means: t(1) and t(N) are measured one
+    after the other, and on a shared machine the load that makes steps jitter also moves the mean between two
+    measurements, which averaging more steps does not remove. None where not recorded."""
     s1 = None if base is None else base.get("step_s_spread")
     sn = point.get("step_s_spread")
     return None if s1 is None or sn is None else math.hypot(s1, sn)
@@ -165,7 +178,8 @@ def step_noise_s(base: dict | None, point: dict) -> float | None:
 def fit_refusal(base: dict | None, usable: list[dict]) -> str | None:
     """Why the measured overheads t(N) - t(1) cannot support a fit of the intra-node link, or None.
 
-    - No size's overhead stands out of the noise of the step times (NOISE_SIGMAS x step_noise_s): the fit would
+    - No size's overhead stands out of the noise of the step times (NOISE_SIGMAS x step_noise_s, from each size's
+      robust spread: a single slow step does not make it): the fit would
       be a link made of noise (on a busy CPU, tens of MB/s), then extrapolated to hundreds of devices. Sizes
       inside the noise still enter a supported fit: their overhead is a measurement of "about 0".
     - At a size whose overhead does stand out, the communication probe (synchronised against compute-only steps
@@ -178,9 +192,9 @@ def fit_refusal(base: dict | None, usable: list[dict]) -> str | None:
     if not above:
         seen = ", ".join(f"{1000 * p['overhead_s']:.2f} ms at {p['world_size']} (noise ±"
                          f"{1000 * NOISE_SIGMAS * noise[p['world_size']]:.2f} ms)" for p in usable)
+        # No "more steps" here: they measure how single steps spread more precisely, but do not narrow it.
         return (f"the step-time overheads ({seen}) are within {NOISE_SIGMAS:g} standard deviations of the step "
-                "times: the measurement cannot tell the link (a busy machine? measure on a quiet one, with more "
-                "--steps)")
+                "times: the measurement cannot tell the link (a busy machine? measure on a quiet one)")
     for p in above:
         comm = p.get("probe_comm_s")
         if comm is not None and comm < PROBE_SHARE_MIN * p["overhead_s"]:

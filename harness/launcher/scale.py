@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             points.append({"world_size": n, "oversubscribed": track.device == "cpu" and n * threads > cores,
                            "tokens_per_s": tps, "tokens_per_step": r0["tokens_per_step"],
                            "step_s": r0["tokens_per_step"] / tps, "step_s_samples": len(step_times),
-                           "step_s_spread": statistics.stdev(step_times) if len(step_times) >= 2 else None,
+                           "step_s_spread": comm_model.step_spread_s(step_times),
                            "probe_comm_s": r0.get("comm_s"),
                            "probe_comm_overlap_efficiency": r0.get("comm_overlap_efficiency"),
                            "probe_compute_step_s": r0.get("comm_probe_compute_step_s"),

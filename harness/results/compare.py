@@ -17,11 +17,11 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.results.leaderboard import current_runs, scored
 from harness.results.records import iter_run_dirs, match_runs, read_record_json, upgrade_record
-from harness.results.stats import Comparison, is_finite, runs_needed, summarize, welch
+from harness.results.stats import POWER, RUNS_NEEDED_MAX, Comparison, is_finite, runs_needed, summarize, welch
 
 # (field, label, how differences are shown)
 METRICS = [
@@ -44,6 +44,8 @@ METRICS = [
 class Side:
     label: str
     runs: list[dict] = field(default_factory=list)  # raw run.json contents, with "run_dir"
+    left_out: list[dict] = field(default_factory=list)  # the team's runs made another way (one_setup)
+    note: str | None = None  # what was left out and what is compared, said first in the verdict
 
     def values(self, key: str) -> list[float]:
         """The side's figures for a metric; missing and non-finite ones are left out (never averaged in)."""
@@ -56,8 +58,11 @@ def _load(run_dir: Path) -> dict:
     return raw
 
 
-def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficial: bool) -> Side:
-    """A side from a run directory, a run id (or unique prefix), or a team name."""
+def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficial: bool,
+                 max_steps: int | None = None) -> Side:
+    """A side from a run directory, a run id (or unique prefix), or a team name. A team side holds the runs of
+    one setup (one_setup): those bounded by `max_steps` steps where given (0: by the time budget), and of those
+    the ones made as its newest run was. A run named by id or directory is taken as named."""
     path = Path(key)
     if (path / "run.json").is_file():
         raw = _load(path)
@@ -81,13 +86,15 @@ def resolve_side(key: str, runs_root: Path, track: str | None, include_unofficia
     tracks = sorted({r["track_name"] for r in team_runs})
     if len(tracks) > 1:
         raise LookupError(f"team {key!r} has runs on tracks {', '.join(tracks)}: choose one with --track")
+    # Every run bounded by steps is unofficial: asking for them is asking for unofficial runs.
+    include_unofficial = include_unofficial or bool(max_steps)
     eligible = [r for r in team_runs if r.get("official") or include_unofficial]
     counted = current_runs(eligible).get(key, [])
     ok = [r for r in counted if scored(r)]
     if not ok:
         raise LookupError(f"team {key!r} has no {'' if include_unofficial else 'official '}ok run to compare"
                           + ("" if include_unofficial else " (--all includes unofficial runs)"))
-    return Side(key, ok)
+    return one_setup(Side(key, ok), max_steps)
 
 
 def compare(sides: list[Side]) -> list[dict[str, Any]]:
@@ -126,7 +133,7 @@ def verdict(sides: list[Side]) -> list[str]:
     who is lower and whether it is significant, whether the run-to-run noise is larger than the difference
     (and what to do), and seeds repeated within a side."""
     ref = sides[0]
-    lines = []
+    lines = [s.note for s in sides if s.note]  # what each mean is of, before anything is said of the means
     for side in sides[1:]:
         cmp = welch(side.values("val_loss"), ref.values("val_loss"))
         lines += [line for line in (comparability_line(ref, side), welch_line(ref, side, cmp)) if line]
@@ -235,6 +242,76 @@ def comparability_line(ref: Side, side: Side) -> str | None:
             f"difference in val_loss measures the setups as much as the models{data}: run both the same way.")
 
 
+# --------------------------------------------------------------------------- one setup a side
+
+# How a sentence names one figure of a setup (setup_of), in SETUP_KEYS' order.
+SETUP_PHRASES = {"track": "on track {}", "budget_s": "with a {}s budget", "world_size": "at world size {}",
+                 "precision": "in {}", "machine": "on {}", "data": "with data fingerprint {}"}
+
+
+def _newest(run: dict) -> tuple[str, str]:
+    return run.get("started_at") or "", str(run.get("run_id", ""))  # as leaderboard.current_runs orders runs
+
+
+def _same_setup(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """A figure one record does not hold is not a difference (as in setup_differences)."""
+    return all(a[key] is None or b[key] is None or a[key] == b[key] for key, _ in SETUP_KEYS)
+
+
+def _differs(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    return a[key] is not None and b[key] is not None and a[key] != b[key]
+
+
+def one_setup(side: Side, max_steps: int | None = None) -> Side:
+    """The side's runs made one way, so that its mean is of one setup: a team that made an official run bounded
+    by the time budget and then seeds at --max-steps 200 of the same submission holds both kinds. With
+    `max_steps`, the runs bounded by that many steps (0: by the time budget); of those (or of all), the runs
+    made as the newest one was. The rest is kept in `left_out`, and `note` says what was left out."""
+    bounded = [r for r in side.runs if max_steps is None or setup_of(r)["max_steps"] == max_steps]
+    if not bounded:
+        raise LookupError(f"team {side.label!r} has no ok run {_bound_phrase(max_steps)} of its latest submission: "
+                          f"its ok runs are {_counted(side.runs, lambda r: ['max_steps'])}")
+    newest = setup_of(max(bounded, key=_newest))
+    kept = [r for r in bounded if _same_setup(setup_of(r), newest)]
+    left = [r for r in side.runs if not any(r is k for k in kept)]
+    if not left:
+        return Side(side.label, kept)
+    # Each left-out run is named by what it differs in; the compared ones by everything any of those differ in.
+    differs = {id(r): [key for key, _ in SETUP_KEYS if _differs(setup_of(r), newest, key)] for r in left}
+    every = [key for key, _ in SETUP_KEYS if any(key in keys for keys in differs.values())]
+    why = ""
+    if len(kept) < len(bounded):  # the newest run chose, not the user
+        why = " (the setup of its newest run" + ("; `--max-steps N` chooses" if max_steps is None and
+                                                 "max_steps" in every else "") + ")"
+    note = (f"{side.label}: {_counted(left, lambda r: differs[id(r)])} left out; compared: "
+            f"{_counted(kept, lambda r: every)}{why}.")
+    return Side(side.label, kept, left, note)
+
+
+def _bound_phrase(max_steps: int | None) -> str:
+    return "bounded by the time budget" if not max_steps else f"at --max-steps {max_steps}"
+
+
+def _setup_phrase(setup: dict[str, Any], keys: list[str]) -> str:
+    parts = []
+    for key, _ in SETUP_KEYS:
+        if key in keys and key == "max_steps":
+            parts.append(_bound_phrase(setup[key]))
+        elif key in keys and setup[key] is not None:
+            value = setup[key]
+            parts.append(SETUP_PHRASES[key].format(f"{value:g}" if isinstance(value, float) else value))
+    return ", ".join(parts)
+
+
+def _counted(runs: list[dict], keys_of: Callable[[dict], list[str]]) -> str:
+    """'1 run bounded by the time budget and 5 runs at --max-steps 200': runs counted by how they were made, each
+    as far as `keys_of` it says."""
+    phrases = [_setup_phrase(setup_of(r), keys_of(r)) for r in runs]
+    groups = list(dict.fromkeys(phrases))  # in the order first met
+    return " and ".join(f"{phrases.count(g)} run{'' if phrases.count(g) == 1 else 's'}" + (f" {g}" if g else "")
+                        for g in groups)
+
+
 # --------------------------------------------------------------------------- is the noise larger than the difference?
 
 STEPS_VARY = 0.05  # one submission's runs on one budget that differ by more than this in steps: the machine varied
@@ -250,10 +327,13 @@ def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
     if not measured:
         head = (f"One run a side: the run-to-run noise cannot be measured, and on a busy machine it can be larger "
                 f"than this difference ({format_number(diff)}).")
-        return [head, *causes(ref, side), advice(ref, side, None)]
+        return [head, *causes(ref, side), advice(ref, side, seeds_needed(None, diff))]
     noise = max(measured.values())
     if cmp.significant and noise < diff:
         return []
+    if noise == 0 and diff == 0:  # not noise as large as a difference: nothing moved at all
+        return [f"{ref.label} and {side.label} are identical within the measurement: every run on both sides gave "
+                "the same val_loss."]
     spread = "; ".join(f"{label} {format_number(std)}" for label, std in measured.items())
     if noise >= diff:
         head = (f"The run-to-run noise is larger than the difference: val_loss std {spread}, against a difference "
@@ -263,7 +343,19 @@ def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
                 "but there are too few runs to tell.")
     if cmp.significant:
         return [head + " The means differ significantly over these runs; a single run of either could come out ahead."]
-    return [head, *causes(ref, side), advice(ref, side, runs_needed(noise, diff))]
+    return [head, *causes(ref, side), advice(ref, side, seeds_needed(noise, diff))]
+
+
+def seeds_needed(noise: float | None, diff: float) -> str:
+    """The seeds a side the advice asks for: what a t-test needs to find the observed difference at the measured
+    spread (stats.runs_needed), none promised past RUNS_NEEDED_MAX."""
+    if noise is None:
+        return "at least 3 a side: their spread says how many are needed"
+    needed = runs_needed(noise, diff)
+    if needed is None:
+        return f"more than {RUNS_NEEDED_MAX} a side: at this spread the difference cannot be told apart from noise"
+    return (f"about {needed} a side to detect a difference of {format_number(diff)} (the one observed) with "
+            f"{POWER:.0%} power")
 
 
 def _bounded_alike(ref: Side, side: Side) -> bool:
@@ -276,22 +368,36 @@ def causes(ref: Side, side: Side) -> list[str]:
     return [] if _bounded_alike(ref, side) else [line for s in (ref, side) if (line := steps_varied(s))]
 
 
-def advice(ref: Side, side: Side, needed: int | None) -> str:
-    """What makes the comparison fair: enough seeds, and (unless both sides already are) runs bounded by the same
-    number of steps, whose result does not depend on how fast the machine was at the time."""
-    if needed is None:
-        seeds = "at least 3 a side: their spread says how many are needed"
-    else:
-        seeds = f"about {needed} a side at this spread"
-    todo = [f"more seeds (`harness run SUBMISSION --repeat N`: {seeds})"]
+def advice(ref: Side, side: Side, seeds: str) -> str:
+    """What makes the comparison fair: enough seeds (`seeds`, from seeds_needed), and (unless both sides already
+    are) runs bounded by the same number of steps, whose result does not depend on how fast the machine was at
+    the time."""
+    todo = [f"more seeds ({repeat_command(ref, side)}: {seeds})"]
     if not _bounded_alike(ref, side):
         runs = ref.runs + side.runs
         trained = [int(r["steps"]) for r in runs if not setup_of(r)["max_steps"] and is_finite(r.get("steps"))]
-        fits = (f" {min(trained)}`: what the slowest of these runs trained in its budget, so both finish within it"
-                if trained else " N`")
-        todo.append(f"the same number of steps for both (`--max-steps{fits}), compared with "
-                    "`harness compare ... --all` (runs bounded by steps are unofficial)")
+        steps = str(min(trained)) if trained else "N"
+        fits = ": what the slowest of these runs trained in its budget, so both finish within it" if trained else ""
+        # --max-steps on compare too: under --all each side would also hold its runs bounded by time.
+        todo.append(f"the same number of steps for both (`--max-steps {steps}`{fits}), compared with "
+                    f"`harness compare ... --max-steps {steps}` (runs bounded by steps are unofficial: it counts them)")
     return "For a fair comparison: " + "; and ".join(todo) + "."
+
+
+def next_seed(side: Side) -> int:
+    """The first seed past every seed a side has run: `--repeat N` counts up from `--seed` (1 unless given), so
+    more runs started at the default would repeat seeds already run, which repeated_seeds_line then names."""
+    seeds = [r["seed"] for r in side.runs if isinstance(r.get("seed"), int) and not isinstance(r["seed"], bool)]
+    return max(seeds, default=0) + 1
+
+
+def repeat_command(ref: Side, side: Side) -> str:
+    """The command that adds seeds to both sides, each starting past its own."""
+    starts = {s.label: next_seed(s) for s in (ref, side)}
+    if len(set(starts.values())) == 1:
+        return f"`harness run SUBMISSION --seed {starts[ref.label]} --repeat N`"
+    each = " and ".join(f"{seed} for {label}" for label, seed in starts.items())
+    return f"`harness run SUBMISSION --seed S --repeat N`, S = {each}"
 
 
 def steps_varied(side: Side) -> str | None:
@@ -313,7 +419,7 @@ def repeated_seeds_line(side: Side) -> str | None:
         return None
     return (f"{side.label} ran seed {', '.join(map(str, repeated))} more than once: a repeated seed is the same "
             "model and data order again (bounded by steps, the same figure), not another draw; `--repeat N` takes "
-            "consecutive seeds.")
+            "consecutive seeds from `--seed` (1 unless given): start it past the seeds already run.")
 
 
 def overlay_chart(sides: list[Side], path: Path) -> Path:

@@ -96,14 +96,17 @@ def welch(a: list[float], b: list[float]) -> Comparison:
 
 
 POWER = 0.8  # the usual planning figure: a real difference found four times in five
+# Past this many runs a side no count is promised: the count grows as (std / diff)^2 without bound as the
+# difference nears 0, and a difference that needs more is, for a team comparing two versions, noise.
+RUNS_NEEDED_MAX = 100
 
 
-def runs_needed(std: float, diff: float, power: float = POWER) -> int | None:
+def runs_needed(std: float, diff: float, power: float = POWER, most: int = RUNS_NEEDED_MAX) -> int | None:
     """About how many runs a side a two-sided t-test at ALPHA needs to find a true difference `diff` with
     probability `power`, when single runs spread with standard deviation `std` on both sides: the smallest n
     with n >= 2 (t_(1-ALPHA/2) + t_power)^2 (std / diff)^2, t at the 2(n - 1) degrees of freedom of n runs a side
     (the textbook iteration on the normal approximation, which would promise too few runs when they are few).
-    None when diff is 0: no number of runs separates equal means."""
+    None when more than `most` would be needed, or diff is 0 (no number of runs separates equal means)."""
     if diff == 0:
         return None
     ratio_sq = (std / diff) ** 2
@@ -115,9 +118,9 @@ def runs_needed(std: float, diff: float, power: float = POWER) -> int | None:
     # The normal quantiles (t's limit) give a lower bound; from there, step up to the first n that is enough.
     z = t_quantile(1 - ALPHA / 2, math.inf) + t_quantile(power, math.inf)
     n = max(2, math.ceil(2 * z**2 * ratio_sq))
-    while not enough(n):
+    while n <= most and not enough(n):
         n += 1
-    return n
+    return n if n <= most else None
 
 
 def best_permutation(a: list[float], b: list[float], max_exact: int = 20_000, draws: int = 20_000) -> Comparison:
