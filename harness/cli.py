@@ -245,7 +245,8 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, char
 
     import pandas as pd
 
-    from harness.results.compare import compare, overlay_chart, resolve_side, verdict
+    from harness.results.compare import compare, resolve_side, verdict
+    from harness.results.compare_chart import overlay_chart
     from harness.results.records import plots_root, runs_root
 
     if len(sides) < 2:

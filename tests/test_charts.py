@@ -2,7 +2,8 @@
 
 from matplotlib.colors import to_hex
 
-from harness.results.compare import Side, overlay_figure
+from harness.results.compare import Side
+from harness.results.compare_chart import overlay_figure
 from harness.results.leaderboard import build_table, current_runs, load_rows, scored
 from harness.results.loss_charts import loss_figure, val_loss_figure
 from harness.results.plots import team_color

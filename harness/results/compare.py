@@ -10,6 +10,7 @@ The verdict also says when the comparison cannot be trusted whatever the p-value
 differently (another track, budget, --max-steps, world size, precision, data, or, for runs
 bounded by time, another machine), and run-to-run noise as large as the difference (on a busy
 laptop the same seed has given 2.03 and 2.33), with what to do: more seeds, runs bounded by steps.
+The overlay chart is harness/results/compare_chart.py's.
 """
 
 from __future__ import annotations
@@ -420,42 +421,3 @@ def repeated_seeds_line(side: Side) -> str | None:
     return (f"{side.label} ran seed {', '.join(map(str, repeated))} more than once: a repeated seed is the same "
             "model and data order again (bounded by steps, the same figure), not another draw; `--repeat N` takes "
             "consecutive seeds from `--seed` (1 unless given): start it past the seeds already run.")
-
-
-def overlay_chart(sides: list[Side], path: Path) -> Path:
-    from harness.results.plots import save_png
-
-    return save_png(overlay_figure(sides), path)
-
-
-def overlay_figure(sides: list[Side]):
-    """Every run's loss curve, each side in its team's colour (the same as on the leaderboard's charts); a
-    second side of the same team is dashed."""
-    from harness.results.loss_charts import fit_loss_axis, note_handles, plot_runs, read_curve
-    from harness.results.plots import legend_outside, subplots, team_color
-    from harness.results.stats import is_finite
-
-    fig, ax = subplots(figsize=(12, 6.5))
-    ys, handles, labels, floors, seen, top = [], [], [], [], [], None
-    for side in sides:
-        team = str(side.runs[0].get("team", side.label))
-        style = "--" if team in seen else "-"
-        seen.append(team)
-        runs = [(run, frame) for run in side.runs if (frame := read_curve(run)) is not None and len(frame)]
-        side_ys, handle = plot_runs(ax, team_color(team), runs, "train_time_s", linestyle=style)
-        ys += side_ys
-        floors += [r["loss_floor"] for r in side.runs if is_finite(r.get("loss_floor"))]
-        for _, frame in runs:
-            top = max(top or float("-inf"), float(frame["train_loss"].max()))
-        if handle:
-            handles.append(handle)
-            labels.append(f"{side.label} (n={len(side.runs)})")
-    best = min((float(r["val_loss"]) for s in sides for r in s.runs if is_finite(r.get("val_loss"))), default=None)
-    note_h, note_l = note_handles(fit_loss_axis(ax, ys, top, min(floors) if floors else None, best))
-    ax.set(title="Loss curves: " + " vs ".join(s.label for s in sides), xlabel="training time (s)",
-           ylabel="loss (nats per token)")
-    from matplotlib.legend_handler import HandlerTuple
-
-    legend_outside(ax, handles + note_h, labels + note_l, handler_map={tuple: HandlerTuple(ndivide=None, pad=0.8)},
-                   handlelength=3.0)
-    return fig
