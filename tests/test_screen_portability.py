@@ -8,6 +8,7 @@ real entry point `harness check` (a warning naming file:line, never a rejection)
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -157,6 +158,19 @@ def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
     assert warning.format(track="tiny") in record["warnings"]
+
+
+def test_the_two_screens_read_names_through_one_public_helper():
+    """portability.py reads `torch.cuda.set_device` as screen.py does, through a helper screen.py
+    offers for it: a private name imported across modules breaks silently when its owner changes it."""
+    from harness.submission.screen import dotted_name
+
+    tree = ast.parse((ROOT / "harness" / "submission" / "portability.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("harness") for alias in node.names}
+    assert "dotted_name" in imported and not [name for name in imported if name.startswith("_")]
+    assert dotted_name(ast.parse("torch.cuda.set_device", mode="eval").body) == "torch.cuda.set_device"
+    assert dotted_name(ast.parse("GPT().to", mode="eval").body) == "to"  # a call's result has no name
 
 
 def test_the_two_edits_in_the_docs_pass_the_screen():

@@ -29,7 +29,7 @@ import ast
 import re
 from typing import Any
 
-from harness.submission.screen import Finding, _dotted
+from harness.submission.screen import Finding, dotted_name
 
 CATEGORY = "portability"
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?$")
@@ -67,13 +67,13 @@ def _is_str(node: ast.AST, value: str) -> bool:
 def _backend_literal(node: ast.AST, backend: str) -> str:
     """What the line does, when `node` sets a literal `backend` ("nccl", "gloo"); "" otherwise."""
     if isinstance(node, ast.Call):
-        if _dotted(node.func).endswith("init_process_group") and node.args and _is_str(node.args[0], backend):
-            return f'{_dotted(node.func)}("{backend}")'
+        if dotted_name(node.func).endswith("init_process_group") and node.args and _is_str(node.args[0], backend):
+            return f'{dotted_name(node.func)}("{backend}")'
         if any(k.arg == "backend" and _is_str(k.value, backend) for k in node.keywords):
             return f'backend="{backend}"'
     if isinstance(node, ast.Assign) and _is_str(node.value, backend) and any(
-            "backend" in _dotted(t).lower() for t in node.targets):
-        return f'{_dotted(node.targets[0])} = "{backend}"'
+            "backend" in dotted_name(t).lower() for t in node.targets):
+        return f'{dotted_name(node.targets[0])} = "{backend}"'
     return ""
 
 
@@ -85,7 +85,7 @@ def _backend_fix(what: str, backend: str) -> str:
 def _cuda_use(node: ast.AST) -> tuple[str, str]:
     """(what the line does, the fix) when `node` needs a GPU; ("", "") otherwise."""
     if isinstance(node, ast.Call):
-        name = _dotted(node.func)
+        name = dotted_name(node.func)
         method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
         if name in ("torch.device", "device") and node.args and _is_cuda_device(node.args[0]):
             return 'torch.device("cuda...")', DEVICE_FIX
@@ -101,7 +101,7 @@ def _cuda_use(node: ast.AST) -> tuple[str, str]:
         if any(k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)) for k in node.keywords):
             return "device_ids=[...]", DEVICE_IDS_FIX
     if isinstance(node, ast.Assign) and _is_cuda_device(node.value):
-        targets = [_dotted(t) for t in node.targets]
+        targets = [dotted_name(t) for t in node.targets]
         if not all(t.endswith("_type") for t in targets):  # a device *type* (autocast's) is not a device
             return f'{targets[0]} = "cuda..."', DEVICE_FIX
     return "", ""
@@ -111,8 +111,8 @@ def _mentions(node: ast.AST, names: set[str], strings: set[str] = GUARD_STRINGS)
     """Whether an expression mentions `is_available`, one of `names` (as written: `cuda`,
     `self.use_gpu`; `torch.cuda` is not `cuda`), or one of `strings`."""
     for sub in ast.walk(node):
-        if isinstance(sub, (ast.Name, ast.Attribute)) and (_dotted(sub).split(".")[-1] == "is_available"
-                                                           or _dotted(sub) in names):
+        if isinstance(sub, (ast.Name, ast.Attribute)) and (dotted_name(sub).split(".")[-1] == "is_available"
+                                                           or dotted_name(sub) in names):
             return True
         if isinstance(sub, ast.Constant) and sub.value in strings:
             return True
@@ -125,8 +125,8 @@ def _guard_names(tree: ast.AST) -> set[str]:
     assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
     names: set[str] = set()
     while True:  # to a fixed point: `use_gpu = cuda and not args.cpu` is a guard name too
-        found = {_dotted(t) for n in assigns if _mentions(n.value, names, strings=set())
-                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if _dotted(t)}
+        found = {dotted_name(t) for n in assigns if _mentions(n.value, names, strings=set())
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if dotted_name(t)}
         if found <= names:
             return names
         names |= found
