@@ -14,7 +14,7 @@ import re
 import shutil
 
 from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
-from harness.submission.portability import screen_portability
+from harness.submission.portability import DEVICE_FIX, screen_portability
 from harness.submission.screen import screen_folder, summarize
 
 CPU_TRACK = {"name": "local", "device": "cpu", "backend": "gloo"}
@@ -87,6 +87,26 @@ class Trainer:
             torch.cuda.set_device(0)
 '''
     assert screen_portability(guarded, "train.py", CPU_TRACK) == []
+
+
+def test_a_config_dataclasss_annotated_defaults_are_named_as_plain_assignments_are():
+    """Starter kits keep their set-up in a config dataclass: `device: str = "cuda"` is an annotated
+    assignment, and crashes on a CPU track as `device = "cuda"` does; a `..._type` is still not a device."""
+    source = '''from dataclasses import dataclass
+@dataclass
+class TrainConfig:
+    backend: str = "nccl"
+    device: str = "cuda"
+    device_type: str = "cuda"
+    local_device: str
+    dtype: str = "bfloat16"
+'''
+    found = {f.line: f.what for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {4: 'backend = "nccl" will not run on track local (cpu, gloo): '
+                        'write backend = "nccl" if torch.cuda.is_available() else "gloo"',
+                     5: 'device = "cuda..." will not run on track local (cpu, gloo): ' + DEVICE_FIX}
+    slow = screen_portability(source.replace('"nccl"', '"gloo"'), "train.py", GPU_TRACK)
+    assert [(f.line, f.what.split(" runs on")[0]) for f in slow] == [(4, 'backend = "gloo"')]
 
 
 def test_an_unrecognised_guard_is_named():

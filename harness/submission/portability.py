@@ -8,10 +8,11 @@ such line with the edit that makes it run on both kinds of track. On a GPU track
 `gloo` runs, slowly (GPU gradients all-reduced through host memory): a warning too.
 
 Reported, on a track whose device is not cuda, where no guard (below) surrounds them:
-- a literal "nccl" backend: `init_process_group("nccl")`, `backend="nccl"`, `backend = "nccl"`;
+- a literal "nccl" backend: `init_process_group("nccl")`, `backend="nccl"`, `backend = "nccl"`
+  (or a config dataclass's `backend: str = "nccl"`);
 - a CUDA device literal ("cuda", "cuda:0", f"cuda:{rank}") used as a device: in `torch.device(...)`,
-  as `device=`, in `.to(...)`, or assigned (to any name but a `..._type`: nanoGPT's `device_type`
-  names autocast's device type, which only warns on a CPU);
+  as `device=`, in `.to(...)`, or assigned, plainly or as a dataclass default (to any name but a
+  `..._type`: nanoGPT's `device_type` names autocast's device type, which only warns on a CPU);
 - `.cuda()`, `device_ids=[...]` (a list or tuple written there), and the torch.cuda calls that
   raise without a GPU (`set_device`, `synchronize`, `current_device`, `Event`, `Stream`,
   `reset_peak_memory_stats`).
@@ -64,6 +65,17 @@ def _is_str(node: ast.AST, value: str) -> bool:
     return isinstance(node, ast.Constant) and node.value == value
 
 
+def _assignment(node: ast.AST) -> tuple[list[str], ast.AST | None]:
+    """(the names assigned, the value) of `device = "cuda"` or of a config dataclass's annotated
+    `device: str = "cuda"` (the same default, written the starter kits' way); ([], None) otherwise,
+    and for an annotation without a value (`device: str`), which assigns nothing."""
+    if isinstance(node, ast.Assign):
+        return [dotted_name(t) for t in node.targets], node.value
+    if isinstance(node, ast.AnnAssign) and node.value is not None:
+        return [dotted_name(node.target)], node.value
+    return [], None
+
+
 def _backend_literal(node: ast.AST, backend: str) -> str:
     """What the line does, when `node` sets a literal `backend` ("nccl", "gloo"); "" otherwise."""
     if isinstance(node, ast.Call):
@@ -71,9 +83,9 @@ def _backend_literal(node: ast.AST, backend: str) -> str:
             return f'{dotted_name(node.func)}("{backend}")'
         if any(k.arg == "backend" and _is_str(k.value, backend) for k in node.keywords):
             return f'backend="{backend}"'
-    if isinstance(node, ast.Assign) and _is_str(node.value, backend) and any(
-            "backend" in dotted_name(t).lower() for t in node.targets):
-        return f'{dotted_name(node.targets[0])} = "{backend}"'
+    targets, value = _assignment(node)
+    if value is not None and _is_str(value, backend) and any("backend" in t.lower() for t in targets):
+        return f'{targets[0]} = "{backend}"'
     return ""
 
 
@@ -100,8 +112,8 @@ def _cuda_use(node: ast.AST) -> tuple[str, str]:
             return call, f"guard it: if torch.cuda.is_available(): {call}"
         if any(k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)) for k in node.keywords):
             return "device_ids=[...]", DEVICE_IDS_FIX
-    if isinstance(node, ast.Assign) and _is_cuda_device(node.value):
-        targets = [dotted_name(t) for t in node.targets]
+    targets, value = _assignment(node)
+    if value is not None and _is_cuda_device(value):
         if not all(t.endswith("_type") for t in targets):  # a device *type* (autocast's) is not a device
             return f'{targets[0]} = "cuda..."', DEVICE_FIX
     return "", ""
@@ -122,11 +134,11 @@ def _mentions(node: ast.AST, names: set[str], strings: set[str] = GUARD_STRINGS)
 def _guard_names(tree: ast.AST) -> set[str]:
     """Names assigned from an expression that mentions `is_available` (or another such name), in any
     scope of the file: `cuda = torch.cuda.is_available()` makes `if cuda:` a guard."""
-    assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    assigns = [_assignment(n) for n in ast.walk(tree)]
+    assigns = [(targets, value) for targets, value in assigns if value is not None]
     names: set[str] = set()
     while True:  # to a fixed point: `use_gpu = cuda and not args.cpu` is a guard name too
-        found = {dotted_name(t) for n in assigns if _mentions(n.value, names, strings=set())
-                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if dotted_name(t)}
+        found = {t for targets, value in assigns if _mentions(value, names, strings=set()) for t in targets if t}
         if found <= names:
             return names
         names |= found
