@@ -172,12 +172,19 @@ def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, 
 
 
 def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path):
-    folder, warning, _ = _starter_copy(tmp_path)
+    """The record splits the screen as `harness check` does (run.json holds record.extra's keys at its top
+    level): the reviewer's list without the lines the team must fix, those apart, each a warning, shown on
+    stderr as the run starts."""
+    folder, warning, line = _starter_copy(tmp_path)
+    warning = warning.format(track="tiny")
     result = cli("run", str(folder), "--track", str(TINY_TRACK))
     assert result.code == 1, result.text
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
-    assert warning.format(track="tiny") in record["warnings"]
+    assert record["warnings"].count(warning) == 1
+    assert [(f["file"], f["line"]) for f in record["portability"]] == [("train.py", line)]
+    assert all(f["category"] != "portability" for f in record["screen"])
+    assert f"warning: {warning}\n" in result.err
 
 
 def test_the_two_screens_read_names_through_one_public_helper():

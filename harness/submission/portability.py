@@ -186,6 +186,12 @@ def screen_portability(text: str, rel: str, target: dict) -> list[Finding]:
     return sorted(found.values(), key=lambda f: f.line)
 
 
+def split_screen(findings: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(what a reviewer should read, the lines that will not run on the track's device): the second are
+    the team's to fix, each a warning of its own. `harness check` and the run record split them alike."""
+    return ([f for f in findings if f["category"] != CATEGORY], [f for f in findings if f["category"] == CATEGORY])
+
+
 def warning_lines(findings: list[dict]) -> list[str]:
     """`train.py:34: init_process_group("nccl") will not run on track local (cpu, gloo): write ...`"""
     return [f"{f['file']}:{f['line']}: {f['what']}" for f in findings if f["category"] == CATEGORY]
