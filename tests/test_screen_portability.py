@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
-from harness.submission.portability import DEVICE_FIX, screen_portability
+from harness.submission.portability import CUDA_ONLY_CALLS, DEVICE_FIX, screen_portability
 from harness.submission.screen import screen_folder, summarize
 
 CPU_TRACK = {"name": "local", "device": "cpu", "backend": "gloo"}
@@ -107,6 +110,74 @@ class TrainConfig:
                      5: 'device = "cuda..." will not run on track local (cpu, gloo): ' + DEVICE_FIX}
     slow = screen_portability(source.replace('"nccl"', '"gloo"'), "train.py", GPU_TRACK)
     assert [(f.line, f.what.split(" runs on")[0]) for f in slow] == [(4, 'backend = "gloo"')]
+
+
+# Every form the screen names, as (source, the line named), each run below on this CPU build of torch:
+# it must raise (the warning says "will not run"). `x`, `local_rank`, `args`, `parser`, `dist` are given.
+GLOO = "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
+CRASHES = [
+    ('dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('dist.init_process_group(backend="nccl", rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('backend = "nccl"\ndist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('backend: str = "nccl"\ndist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('device = "cuda"\nx.to(device)', 1), ('device: str = "cuda"\nx.to(device)', 1),
+    ('device = f"cuda:{local_rank}"\nx.to(device)', 1), ('device = torch.device("cuda", local_rank)\nx.to(device)', 1),
+    ('x.to("cuda:0")', 1), ('torch.zeros(1, device="cuda")', 1), ("x.cuda()", 1),
+    (GLOO + "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[local_rank])", 2),
+    ("torch.cuda.set_device(local_rank)", 1), ("torch.cuda.synchronize()", 1), ("torch.cuda.current_device()", 1),
+    ("torch.cuda.Event(enable_timing=True)", 1), ("torch.cuda.Stream()", 1),
+    ("torch.cuda.reset_peak_memory_stats()", 1), ("torch.cuda.reset_max_memory_allocated()", 1),
+    ("torch.cuda.get_device_name(0)", 1), ("torch.cuda.get_device_properties(0)", 1),
+    ("torch.cuda.get_device_capability()", 1), ("torch.cuda.mem_get_info()", 1), ("torch.cuda.memory_summary()", 1),
+    ("torch.cuda.current_stream()", 1), ("torch.cuda.get_rng_state()", 1),
+    ("torch.cuda.set_per_process_memory_fraction(0.9)", 1),
+]
+# What starter kits write that runs on a CPU (a warning from torch at most): never named.
+RUNS = [
+    "torch.cuda.manual_seed(0)", "torch.cuda.manual_seed_all(0)", "torch.cuda.empty_cache()",
+    "torch.cuda.memory_allocated()", "torch.cuda.max_memory_allocated()", "torch.cuda.device_count()",
+    "torch.cuda.is_bf16_supported()", "torch.backends.cuda.matmul.allow_tf32 = True",
+    'device_type = "cuda"\nwith torch.autocast(device_type=device_type, dtype=torch.bfloat16):\n    x + 1',
+    "with torch.cuda.amp.autocast():\n    x + 1", 'scaler = torch.amp.GradScaler("cuda")',
+    "next(iter(torch.utils.data.DataLoader(x, pin_memory=True)))",  # torch warns and does not pin
+]
+
+
+def _raised_on_this_torch(sources: list[str]) -> dict[str, str]:
+    """{source: the exception it raised, or ""}: each run in one child process on this torch, no GPU visible."""
+    program = """
+import argparse, json, sys, types, torch, torch.distributed as dist
+raised = {}
+for source in json.loads(sys.stdin.read()):
+    scope = {"torch": torch, "dist": dist, "x": torch.zeros(2), "local_rank": 0,
+             "args": types.SimpleNamespace(local_rank=0), "parser": argparse.ArgumentParser()}
+    try:
+        exec(source, scope)
+        raised[source] = ""
+    except Exception as exc:
+        raised[source] = type(exc).__name__
+    finally:  # what one source sets up must not make the next one raise
+        torch.set_default_device(None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+print(json.dumps(raised))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", program], input=json.dumps(sources), text=True,
+                          capture_output=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_every_form_named_raises_on_a_cpu_build_of_torch_and_what_runs_there_is_not_named():
+    raised = _raised_on_this_torch([source for source, _ in CRASHES] + RUNS)
+    assert {source: raised[source] for source, _ in CRASHES if raised[source] in ("", "NameError", "SyntaxError")} == {}
+    assert {source: raised[source] for source in RUNS if raised[source]} == {}
+    named = {source: [f.line for f in screen_portability(source, "train.py", CPU_TRACK)] for source, _ in CRASHES}
+    assert {source: lines for source, lines in named.items() if lines != [dict(CRASHES)[source]]} == {}
+    assert [source for source in RUNS if screen_portability(source, "train.py", CPU_TRACK)] == []
+    run_here = {source.split("(")[0].removeprefix("torch.cuda.") for source, _ in CRASHES
+                if source.startswith("torch.cuda.")}
+    assert CUDA_ONLY_CALLS == run_here  # every torch.cuda call the screen names was seen to raise here
 
 
 def test_an_unrecognised_guard_is_named():

@@ -14,8 +14,7 @@ Reported, on a track whose device is not cuda, where no guard (below) surrounds 
   as `device=`, in `.to(...)`, or assigned, plainly or as a dataclass default (to any name but a
   `..._type`: nanoGPT's `device_type` names autocast's device type, which only warns on a CPU);
 - `.cuda()`, `device_ids=[...]` (a list or tuple written there), and the torch.cuda calls that
-  raise without a GPU (`set_device`, `synchronize`, `current_device`, `Event`, `Stream`,
-  `reset_peak_memory_stats`).
+  raise without a GPU (CUDA_ONLY_CALLS: `set_device`, `synchronize`, `get_device_name`, ...).
 
 A guard, kept simple on purpose: the expression is inside a conditional expression
 (`"nccl" if cuda else "gloo"`), or inside either branch of an `if` whose test mentions `is_available`,
@@ -34,9 +33,13 @@ from harness.submission.screen import Finding, dotted_name
 
 CATEGORY = "portability"
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?$")
-# torch.cuda functions that raise on a machine without a GPU (torch 2.x CPU build); manual_seed,
-# empty_cache and the memory readers return quietly and are not listed.
-CUDA_ONLY_CALLS = {"set_device", "synchronize", "current_device", "Event", "Stream", "reset_peak_memory_stats"}
+# torch.cuda functions that raise on a CPU build of torch, each seen to raise there by
+# tests/test_screen_portability.py; manual_seed, empty_cache, device_count and the memory counters
+# (memory_allocated, max_memory_allocated) return quietly and are not listed.
+CUDA_ONLY_CALLS = {"set_device", "synchronize", "current_device", "Event", "Stream", "current_stream",
+                   "reset_peak_memory_stats", "reset_max_memory_allocated", "get_device_name",
+                   "get_device_properties", "get_device_capability", "mem_get_info", "memory_summary",
+                   "get_rng_state", "set_per_process_memory_fraction"}
 GUARD_STRINGS = {"cuda", "cpu"}
 CHOSEN_BACKEND = '"nccl" if torch.cuda.is_available() else "gloo"'
 DEVICE_FIX = ('write device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() '
