@@ -131,6 +131,9 @@ CRASHES = [
     ("torch.cuda.get_device_capability()", 1), ("torch.cuda.mem_get_info()", 1), ("torch.cuda.memory_summary()", 1),
     ("torch.cuda.current_stream()", 1), ("torch.cuda.get_rng_state()", 1),
     ("torch.cuda.set_per_process_memory_fraction(0.9)", 1),
+    ("x.to(local_rank)", 1), ("x.to(args.local_rank)", 1), ("x.to(0)", 1), ('x.to(int(os.environ["LOCAL_RANK"]))', 1),
+    ("torch.zeros(1, device=local_rank)", 1), ("x.pin_memory()", 1), ("torch.empty(4, pin_memory=True)", 1),
+    ('torch.set_default_device("cuda")\ntorch.zeros(1)', 1),
 ]
 # What starter kits write that runs on a CPU (a warning from torch at most): never named.
 RUNS = [
@@ -140,16 +143,18 @@ RUNS = [
     'device_type = "cuda"\nwith torch.autocast(device_type=device_type, dtype=torch.bfloat16):\n    x + 1',
     "with torch.cuda.amp.autocast():\n    x + 1", 'scaler = torch.amp.GradScaler("cuda")',
     "next(iter(torch.utils.data.DataLoader(x, pin_memory=True)))",  # torch warns and does not pin
+    "torch.empty(4, pin_memory=False)", "x.to(torch.float32)", 'torch.set_default_device("cpu")',
 ]
 
 
 def _raised_on_this_torch(sources: list[str]) -> dict[str, str]:
     """{source: the exception it raised, or ""}: each run in one child process on this torch, no GPU visible."""
     program = """
-import argparse, json, sys, types, torch, torch.distributed as dist
+import argparse, json, os, sys, types, torch, torch.distributed as dist
+os.environ["LOCAL_RANK"] = "0"
 raised = {}
 for source in json.loads(sys.stdin.read()):
-    scope = {"torch": torch, "dist": dist, "x": torch.zeros(2), "local_rank": 0,
+    scope = {"torch": torch, "dist": dist, "os": os, "x": torch.zeros(2), "local_rank": 0,
              "args": types.SimpleNamespace(local_rank=0), "parser": argparse.ArgumentParser()}
     try:
         exec(source, scope)
@@ -178,6 +183,18 @@ def test_every_form_named_raises_on_a_cpu_build_of_torch_and_what_runs_there_is_
     run_here = {source.split("(")[0].removeprefix("torch.cuda.") for source, _ in CRASHES
                 if source.startswith("torch.cuda.")}
     assert CUDA_ONLY_CALLS == run_here  # every torch.cuda call the screen names was seen to raise here
+
+
+def test_a_rank_written_as_a_device_and_pinned_memory_are_named_with_their_fix():
+    source = 'import torch\nmodel = GPT().to(local_rank)\nbuf = torch.empty(8, pin_memory=True)\n'
+    found = {f.line: f.what for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {2: ".to(local_rank) will not run on track local (cpu, gloo): an int device is a GPU's index: "
+                        + DEVICE_FIX,
+                     3: "pin_memory=True will not run on track local (cpu, gloo): "
+                        "write pin_memory=torch.cuda.is_available()"}
+    guarded = 'import torch\ncuda = torch.cuda.is_available()\nbuf = torch.empty(8, pin_memory=cuda)\n' \
+              'if cuda:\n    model = GPT().to(local_rank)\n'
+    assert screen_portability(guarded, "train.py", CPU_TRACK) == []
 
 
 def test_an_unrecognised_guard_is_named():

@@ -13,7 +13,10 @@ Reported, on a track whose device is not cuda, where no guard (below) surrounds 
 - a CUDA device literal ("cuda", "cuda:0", f"cuda:{rank}") used as a device: in `torch.device(...)`,
   as `device=`, in `.to(...)`, or assigned, plainly or as a dataclass default (to any name but a
   `..._type`: nanoGPT's `device_type` names autocast's device type, which only warns on a CPU);
-- `.cuda()`, `device_ids=[...]` (a list or tuple written there), and the torch.cuda calls that
+- a GPU's index used as a device: `.to(local_rank)`, `.to(0)`, `device=local_rank` (an int device is
+  cuda:N), and `torch.set_default_device("cuda")`;
+- `.cuda()`, `device_ids=[...]` (a list or tuple written there), pinned memory (`.pin_memory()`,
+  `pin_memory=True` in a torch factory; a DataLoader's only warns), and the torch.cuda calls that
   raise without a GPU (CUDA_ONLY_CALLS: `set_device`, `synchronize`, `get_device_name`, ...).
 
 A guard, kept simple on purpose: the expression is inside a conditional expression
@@ -47,6 +50,9 @@ DEVICE_FIX = ('write device = torch.device("cuda", int(os.environ["LOCAL_RANK"])
 CUDA_CALL_FIX = ('write .to(device), with device = torch.device("cuda", local_rank) if torch.cuda.is_available() '
                  'else torch.device("cpu")')
 DEVICE_IDS_FIX = "write device_ids=[local_rank] if torch.cuda.is_available() else None"
+INDEX_FIX = "an int device is a GPU's index: " + DEVICE_FIX
+DEFAULT_DEVICE_FIX = 'write torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")'
+RANK_NAME = re.compile(r"(^|_)rank$", re.IGNORECASE)  # local_rank, ddp_local_rank, RANK: an int
 
 
 def portability_target(track: Any) -> dict:
@@ -66,6 +72,10 @@ def _is_cuda_device(node: ast.AST) -> bool:
 
 def _is_str(node: ast.AST, value: str) -> bool:
     return isinstance(node, ast.Constant) and node.value == value
+
+
+def _is_true(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
 
 
 def _assignment(node: ast.AST) -> tuple[list[str], ast.AST | None]:
@@ -97,24 +107,64 @@ def _backend_fix(what: str, backend: str) -> str:
     return "write " + what.replace(f'"{backend}"', CHOSEN_BACKEND)
 
 
+def _is_cuda_index(node: ast.AST) -> bool:
+    """`0`, `local_rank`, `args.rank`, `int(os.environ["LOCAL_RANK"])` written as a device: torch reads an
+    int device as cuda:N, so `model.to(local_rank)` (the DDP tutorial's form) needs a GPU."""
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int  # not a bool: `.to(True)` is no device
+    if isinstance(node, ast.Call):
+        return dotted_name(node.func) == "int"
+    return bool(RANK_NAME.search(dotted_name(node).split(".")[-1]))
+
+
+def _device_argument(node: ast.Call) -> tuple[str, str]:
+    """(what, the fix) when a call is given a CUDA device: a literal, or a GPU's index; ("", "") otherwise."""
+    name = dotted_name(node.func)
+    method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+    first = node.args[0] if node.args else None
+    device = next((k.value for k in node.keywords if k.arg == "device"), None)
+    if name in ("torch.device", "device") and first is not None and _is_cuda_device(first):
+        return 'torch.device("cuda...")', DEVICE_FIX
+    if name == "torch.set_default_device" and first is not None and _is_cuda_device(first):
+        return 'torch.set_default_device("cuda...")', DEFAULT_DEVICE_FIX  # every tensor made after it needs a GPU
+    if device is not None and _is_cuda_device(device):
+        return 'device="cuda..."', DEVICE_FIX
+    if device is not None and _is_cuda_index(device):
+        return f"device={ast.unparse(device)}", INDEX_FIX
+    if method == "to" and first is not None and _is_cuda_device(first):
+        return '.to("cuda...")', DEVICE_FIX
+    if method == "to" and first is not None and _is_cuda_index(first):
+        return f".to({ast.unparse(first)})", INDEX_FIX
+    return "", ""
+
+
+def _gpu_only_call(node: ast.Call) -> tuple[str, str]:
+    """(what, the fix) when a call itself needs a GPU (on a CPU build of torch it raises); ("", "") otherwise."""
+    name = dotted_name(node.func)
+    method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+    if method == "cuda":
+        return ".cuda()", CUDA_CALL_FIX
+    if name.split(".")[-2:-1] == ["cuda"] and name.split(".")[-1] in CUDA_ONLY_CALLS:
+        call = f"torch.cuda.{name.split('.')[-1]}(...)"
+        return call, f"guard it: if torch.cuda.is_available(): {call}"
+    if any(k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)) for k in node.keywords):
+        return "device_ids=[...]", DEVICE_IDS_FIX
+    if method == "pin_memory" and not node.args:
+        return ".pin_memory()", "pin only on a GPU: x.pin_memory() if torch.cuda.is_available() else x"
+    # torch's factories raise on pin_memory=True without a GPU; a DataLoader warns and does not pin
+    if name.startswith("torch.") and not name.endswith("DataLoader") and any(
+            k.arg == "pin_memory" and _is_true(k.value) for k in node.keywords):
+        return "pin_memory=True", "write pin_memory=torch.cuda.is_available()"
+    return "", ""
+
+
 def _cuda_use(node: ast.AST) -> tuple[str, str]:
     """(what the line does, the fix) when `node` needs a GPU; ("", "") otherwise."""
     if isinstance(node, ast.Call):
-        name = dotted_name(node.func)
-        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-        if name in ("torch.device", "device") and node.args and _is_cuda_device(node.args[0]):
-            return 'torch.device("cuda...")', DEVICE_FIX
-        if any(k.arg == "device" and _is_cuda_device(k.value) for k in node.keywords):
-            return 'device="cuda..."', DEVICE_FIX
-        if method == "to" and node.args and _is_cuda_device(node.args[0]):
-            return '.to("cuda...")', DEVICE_FIX
-        if method == "cuda":
-            return ".cuda()", CUDA_CALL_FIX
-        if name.split(".")[-2:-1] == ["cuda"] and name.split(".")[-1] in CUDA_ONLY_CALLS:
-            call = f"torch.cuda.{name.split('.')[-1]}(...)"
-            return call, f"guard it: if torch.cuda.is_available(): {call}"
-        if any(k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)) for k in node.keywords):
-            return "device_ids=[...]", DEVICE_IDS_FIX
+        for check in (_device_argument, _gpu_only_call):
+            what, fix = check(node)
+            if what:
+                return what, fix
     targets, value = _assignment(node)
     if value is not None and _is_cuda_device(value):
         if not all(t.endswith("_type") for t in targets):  # a device *type* (autocast's) is not a device
