@@ -134,6 +134,11 @@ CRASHES = [
     ("x.to(local_rank)", 1), ("x.to(args.local_rank)", 1), ("x.to(0)", 1), ('x.to(int(os.environ["LOCAL_RANK"]))', 1),
     ("torch.zeros(1, device=local_rank)", 1), ("x.pin_memory()", 1), ("torch.empty(4, pin_memory=True)", 1),
     ('torch.set_default_device("cuda")\ntorch.zeros(1)', 1),
+    ('device = "cuda:%d" % local_rank\nx.to(device)', 1), ('device = "cuda:{}".format(local_rank)\nx.to(device)', 1),
+    ('device = "cuda:" + str(local_rank)\nx.to(device)', 1),
+    ('parser.add_argument("--device", default="cuda")\nx.to(parser.parse_args([]).device)', 1),
+    ('parser.add_argument("--backend", type=str, default="nccl")\n'
+     'dist.init_process_group(parser.parse_args([]).backend, rank=0, world_size=1, store=dist.HashStore())', 1),
 ]
 # What starter kits write that runs on a CPU (a warning from torch at most): never named.
 RUNS = [
@@ -144,6 +149,8 @@ RUNS = [
     "with torch.cuda.amp.autocast():\n    x + 1", 'scaler = torch.amp.GradScaler("cuda")',
     "next(iter(torch.utils.data.DataLoader(x, pin_memory=True)))",  # torch warns and does not pin
     "torch.empty(4, pin_memory=False)", "x.to(torch.float32)", 'torch.set_default_device("cpu")',
+    'note = "cuda:{} is busy".format(local_rank)', 'parser.add_argument("--device_type", default="cuda")',
+    'parser.add_argument("--device", default="cpu")', 'parser.add_argument("--backend", default="gloo")',
 ]
 
 
@@ -195,6 +202,15 @@ def test_a_rank_written_as_a_device_and_pinned_memory_are_named_with_their_fix()
     guarded = 'import torch\ncuda = torch.cuda.is_available()\nbuf = torch.empty(8, pin_memory=cuda)\n' \
               'if cuda:\n    model = GPT().to(local_rank)\n'
     assert screen_portability(guarded, "train.py", CPU_TRACK) == []
+
+
+def test_argparse_defaults_name_the_flag_and_keep_the_gpu_tracks_choice():
+    """A starter kit's `--device`/`--backend` defaults are what runs: the harness passes neither flag."""
+    source = ('p.add_argument("--device", type=str, default="cuda")\n'
+              'p.add_argument("--backend", default="nccl")\n')
+    found = {f.line: f.what.split(": ", 1)[1] for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {1: 'write default="cuda" if torch.cuda.is_available() else "cpu"',
+                     2: 'write add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")'}
 
 
 def test_an_unrecognised_guard_is_named():

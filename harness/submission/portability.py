@@ -10,9 +10,12 @@ such line with the edit that makes it run on both kinds of track. On a GPU track
 Reported, on a track whose device is not cuda, where no guard (below) surrounds them:
 - a literal "nccl" backend: `init_process_group("nccl")`, `backend="nccl"`, `backend = "nccl"`
   (or a config dataclass's `backend: str = "nccl"`);
-- a CUDA device literal ("cuda", "cuda:0", f"cuda:{rank}") used as a device: in `torch.device(...)`,
-  as `device=`, in `.to(...)`, or assigned, plainly or as a dataclass default (to any name but a
-  `..._type`: nanoGPT's `device_type` names autocast's device type, which only warns on a CPU);
+- a CUDA device literal ("cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % rank, "cuda:{}".format(rank))
+  used as a device: in `torch.device(...)`, as `device=`, in `.to(...)`, or assigned, plainly or as a
+  dataclass default (to any name but a `..._type`: nanoGPT's `device_type` names autocast's device
+  type, which only warns on a CPU);
+- an argparse `--device` default of "cuda" and `--backend` default of "nccl" (the harness passes
+  neither flag: the default is what runs);
 - a GPU's index used as a device: `.to(local_rank)`, `.to(0)`, `device=local_rank` (an int device is
   cuda:N), and `torch.set_default_device("cuda")`;
 - `.cuda()`, `device_ids=[...]` (a list or tuple written there), pinned memory (`.pin_memory()`,
@@ -36,6 +39,7 @@ from harness.submission.screen import Finding, dotted_name
 
 CATEGORY = "portability"
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?$")
+CUDA_TEMPLATE = re.compile(r"cuda:(%[dis]|\{\w*\})?$")
 # torch.cuda functions that raise on a CPU build of torch, each seen to raise there by
 # tests/test_screen_portability.py; manual_seed, empty_cache, device_count and the memory counters
 # (memory_allocated, max_memory_allocated) return quietly and are not listed.
@@ -51,6 +55,7 @@ CUDA_CALL_FIX = ('write .to(device), with device = torch.device("cuda", local_ra
                  'else torch.device("cpu")')
 DEVICE_IDS_FIX = "write device_ids=[local_rank] if torch.cuda.is_available() else None"
 INDEX_FIX = "an int device is a GPU's index: " + DEVICE_FIX
+ARGUMENT_DEVICE_FIX = 'write default="cuda" if torch.cuda.is_available() else "cpu"'
 DEFAULT_DEVICE_FIX = 'write torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")'
 RANK_NAME = re.compile(r"(^|_)rank$", re.IGNORECASE)  # local_rank, ddp_local_rank, RANK: an int
 
@@ -61,13 +66,23 @@ def portability_target(track: Any) -> dict:
 
 
 def _is_cuda_device(node: ast.AST) -> bool:
-    """"cuda", "cuda:0", f"cuda:{rank}": a literal naming a CUDA device."""
+    """"cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % rank, "cuda:{}".format(rank), "cuda:" + str(rank):
+    a literal naming a CUDA device, or built from one."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return bool(CUDA_DEVICE.match(node.value))
     if isinstance(node, ast.JoinedStr) and node.values:
         head = node.values[0]
         return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith("cuda:")
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
+        return _is_cuda_template(node.left)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        return _is_cuda_template(node.func.value)
     return False
+
+
+def _is_cuda_template(node: ast.AST) -> bool:
+    """"cuda:%d", "cuda:{}", "cuda:": the whole string is a device waiting for its index (not a message)."""
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(CUDA_TEMPLATE.match(node.value))
 
 
 def _is_str(node: ast.AST, value: str) -> bool:
@@ -89,6 +104,16 @@ def _assignment(node: ast.AST) -> tuple[list[str], ast.AST | None]:
     return [], None
 
 
+def _argument_default(node: ast.Call) -> tuple[str, ast.AST | None]:
+    """(the flag, its default) of `parser.add_argument("--device", default="cuda")`: the harness passes
+    no --device or --backend, so a starter kit's default is what runs; ("", None) otherwise."""
+    if not (isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+        return "", None
+    flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    default = next((k.value for k in node.keywords if k.arg == "default"), None)
+    return (flags[-1], default) if flags and default is not None else ("", None)
+
+
 def _backend_literal(node: ast.AST, backend: str) -> str:
     """What the line does, when `node` sets a literal `backend` ("nccl", "gloo"); "" otherwise."""
     if isinstance(node, ast.Call):
@@ -96,6 +121,9 @@ def _backend_literal(node: ast.AST, backend: str) -> str:
             return f'{dotted_name(node.func)}("{backend}")'
         if any(k.arg == "backend" and _is_str(k.value, backend) for k in node.keywords):
             return f'backend="{backend}"'
+        flag, default = _argument_default(node)
+        if "backend" in flag.lower() and default is not None and _is_str(default, backend):
+            return f'add_argument("{flag}", default="{backend}")'
     targets, value = _assignment(node)
     if value is not None and _is_str(value, backend) and any("backend" in t.lower() for t in targets):
         return f'{targets[0]} = "{backend}"'
@@ -138,6 +166,16 @@ def _device_argument(node: ast.Call) -> tuple[str, str]:
     return "", ""
 
 
+def _device_default(node: ast.Call) -> tuple[str, str]:
+    """(what, the fix) for `parser.add_argument("--device", default="cuda")`; ("", "") otherwise."""
+    flag, default = _argument_default(node)
+    if "device" not in flag.lower() or flag.replace("-", "_").endswith("_type"):
+        return "", ""  # `--device_type` is autocast's device type: it only warns on a CPU
+    if default is None or not _is_cuda_device(default):
+        return "", ""
+    return f'add_argument("{flag}", default="cuda...")', ARGUMENT_DEVICE_FIX
+
+
 def _gpu_only_call(node: ast.Call) -> tuple[str, str]:
     """(what, the fix) when a call itself needs a GPU (on a CPU build of torch it raises); ("", "") otherwise."""
     name = dotted_name(node.func)
@@ -161,7 +199,7 @@ def _gpu_only_call(node: ast.Call) -> tuple[str, str]:
 def _cuda_use(node: ast.AST) -> tuple[str, str]:
     """(what the line does, the fix) when `node` needs a GPU; ("", "") otherwise."""
     if isinstance(node, ast.Call):
-        for check in (_device_argument, _gpu_only_call):
+        for check in (_device_argument, _device_default, _gpu_only_call):
             what, fix = check(node)
             if what:
                 return what, fix
