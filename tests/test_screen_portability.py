@@ -92,7 +92,7 @@ class Trainer:
     assert screen_portability(guarded, "train.py", CPU_TRACK) == []
 
 
-def test_a_config_dataclasss_annotated_defaults_are_named_as_plain_assignments_are():
+def test_a_config_dataclass_default_is_named_as_a_plain_assignment_is():
     """Starter kits keep their set-up in a config dataclass: `device: str = "cuda"` is an annotated
     assignment, and crashes on a CPU track as `device = "cuda"` does; a `..._type` is still not a device."""
     source = '''from dataclasses import dataclass
