@@ -8,12 +8,16 @@ real entry point `harness check` (a warning naming file:line, never a rejection)
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 from conftest import FIXTURES, ROOT, TINY_TRACK, only_record
-from harness.submission.portability import screen_portability
+from harness.submission.portability import CUDA_ONLY_CALLS, DEVICE_FIX, screen_portability
 from harness.submission.screen import screen_folder, summarize
 
 CPU_TRACK = {"name": "local", "device": "cpu", "backend": "gloo"}
@@ -88,6 +92,127 @@ class Trainer:
     assert screen_portability(guarded, "train.py", CPU_TRACK) == []
 
 
+def test_a_config_dataclass_default_is_named_as_a_plain_assignment_is():
+    """Starter kits keep their set-up in a config dataclass: `device: str = "cuda"` is an annotated
+    assignment, and crashes on a CPU track as `device = "cuda"` does; a `..._type` is still not a device."""
+    source = '''from dataclasses import dataclass
+@dataclass
+class TrainConfig:
+    backend: str = "nccl"
+    device: str = "cuda"
+    device_type: str = "cuda"
+    local_device: str
+    dtype: str = "bfloat16"
+'''
+    found = {f.line: f.what for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {4: 'backend = "nccl" will not run on track local (cpu, gloo): '
+                        'write backend = "nccl" if torch.cuda.is_available() else "gloo"',
+                     5: 'device = "cuda..." will not run on track local (cpu, gloo): ' + DEVICE_FIX}
+    slow = screen_portability(source.replace('"nccl"', '"gloo"'), "train.py", GPU_TRACK)
+    assert [(f.line, f.what.split(" runs on")[0]) for f in slow] == [(4, 'backend = "gloo"')]
+
+
+# Every form the screen names, as (source, the line named), each run below on this CPU build of torch:
+# it must raise (the warning says "will not run"). `x`, `local_rank`, `args`, `parser`, `dist` are given.
+GLOO = "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
+CRASHES = [
+    ('dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('dist.init_process_group(backend="nccl", rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('backend = "nccl"\ndist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('backend: str = "nccl"\ndist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())', 1),
+    ('device = "cuda"\nx.to(device)', 1), ('device: str = "cuda"\nx.to(device)', 1),
+    ('device = f"cuda:{local_rank}"\nx.to(device)', 1), ('device = torch.device("cuda", local_rank)\nx.to(device)', 1),
+    ('x.to("cuda:0")', 1), ('torch.zeros(1, device="cuda")', 1), ("x.cuda()", 1),
+    (GLOO + "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[local_rank])", 2),
+    ("torch.cuda.set_device(local_rank)", 1), ("torch.cuda.synchronize()", 1), ("torch.cuda.current_device()", 1),
+    ("torch.cuda.Event(enable_timing=True)", 1), ("torch.cuda.Stream()", 1),
+    ("torch.cuda.reset_peak_memory_stats()", 1), ("torch.cuda.reset_max_memory_allocated()", 1),
+    ("torch.cuda.get_device_name(0)", 1), ("torch.cuda.get_device_properties(0)", 1),
+    ("torch.cuda.get_device_capability()", 1), ("torch.cuda.mem_get_info()", 1), ("torch.cuda.memory_summary()", 1),
+    ("torch.cuda.current_stream()", 1), ("torch.cuda.get_rng_state()", 1),
+    ("torch.cuda.set_per_process_memory_fraction(0.9)", 1),
+    ("x.to(local_rank)", 1), ("x.to(args.local_rank)", 1), ("x.to(0)", 1), ('x.to(int(os.environ["LOCAL_RANK"]))', 1),
+    ("torch.zeros(1, device=local_rank)", 1), ("x.pin_memory()", 1), ("torch.empty(4, pin_memory=True)", 1),
+    ('torch.set_default_device("cuda")\ntorch.zeros(1)', 1),
+    ('device = "cuda:%d" % local_rank\nx.to(device)', 1), ('device = "cuda:{}".format(local_rank)\nx.to(device)', 1),
+    ('device = "cuda:" + str(local_rank)\nx.to(device)', 1),
+    ('parser.add_argument("--device", default="cuda")\nx.to(parser.parse_args([]).device)', 1),
+    ('parser.add_argument("--backend", type=str, default="nccl")\n'
+     'dist.init_process_group(parser.parse_args([]).backend, rank=0, world_size=1, store=dist.HashStore())', 1),
+]
+# What starter kits write that runs on a CPU (a warning from torch at most): never named.
+RUNS = [
+    "torch.cuda.manual_seed(0)", "torch.cuda.manual_seed_all(0)", "torch.cuda.empty_cache()",
+    "torch.cuda.memory_allocated()", "torch.cuda.max_memory_allocated()", "torch.cuda.device_count()",
+    "torch.cuda.is_bf16_supported()", "torch.backends.cuda.matmul.allow_tf32 = True",
+    'device_type = "cuda"\nwith torch.autocast(device_type=device_type, dtype=torch.bfloat16):\n    x + 1',
+    "with torch.cuda.amp.autocast():\n    x + 1", 'scaler = torch.amp.GradScaler("cuda")',
+    "next(iter(torch.utils.data.DataLoader(x, pin_memory=True)))",  # torch warns and does not pin
+    "torch.empty(4, pin_memory=False)", "x.to(torch.float32)", 'torch.set_default_device("cpu")',
+    'note = "cuda:{} is busy".format(local_rank)', 'parser.add_argument("--device_type", default="cuda")',
+    'parser.add_argument("--device", default="cpu")', 'parser.add_argument("--backend", default="gloo")',
+]
+
+
+def _raised_on_this_torch(sources: list[str]) -> dict[str, str]:
+    """{source: the exception it raised, or ""}: each run in one child process on this torch, no GPU visible."""
+    program = """
+import argparse, json, os, sys, types, torch, torch.distributed as dist
+os.environ["LOCAL_RANK"] = "0"
+raised = {}
+for source in json.loads(sys.stdin.read()):
+    scope = {"torch": torch, "dist": dist, "os": os, "x": torch.zeros(2), "local_rank": 0,
+             "args": types.SimpleNamespace(local_rank=0), "parser": argparse.ArgumentParser()}
+    try:
+        exec(source, scope)
+        raised[source] = ""
+    except Exception as exc:
+        raised[source] = type(exc).__name__
+    finally:  # what one source sets up must not make the next one raise
+        torch.set_default_device(None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+print(json.dumps(raised))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", program], input=json.dumps(sources), text=True,
+                          capture_output=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_every_form_named_raises_on_a_cpu_build_of_torch_and_what_runs_there_is_not_named():
+    raised = _raised_on_this_torch([source for source, _ in CRASHES] + RUNS)
+    assert {source: raised[source] for source, _ in CRASHES if raised[source] in ("", "NameError", "SyntaxError")} == {}
+    assert {source: raised[source] for source in RUNS if raised[source]} == {}
+    named = {source: [f.line for f in screen_portability(source, "train.py", CPU_TRACK)] for source, _ in CRASHES}
+    assert {source: lines for source, lines in named.items() if lines != [dict(CRASHES)[source]]} == {}
+    assert [source for source in RUNS if screen_portability(source, "train.py", CPU_TRACK)] == []
+    run_here = {source.split("(")[0].removeprefix("torch.cuda.") for source, _ in CRASHES
+                if source.startswith("torch.cuda.")}
+    assert CUDA_ONLY_CALLS == run_here  # every torch.cuda call the screen names was seen to raise here
+
+
+def test_a_rank_written_as_a_device_and_pinned_memory_are_named_with_their_fix():
+    source = 'import torch\nmodel = GPT().to(local_rank)\nbuf = torch.empty(8, pin_memory=True)\n'
+    found = {f.line: f.what for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {2: ".to(local_rank) will not run on track local (cpu, gloo): an int device is a GPU's index: "
+                        + DEVICE_FIX,
+                     3: "pin_memory=True will not run on track local (cpu, gloo): "
+                        "write pin_memory=torch.cuda.is_available()"}
+    guarded = 'import torch\ncuda = torch.cuda.is_available()\nbuf = torch.empty(8, pin_memory=cuda)\n' \
+              'if cuda:\n    model = GPT().to(local_rank)\n'
+    assert screen_portability(guarded, "train.py", CPU_TRACK) == []
+
+
+def test_argparse_defaults_name_the_flag_and_keep_the_gpu_tracks_choice():
+    """A starter kit's `--device`/`--backend` defaults are what runs: the harness passes neither flag."""
+    source = ('p.add_argument("--device", type=str, default="cuda")\n'
+              'p.add_argument("--backend", default="nccl")\n')
+    found = {f.line: f.what.split(": ", 1)[1] for f in screen_portability(source, "train.py", CPU_TRACK)}
+    assert found == {1: 'write default="cuda" if torch.cuda.is_available() else "cpu"',
+                     2: 'write add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")'}
+
+
 def test_an_unrecognised_guard_is_named():
     """The guard detection is simple: `if args.gpu:` is not one, and the line inside is named (a warning)."""
     source = 'import torch\nif args.gpu:\n    torch.cuda.set_device(0)\n'
@@ -151,12 +276,32 @@ def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, 
 
 
 def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path):
-    folder, warning, _ = _starter_copy(tmp_path)
+    """The record splits the screen as `harness check` does (run.json holds record.extra's keys at its top
+    level): the reviewer's list without the lines the team must fix, those apart, each a warning, shown on
+    stderr as the run starts."""
+    folder, warning, line = _starter_copy(tmp_path)
+    warning = warning.format(track="tiny")
     result = cli("run", str(folder), "--track", str(TINY_TRACK))
     assert result.code == 1, result.text
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "crashed" and "NCCL" in record["reason"]  # what the warning foretold
-    assert warning.format(track="tiny") in record["warnings"]
+    assert record["warnings"].count(warning) == 1
+    assert [(f["file"], f["line"]) for f in record["portability"]] == [("train.py", line)]
+    assert all(f["category"] != "portability" for f in record["screen"])
+    assert f"warning: {warning}\n" in result.err
+
+
+def test_the_two_screens_read_names_through_one_public_helper():
+    """portability.py reads `torch.cuda.set_device` as screen.py does, through a helper screen.py
+    offers for it: a private name imported across modules breaks silently when its owner changes it."""
+    from harness.submission.screen import dotted_name
+
+    tree = ast.parse((ROOT / "harness" / "submission" / "portability.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("harness") for alias in node.names}
+    assert "dotted_name" in imported and not [name for name in imported if name.startswith("_")]
+    assert dotted_name(ast.parse("torch.cuda.set_device", mode="eval").body) == "torch.cuda.set_device"
+    assert dotted_name(ast.parse("GPT().to", mode="eval").body) == "to"  # a call's result has no name
 
 
 def test_the_two_edits_in_the_docs_pass_the_screen():

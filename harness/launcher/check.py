@@ -20,7 +20,7 @@ from harness.launcher.phases import run_preflight
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
 from harness.submission.printable import printable
-from harness.submission.portability import CATEGORY as PORTABILITY, portability_target, warning_lines
+from harness.submission.portability import portability_target, split_screen, warning_lines
 from harness.tracks.spec import Track, load_track
 
 
@@ -75,9 +75,7 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
         p["file"] = relative_paths(p.get("file", ""), [folder]) or "."
         p["problem"] = relative_paths(p.get("problem", ""), [folder])
     # Lines that will not run on the track's device: for the team to fix, not for a reviewer to read.
-    screen = report.get("screen", [])
-    report["screen"] = [f for f in screen if f["category"] != PORTABILITY]
-    report["portability"] = [f for f in screen if f["category"] == PORTABILITY]
+    report["screen"], report["portability"] = split_screen(report.get("screen", []))
     warnings = [relative_paths(str(w), [folder]) for w in report.get("warnings", [])]
     warnings += warning_lines(report["portability"])
     report["warnings"] = warnings

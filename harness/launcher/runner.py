@@ -60,6 +60,7 @@ from harness.submission.contract import (
 )
 from harness.submission.files import weight_like_files
 from harness.submission.open_division import OPEN, division_of, read_open_spec
+from harness.submission.portability import split_screen, warning_lines as portability_warnings
 from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
 
@@ -244,10 +245,11 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                protected=protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
     reporter.end_progress()
     record.timings["preflight_s"] = time.monotonic() - t_begin
-    record.extra["screen"] = report.get("screen", [])  # what a reviewer should read, whatever the outcome
+    # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
+    record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
     record.sandbox["check"] = report.get("sandbox") or {}
     record.warnings += screen_warnings(record.extra["screen"])
-    for warning in report.get("warnings", []):
+    for warning in [*portability_warnings(record.extra["portability"]), *report.get("warnings", [])]:
         warning = relative_paths(str(warning), copies)  # the team's files as it names them
         record.warnings.append(warning)
         reporter.info(f"warning: {warning}")

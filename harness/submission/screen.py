@@ -62,11 +62,13 @@ class Finding:
     code: str
 
 
-def _dotted(node: ast.AST) -> str:
+def dotted_name(node: ast.AST) -> str:
+    """`torch.cuda.set_device` as written; "" for what has no name (a call's result, a subscript).
+    Both screens read names this way (portability.py too)."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
+        base = dotted_name(node.value)
         return f"{base}.{node.attr}" if base else node.attr
     return ""
 
@@ -98,7 +100,7 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = _dotted(node.func)
+        name = dotted_name(node.func)
         if name in CALLS:
             self.add(node, CALLS[name], f"calls {name}()")
         elif name.startswith(("os.exec", "os.spawn", "subprocess.")):
@@ -109,7 +111,7 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if _dotted(node) == "os.environ":
+        if dotted_name(node) == "os.environ":
             self.add(node, "environment", "reads os.environ")
         if node.attr in FRAME_ATTRIBUTES:
             self.add(node, "introspection", f"reads .{node.attr}")
@@ -117,9 +119,9 @@ class _Visitor(ast.NodeVisitor):
 
     def _assigned(self, target: ast.AST, node: ast.AST) -> None:
         if isinstance(target, ast.Attribute):
-            root = _dotted(target).split(".")[0]
+            root = dotted_name(target).split(".")[0]
             if root in PATCHABLE or root in self.imported:
-                self.add(node, "patching", f"assigns {_dotted(target)} (an attribute of a module it imports)")
+                self.add(node, "patching", f"assigns {dotted_name(target)} (an attribute of a module it imports)")
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
