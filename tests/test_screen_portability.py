@@ -313,3 +313,15 @@ def test_the_two_edits_in_the_docs_pass_the_screen():
     script = f"import os, torch\nimport torch.distributed as dist\n{code}"
     assert screen_portability(script, "train.py", CPU_TRACK) == []
     assert "harness check submissions/<you> --track local" in section.split("**The arguments")[0]
+
+
+def test_a_guard_passed_along_a_long_chain_of_names_is_still_a_guard():
+    # Guard names follow assignments to any depth (a worklist, linear in the file: the fixed point it
+    # replaces recomputed every assignment per round, 9 s for this file on the CI machine).
+    from harness.submission.portability import screen_portability
+
+    chain = "".join(f"a{i + 1} = a{i}\n" for i in range(2000))
+    source = f"import torch\na0 = torch.cuda.is_available()\n{chain}if a2000:\n    torch.cuda.set_device(0)\n" \
+             "torch.cuda.set_device(1)\n"
+    found = screen_portability(source, "train.py", {"name": "local", "device": "cpu", "backend": "gloo"})
+    assert [f.line for f in found] == [2005]  # the unguarded call only

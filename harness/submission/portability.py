@@ -225,14 +225,27 @@ def _mentions(node: ast.AST, names: set[str], strings: set[str] = GUARD_STRINGS)
 def _guard_names(tree: ast.AST) -> set[str]:
     """Names assigned from an expression that mentions `is_available` (or another such name), in any
     scope of the file: `cuda = torch.cuda.is_available()` makes `if cuda:` a guard."""
-    assigns = [_assignment(n) for n in ast.walk(tree)]
-    assigns = [(targets, value) for targets, value in assigns if value is not None]
-    names: set[str] = set()
-    while True:  # to a fixed point: `use_gpu = cuda and not args.cpu` is a guard name too
-        found = {t for targets, value in assigns if _mentions(value, names, strings=set()) for t in targets if t}
-        if found <= names:
-            return names
-        names |= found
+    # One pass over each value, then a worklist along "mentions" (`use_gpu = cuda and not args.cpu` is a
+    # guard name too): linear in the file, where a fixed point recomputed per round was quadratic in a
+    # chain of assignments (a 2,000-line chain took 9 s of the check's time).
+    seeds: set[str] = set()
+    users: dict[str, set[str]] = {}  # a name -> the names assigned from a value that mentions it
+    for targets, value in (_assignment(n) for n in ast.walk(tree)):
+        if value is None:
+            continue
+        targets = [t for t in targets if t]
+        mentioned = {dotted_name(sub) for sub in ast.walk(value) if isinstance(sub, (ast.Name, ast.Attribute))}
+        if any(name.split(".")[-1] == "is_available" for name in mentioned):
+            seeds.update(targets)
+        for name in mentioned:
+            users.setdefault(name, set()).update(targets)
+    names, todo = set(seeds), list(seeds)
+    while todo:
+        for user in users.get(todo.pop(), ()):
+            if user not in names:
+                names.add(user)
+                todo.append(user)
+    return names
 
 
 def _unguarded(tree: ast.AST, names: set[str]):
