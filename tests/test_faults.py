@@ -271,14 +271,14 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, 
             if not any(_alive(r) for r in ranks):
                 gone_s = time.monotonic() - sent
             time.sleep(0.05)
-        _, err = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=60)
         # SIGTERM (ignored), then SIGKILL once shutdown_timeout_s has passed; 3x that is headroom for load.
         assert gone_s is not None and gone_s < 3 * shutdown, f"the ranks outlived the teardown ({gone_s})"
         assert time.monotonic() - sent < 10 * shutdown + 30  # teardown, the record, the leaderboard
         assert proc.returncode == 1
         _, record = only_record(tmp_path / "runs")
         assert record["status"] == "aborted" and sig.name in record["reason"]
-        assert "status     aborted" in err
+        assert "status     aborted" in out  # the summary is the result: stdout
         # The ranks were told to stop, said no, and were killed once the shutdown timeout had passed.
         assert "STUBBORN: SIGTERM received, ignored" in (run_dir / "logs" / last).read_text()
         assert shutdown <= record["timings"]["kill_latency_s"] < 3 * shutdown

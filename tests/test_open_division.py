@@ -97,7 +97,8 @@ def test_team_checkpoints_are_normalised_and_bad_ones_named(tmp_path):
     found = normalize_team_checkpoint(tmp_path / "a.pt", tmp_path / "b.pt")
     saved = torch.load(tmp_path / "b.pt", weights_only=True)
     assert list(saved["model"]) == ["table.weight"] and torch.equal(saved["model"]["table.weight"], w)
-    assert found == {"step": 5, "params": 9, "config": {"vocab_size": 3}, "prefixes_removed": True}
+    assert found == {"step": 5, "params": 9, "config": {"vocab_size": 3}, "prefixes_removed": True,
+                     "tensors": {"table.weight": [0, 9]}}
     torch.save({"weights": {}}, tmp_path / "c.pt")
     with pytest.raises(CheckpointError, match=r"must be a dict with a 'model' state dict.*got \['weights'\]"):
         normalize_team_checkpoint(tmp_path / "c.pt", tmp_path / "d.pt")

@@ -302,9 +302,12 @@ def main(argv: list[str]) -> None:
             report = run_checks(request)
     except BaseException as exc:
         report = {"ok": False, "problems": [_problem(exc, request.get("submission_dir", ""))]}
-    for problem in report["problems"]:  # the log says what the report says, with the traceback where there is one
-        print(f"{problem.get('file')}: {problem.get('problem')}", problem.get("traceback", ""), sep="\n",
-              file=sys.stderr, flush=True)
+    try:  # the log says what the report says, with the traceback where there is one
+        for problem in report["problems"]:
+            print(f"{problem.get('file')}: {problem.get('problem')}", problem.get("traceback", ""), sep="\n",
+                  file=sys.stderr, flush=True)
+    except OSError:  # a log at its cap ("File too large", what a flooding model causes): the report still goes
+        pass
     report["sandbox"] = box.to_dict()  # the launcher takes the pipe's copy; this one is for a reader of the file
     Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
     sys.stdout.flush()
