@@ -74,7 +74,11 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
     rec_a, rec_b = records["gated_eval"][1], records["ok_bigram"][1]
     assert rec_a["status"] == "ok" and rec_a["val_loss"] is not None and rec_a["ended_at"]
     assert rec_b["status"] == "ok" and rec_b["val_loss"] is not None
-    assert not rec_a["flagged"] and not rec_b["flagged"], (rec_a["flag_reason"], rec_b["flag_reason"])
+    assert not rec_b["flagged"], rec_b["flag_reason"]  # B's guard took A's final record for no tampering
+    # A's gate holds its first scoring batch until B trains: on a loaded machine longer than the slow-batch
+    # bound (5 s), which is rightly flagged as work in evaluation; no other reason may flag A.
+    assert not rec_a["flagged"] or rec_a["flag_reason"].startswith(
+        "evaluation: the scoring model process took"), rec_a["flag_reason"]
 
 
 def _read(path) -> str:
