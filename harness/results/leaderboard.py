@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.results.records import read_record_json, upgrade_record
+from harness.results.records import field_kinds, read_record_json, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
 # One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
@@ -42,10 +42,17 @@ STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "f
                 UNREADABLE]
 METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s",
                   "startup_s"]
+# The record fields the views read: a choice among the schema's (records.RunRecord), whose types are declared
+# there alone and checked here from that declaration (field_problem).
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
           "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
           "throughput_source"]
+KINDS = field_kinds()
+NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
+TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
+FLAG_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "flag")
+OBJECT_FIELDS = tuple(k for k in (*FIELDS, "track") if KINDS[k] == "object")  # the track: its ranking rule, bound
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -72,12 +79,6 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
     return rows
 
 
-NUMBER_FIELDS = ("val_loss", "loss_floor", "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens",
-                 "steps", "train_time_s", "startup_s", "seed", "world_size", "nproc_per_node", "nnodes")
-TEXT_FIELDS = ("run_id", "team", "track_name", "reason", "flag_reason", "submission_sha256", "started_at",
-               "precision", "device_name", "torch_version", "division", "throughput_source")
-
-
 def field_problem(raw: dict[str, Any]) -> str:
     """"" when every field the views read has its type (numbers are numbers, the status is a status),
     else the first that does not: a record is written by the launcher, but a figure in it may have come
@@ -98,10 +99,10 @@ def field_problem(raw: dict[str, Any]) -> str:
         v = raw.get(key)
         if v is not None and not isinstance(v, str):
             return f"field {key} is a {type(v).__name__}, not a string"
-    for key in ("official", "flagged"):
+    for key in FLAG_FIELDS:
         if not isinstance(raw.get(key, False), bool):
             return f"field {key} is not true or false"
-    for key in ("machine", "versions", "track"):
+    for key in OBJECT_FIELDS:
         if raw.get(key) is not None and not isinstance(raw.get(key), dict):
             return f"field {key} is not an object"
     return ""
