@@ -1,8 +1,9 @@
 """The ranking: derived from run records alone, rebuildable at any time.
 
 Rules (docs/leaderboard.md):
-- A team's entry is its latest submission (the submission_sha256 of its newest run); runs of
-  earlier versions do not count.
+- A team's entry is its latest submission (the submission_sha256 of its newest run that the team
+  answers for: a final status other than `aborted`); runs of earlier versions do not count. A run in
+  progress (or left so by a killed launcher) or aborted never chooses it: it is said in the entry's reason.
 - Ranked: teams with at least one official, unflagged `ok` run of that submission, by
   validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
   t interval) or the best run (`ranking = "best"`).
@@ -53,6 +54,11 @@ NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
 FLAG_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "flag")
 OBJECT_FIELDS = tuple(k for k in (*FIELDS, "track") if KINDS[k] == "object")  # the track: its ranking rule, bound
+# Final statuses a team answers for: its code got there. `aborted` is the launcher stopped (a person, a signal, a
+# node without the sandbox the track requires); `running` and `evaluating` are in progress, or a launcher killed
+# before it could finish (SIGKILL, a lost node). Neither may choose a team's submission: the infrastructure's
+# accidents must never take a team off the ranking.
+ANSWERABLE = ("ok", "timeout", "crashed", "invalid", "diverged")
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -127,8 +133,14 @@ def scored(row: dict) -> bool:
     return _effective_status(row) == "ok" and is_finite(row.get("val_loss"))
 
 
-def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
-    """Per team, the runs of its latest submission (newest run's submission_sha256)."""
+def _newest(row: dict) -> tuple[str, str]:
+    return row.get("started_at") or "", row["run_id"]
+
+
+def team_runs(rows: Iterable[dict]) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per team: the runs of its latest submission (the submission_sha256 of its newest run with an ANSWERABLE
+    status; of its newest run when it has none), and its runs newer than that one that could not choose it (in
+    progress, or aborted), oldest first: shown on the entry, never counted."""
     by_team: dict[str, list[dict]] = {}
     for row in rows:
         by_team.setdefault(row["team"], []).append(row)
@@ -137,12 +149,29 @@ def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
         unreadable = [r for r in runs if r.get("status") == UNREADABLE]  # of no known submission: always kept
         readable = [r for r in runs if r.get("status") != UNREADABLE]
         if not readable:
-            out[team] = unreadable
+            out[team] = (unreadable, [])
             continue
-        latest = max(readable, key=lambda r: (r.get("started_at") or "", r["run_id"]))
+        latest = max([r for r in readable if r.get("status") in ANSWERABLE] or readable, key=_newest)
+        later = sorted((r for r in readable if r.get("status") not in ANSWERABLE and _newest(r) > _newest(latest)),
+                       key=_newest)
         sha = latest.get("submission_sha256")
-        out[team] = ([r for r in readable if r.get("submission_sha256") == sha] if sha else [latest]) + unreadable
+        shown_apart = {id(r) for r in later}
+        chosen = ([r for r in readable if r.get("submission_sha256") == sha and id(r) not in shown_apart] if sha
+                  else [latest])
+        out[team] = (chosen + unreadable, later)
     return out
+
+
+def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per team, the runs of its latest submission (team_runs)."""
+    return {team: runs for team, (runs, _later) in team_runs(rows).items()}
+
+
+def _pending_note(row: dict) -> str:
+    """A run that could not choose the submission, as the entry says it."""
+    if row.get("status") == "aborted":
+        return f"run {row['run_id']} aborted ({row.get('reason') or 'no reason given'}): not counted"
+    return f"run {row['run_id']} {row.get('status')} since {row.get('started_at') or '?'}: not counted until it ends"
 
 
 def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: bool = False,
@@ -155,13 +184,15 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
         raise ValueError(f"divisions must be 'together' or 'separate', got {divisions!r}")
     eligible = [r for r in rows if r.get("official") or include_unofficial]
     ranked, unranked = [], []
-    for team, runs in current_runs(eligible).items():
+    for team, (runs, later) in team_runs(eligible).items():
         ok = [r for r in runs if scored(r)]
         entry = _ranked_entry(team, ok, ranking) if ok else _unranked_entry(team, runs)
         (ranked if ok else unranked).append(entry)
-        lost = [r["reason"] for r in runs if r.get("status") == UNREADABLE]
-        if lost and entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
-            entry["reason"] = "; ".join([entry["reason"], *lost] if entry["reason"] else lost)
+        notes = [_pending_note(r) for r in later]
+        if entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
+            notes += [r["reason"] for r in runs if r.get("status") == UNREADABLE]
+        if notes:
+            entry["reason"] = "; ".join([entry["reason"], *notes] if entry["reason"] else notes)
     groups: dict[str, list[dict]] = {}
     for entry in ranked:
         groups.setdefault(entry["division"] if divisions == "separate" else "", []).append(entry)
@@ -206,6 +237,8 @@ def _unranked_entry(team: str, runs: list[dict]) -> dict:
     best = min(runs, key=lambda r: STATUS_ORDER.index(_effective_status(r)) if _effective_status(r) in STATUS_ORDER else 99)
     status = _effective_status(best)
     reason = best.get("flag_reason") if status == "flagged" else best.get("reason")
+    if status in ("running", "evaluating") and not reason:  # how a record its launcher never finished is seen
+        reason = f"since {best.get('started_at') or '?'}"
     return {"team": team, "division": _division(runs), "n_runs": len(runs), "status": status, "reason": reason or "",
             "run_id": best["run_id"],
             "submission_sha256": (best.get("submission_sha256") or "")[:12],
