@@ -270,3 +270,30 @@ def test_a_team_whose_only_run_is_in_progress_is_listed_as_not_finished_since_it
     t = table(tmp_path)
     assert list(t["team"]) == ["alpha", "zulu"] and t["rank"].isna()[1]
     assert t.loc[1, "status"] == "running" and t.loc[1, "reason"] == "since 2026-11-29T09:30:00Z"
+
+
+@pytest.mark.parametrize("field, official, other, counted", [
+    ("budget_s", 30.0, 10.0, "a 10s budget at world size 2"),
+    ("world_size", 2, 4, "a 30s budget at world size 4"),
+    ("max_steps", 0, 200, "--max-steps 200 at world size 2"),
+])
+def test_all_never_averages_runs_of_different_setups(tmp_path, field, official, other, counted):
+    """`--all` adds a team's unofficial runs: made with another budget, world size or step bound, their losses are
+    of another kind, and a mean of both kinds is the figure of no run. The newest run's setup is counted, the rest
+    is named in the reason, and the charts are drawn from the same runs."""
+    base = {"budget_s": 30.0, "world_size": 2, "max_steps": 0}
+    for seed, v in ((1, 2.00), (2, 2.02)):
+        make_run(tmp_path, "alpha", v, seed=seed, started_at=f"2026-11-29T10:0{seed}:00Z", **{**base, field: official})
+    for seed, v in ((3, 3.00), (4, 3.10)):  # later, with an override (unofficial)
+        make_run(tmp_path, "alpha", v, seed=seed, official=False, started_at=f"2026-11-29T11:0{seed}:00Z",
+                 **{**base, field: other})
+    t = table(tmp_path)
+    assert t.loc[0, "n_runs"] == 2 and t.loc[0, "val_loss"] == pytest.approx(2.01) and t.loc[0, "reason"] == ""
+    every = table(tmp_path, include_unofficial=True)
+    assert every.loc[0, "n_runs"] == 2 and every.loc[0, "val_loss"] == pytest.approx(3.05)
+    assert every.loc[0, "reason"] == (f"counted: 2 ok run(s) with {counted} (its newest run's setup); "
+                                      "left out: 2 with a 30s budget at world size 2")
+    from harness.results.leaderboard import counted_runs
+
+    charted = counted_runs(load_rows(tmp_path, "local"))["alpha"]
+    assert sorted(r["val_loss"] for r in charted) == [3.00, 3.10]

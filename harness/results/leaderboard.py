@@ -6,7 +6,8 @@ Rules (docs/leaderboard.md):
   progress (or left so by a killed launcher) or aborted never chooses it: it is said in the entry's reason.
 - Ranked: teams with at least one official, unflagged `ok` run of that submission, by
   validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
-  t interval) or the best run (`ranking = "best"`).
+  t interval) or the best run (`ranking = "best"`). Only runs of one setup (budget or step bound, world
+  size) are counted: those made as the newest of them was; the others are named in the reason.
 - Each ranked team is tested against the next with a test that matches the rule (Welch's t-test
   for `mean`, a permutation test on the best runs for `best`): `vs_next` is ahead, tied (p >= 0.05)
   or undetermined (fewer than 2 runs on a side); tied and undetermined pairs are marked, never
@@ -48,7 +49,7 @@ METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "t
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
           "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
-          "throughput_source"]
+          "throughput_source", "budget_s"]
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
@@ -80,6 +81,8 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["run_dir"] = str(path.parent)
         row["ranking"] = (raw.get("track") or {}).get("ranking")
         row["divisions"] = (raw.get("track") or {}).get("divisions")
+        bound = (raw.get("track") or {}).get("max_steps")  # absent from records made before --max-steps: 0, the budget
+        row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
         row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows
@@ -167,6 +170,40 @@ def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
     return {team: runs for team, (runs, _later) in team_runs(rows).items()}
 
 
+def setup_of(row: dict) -> tuple:
+    """What makes two runs' figures of one kind: the bound (steps, or else the time budget) and the world size
+    (the tokens a step sees). A mean over runs of other lengths or batches is the figure of no run."""
+    return row.get("max_steps") or 0, None if row.get("max_steps") else row.get("budget_s"), row.get("world_size")
+
+
+def one_setup(ok: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The runs made as the newest of them was, and the others (left out, never averaged in)."""
+    if not ok:
+        return [], []
+    newest = setup_of(max(ok, key=_newest))
+    return [r for r in ok if setup_of(r) == newest], [r for r in ok if setup_of(r) != newest]
+
+
+def counted_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per team, the runs its entry is computed from: scored runs of its latest submission, of one setup."""
+    return {team: one_setup([r for r in runs if scored(r)])[0] for team, runs in current_runs(rows).items()}
+
+
+def _setup_phrase(setup: tuple) -> str:
+    steps, budget_s, world_size = setup
+    bound = f"--max-steps {steps}" if steps else ("a budget of ?" if budget_s is None else f"a {budget_s:g}s budget")
+    return f"{bound} at world size {'?' if world_size is None else world_size}"
+
+
+def _left_out_note(kept: list[dict], left: list[dict]) -> str:
+    counts: dict[tuple, int] = {}
+    for r in left:
+        counts[setup_of(r)] = counts.get(setup_of(r), 0) + 1
+    others = "; ".join(f"{n} with {_setup_phrase(setup)}" for setup, n in counts.items())
+    return (f"counted: {len(kept)} ok run(s) with {_setup_phrase(setup_of(kept[0]))} (its newest run's setup); "
+            f"left out: {others}")
+
+
 def _pending_note(row: dict) -> str:
     """A run that could not choose the submission, as the entry says it."""
     if row.get("status") == "aborted":
@@ -185,10 +222,11 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
     eligible = [r for r in rows if r.get("official") or include_unofficial]
     ranked, unranked = [], []
     for team, (runs, later) in team_runs(eligible).items():
-        ok = [r for r in runs if scored(r)]
+        ok, left = one_setup([r for r in runs if scored(r)])
         entry = _ranked_entry(team, ok, ranking) if ok else _unranked_entry(team, runs)
         (ranked if ok else unranked).append(entry)
-        notes = [_pending_note(r) for r in later]
+        notes = [_left_out_note(ok, left)] if left else []
+        notes += [_pending_note(r) for r in later]
         if entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
             notes += [r["reason"] for r in runs if r.get("status") == UNREADABLE]
         if notes:
