@@ -380,6 +380,27 @@ def unflag(run, runs_dir, wait):
     _flag_command(run, runs_dir, False, "", wait)
 
 
+@main.command()
+@click.argument("run")
+@click.option("--reason", default="", help="Why (the record's reason: 'finalized by the organiser: REASON').")
+@click.option("--force", is_flag=True,
+              help="Finalize when this host cannot tell that the launcher is gone (another host, no pid recorded).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard afterwards.")
+def finalize(run, reason, force, runs_dir, no_leaderboard):
+    """End RUN (a run id or directory), left `running` or `evaluating` by a launcher that is gone, as `aborted`."""
+    from harness.results.finalize import FinalizeRefused, finalize_run
+    from harness.results.records import runs_root
+
+    try:
+        record, run_dir = finalize_run(runs_root(runs_dir), run, reason=reason, force=force)
+    except (OSError, ValueError, FinalizeRefused) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo(f"finalized {record.team}/{record.run_id} as aborted ({run_dir}): {record.reason}")
+    if not no_leaderboard:  # the tree the record is in, even when named by a path outside --runs-dir
+        _refresh_leaderboard(str(run_dir.resolve().parents[2]), record.track_name, _plain_reporter())
+
+
 
 @main.command("check")
 @click.argument("submission")

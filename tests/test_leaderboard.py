@@ -227,3 +227,73 @@ def test_compare_works_across_divisions(tmp_path, cli):
     result = cli("compare", "fixed-a", "open-b", "--runs-dir", str(runs))
     assert result.code == 0, result.text
     assert "fixed-a" in result.out and "open-b" in result.out and "significant" in result.out.lower()
+
+
+@pytest.mark.parametrize("status, sha, flagged", [
+    ("running", "2" * 64, False),  # a new submission's first run, its launcher SIGKILLed
+    ("running", None, False),  # killed before the submission was even hashed
+    ("evaluating", "2" * 64, True),  # flagging the stuck record once did not help either
+    ("aborted", "2" * 64, False),  # the launcher stopped: scancel, Ctrl-C, a node without the required sandbox
+])
+def test_a_newer_run_in_progress_or_aborted_never_unranks_a_team(tmp_path, status, sha, flagged):
+    """Issue 24: a team ranked #1 on two ok runs became 'running, unranked' once its newest record was left
+    `running` by a launcher killed with SIGKILL. Only a final run the team answers for chooses its submission;
+    the newer run is said on its entry, and `harness compare` finds the same runs."""
+    from harness.results.compare import resolve_side
+
+    for seed, v in ((1, 2.00), (2, 2.02)):
+        make_run(tmp_path, "alpha", v, seed=seed, sha="1" * 64, started_at=f"2026-11-29T10:0{seed}:00Z")
+    for seed, v in ((1, 2.50), (2, 2.52)):
+        make_run(tmp_path, "bravo", v, seed=seed)
+    newer = make_run(tmp_path, "alpha", None, status=status, sha=sha, seed=3, flagged=flagged,
+                     flag_reason="clock disagreed" if flagged else "", started_at="2026-11-29T11:00:00Z",
+                     reason="stopped by SIGTERM" if status == "aborted" else "")
+    t = table(tmp_path)
+    assert list(t["team"]) == ["alpha", "bravo"] and list(t["rank"]) == [1, 2]
+    assert t.loc[0, "status"] == "ok" and t.loc[0, "n_runs"] == 2 and t.loc[0, "val_loss"] == pytest.approx(2.01)
+    assert f"run {newer.name} {status}" in t.loc[0, "reason"] and "not counted" in t.loc[0, "reason"]
+    assert len(resolve_side("alpha", tmp_path, "local", False).runs) == 2
+
+
+def test_a_newer_run_the_team_answers_for_still_replaces_its_submission(tmp_path):
+    """The other side of the rule: a crash of a new submission is the team's, and it is what the team now has."""
+    make_run(tmp_path, "alpha", 2.0, sha="1" * 64, started_at="2026-11-29T10:00:00Z")
+    make_run(tmp_path, "alpha", None, status="crashed", reason="rank 0: boom", sha="2" * 64, seed=2,
+             started_at="2026-11-29T11:00:00Z")
+    t = table(tmp_path)
+    assert t.loc[0, "status"] == "crashed" and t["rank"].isna().all() and t.loc[0, "reason"] == "rank 0: boom"
+
+
+def test_a_team_whose_only_run_is_in_progress_is_listed_as_not_finished_since_its_start(tmp_path):
+    make_run(tmp_path, "alpha", 2.0)
+    make_run(tmp_path, "zulu", None, status="running", started_at="2026-11-29T09:30:00Z")
+    t = table(tmp_path)
+    assert list(t["team"]) == ["alpha", "zulu"] and t["rank"].isna()[1]
+    assert t.loc[1, "status"] == "running" and t.loc[1, "reason"] == "since 2026-11-29T09:30:00Z"
+
+
+@pytest.mark.parametrize("field, official, other, counted", [
+    ("budget_s", 30.0, 10.0, "a 10s budget at world size 2"),
+    ("world_size", 2, 4, "a 30s budget at world size 4"),
+    ("max_steps", 0, 200, "--max-steps 200 at world size 2"),
+])
+def test_all_never_averages_runs_of_different_setups(tmp_path, field, official, other, counted):
+    """`--all` adds a team's unofficial runs: made with another budget, world size or step bound, their losses are
+    of another kind, and a mean of both kinds is the figure of no run. The newest run's setup is counted, the rest
+    is named in the reason, and the charts are drawn from the same runs."""
+    base = {"budget_s": 30.0, "world_size": 2, "max_steps": 0}
+    for seed, v in ((1, 2.00), (2, 2.02)):
+        make_run(tmp_path, "alpha", v, seed=seed, started_at=f"2026-11-29T10:0{seed}:00Z", **{**base, field: official})
+    for seed, v in ((3, 3.00), (4, 3.10)):  # later, with an override (unofficial)
+        make_run(tmp_path, "alpha", v, seed=seed, official=False, started_at=f"2026-11-29T11:0{seed}:00Z",
+                 **{**base, field: other})
+    t = table(tmp_path)
+    assert t.loc[0, "n_runs"] == 2 and t.loc[0, "val_loss"] == pytest.approx(2.01) and t.loc[0, "reason"] == ""
+    every = table(tmp_path, include_unofficial=True)
+    assert every.loc[0, "n_runs"] == 2 and every.loc[0, "val_loss"] == pytest.approx(3.05)
+    assert every.loc[0, "reason"] == (f"counted: 2 ok run(s) with {counted} (its newest run's setup); "
+                                      "left out: 2 with a 30s budget at world size 2")
+    from harness.results.leaderboard import counted_runs
+
+    charted = counted_runs(load_rows(tmp_path, "local"))["alpha"]
+    assert sorted(r["val_loss"] for r in charted) == [3.00, 3.10]

@@ -104,3 +104,46 @@ def test_the_record_guard_neither_blocks_on_nor_trusts_what_a_team_planted_in_th
     assert not worker.is_alive(), "the guard blocked on a FIFO in the runs tree"
     assert done["report"].restored == [str((honest / "run.json").resolve())]
     assert load_record(honest).val_loss == 2.5 and done["clash"] is None
+
+
+def test_the_schema_declares_each_field_once_and_the_views_read_only_its_fields():
+    """A field declared twice in RunRecord silently keeps one comment and one default of the two (`warnings` was);
+    the leaderboard's field lists are read from the schema, so a field the views read must be declared there."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from harness.results import leaderboard, records
+
+    tree = ast.parse(Path(records.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunRecord")
+    names = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert names == [f.name for f in dataclasses.fields(RunRecord)]
+    kinds = records.field_kinds()
+    assert [k for k in (*leaderboard.FIELDS, "track") if k not in kinds] == []
+    assert {"val_loss", "params"} <= set(leaderboard.NUMBER_FIELDS) and "official" in leaderboard.FLAG_FIELDS
+    assert {"team", "reason"} <= set(leaderboard.TEXT_FIELDS) and "track" in leaderboard.OBJECT_FIELDS
+
+
+@pytest.mark.parametrize("old", [
+    {"schema_version": 1, "scaling_efficiency": 0.9, "scaling": {"comm_s": 0.01}},
+    {"schema_version": 2, "comm_overlap_efficiency": 0.9, "comm_probe": {"comm_s": 0.01}},
+])
+def test_an_upgraded_old_record_says_the_schema_it_now_follows(tmp_path, old):
+    """Read, an old record is the current schema's, and says so; saved again (harness flag, harness finalize), the
+    file says so too. A record of a schema newer than this harness is left saying its own."""
+    from harness.results.records import SCHEMA_VERSION, upgrade_record
+
+    raw = {**RunRecord(run_id="r1", team="t", track_name="local", status="ok").to_dict(), **old}
+    for key in ("comm_overlap_efficiency", "comm_probe", "launcher_pid"):
+        if key not in old:
+            raw.pop(key, None)
+    (tmp_path / "run.json").write_text(json.dumps(raw))
+    record = load_record(tmp_path)
+    assert record.schema_version == SCHEMA_VERSION == 3
+    assert record.comm_overlap_efficiency == 0.9 and record.comm_probe == {"comm_s": 0.01}
+    assert record.launcher_pid is None and "scaling_efficiency" not in record.extra
+    save_record(tmp_path, record)
+    assert json.loads((tmp_path / "run.json").read_text())["schema_version"] == SCHEMA_VERSION
+    assert upgrade_record({"schema_version": SCHEMA_VERSION + 1})["schema_version"] == SCHEMA_VERSION + 1

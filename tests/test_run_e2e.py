@@ -13,7 +13,7 @@ REQUIRED = [
     "status", "reason", "val_loss", "loss_floor", "train_loss", "steps", "tokens", "budget_s", "train_time_s",
     "launcher_train_time_s", "tokens_per_s", "params", "seed", "world_size", "nnodes", "device_name",
     "torch_version", "submission_sha256", "data_fingerprint", "track", "overrides", "official",
-    "harness_version", "team", "run_id", "started_at", "ended_at",
+    "harness_version", "team", "run_id", "started_at", "ended_at", "hostname", "launcher_pid",
 ]
 
 

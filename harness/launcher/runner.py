@@ -113,7 +113,7 @@ def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, n
         official=resolved.official, overrides=resolved.overrides, track=track.to_dict(),
         budget_s=track.budget_s, seed=opts.seed, world_size=track.nnodes * nproc, nnodes=track.nnodes,
         nproc_per_node=nproc, python_version=platform.python_version(), harness_version=__version__,
-        machine=machine(), hostname=socket.gethostname(), command=opts.command,
+        machine=machine(), hostname=socket.gethostname(), launcher_pid=os.getpid(), command=opts.command,
     )
 
 

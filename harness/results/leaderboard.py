@@ -1,11 +1,13 @@
 """The ranking: derived from run records alone, rebuildable at any time.
 
 Rules (docs/leaderboard.md):
-- A team's entry is its latest submission (the submission_sha256 of its newest run); runs of
-  earlier versions do not count.
+- A team's entry is its latest submission (the submission_sha256 of its newest run that the team
+  answers for: a final status other than `aborted`); runs of earlier versions do not count. A run in
+  progress (or left so by a killed launcher) or aborted never chooses it: it is said in the entry's reason.
 - Ranked: teams with at least one official, unflagged `ok` run of that submission, by
   validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
-  t interval) or the best run (`ranking = "best"`).
+  t interval) or the best run (`ranking = "best"`). Only runs of one setup (budget or step bound, world
+  size) are counted: those made as the newest of them was; the others are named in the reason.
 - Each ranked team is tested against the next with a test that matches the rule (Welch's t-test
   for `mean`, a permutation test on the best runs for `best`): `vs_next` is ahead, tied (p >= 0.05)
   or undetermined (fewer than 2 runs on a side); tied and undetermined pairs are marked, never
@@ -23,7 +25,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.results.records import read_record_json, upgrade_record
+from harness.results.records import field_kinds, read_record_json, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
 
 # One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
@@ -42,10 +44,22 @@ STATUS_ORDER = ["ok", "timeout", "diverged", "crashed", "invalid", "aborted", "f
                 UNREADABLE]
 METRIC_COLUMNS = ["tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s",
                   "startup_s"]
+# The record fields the views read: a choice among the schema's (records.RunRecord), whose types are declared
+# there alone and checked here from that declaration (field_problem).
 FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagged", "flag_reason", "val_loss",
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
           "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
-          "throughput_source"]
+          "throughput_source", "budget_s"]
+KINDS = field_kinds()
+NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
+TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
+FLAG_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "flag")
+OBJECT_FIELDS = tuple(k for k in (*FIELDS, "track") if KINDS[k] == "object")  # the track: its ranking rule, bound
+# Final statuses a team answers for: its code got there. `aborted` is the launcher stopped (a person, a signal, a
+# node without the sandbox the track requires); `running` and `evaluating` are in progress, or a launcher killed
+# before it could finish (SIGKILL, a lost node). Neither may choose a team's submission: the infrastructure's
+# accidents must never take a team off the ranking.
+ANSWERABLE = ("ok", "timeout", "crashed", "invalid", "diverged")
 
 
 def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
@@ -67,15 +81,11 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["run_dir"] = str(path.parent)
         row["ranking"] = (raw.get("track") or {}).get("ranking")
         row["divisions"] = (raw.get("track") or {}).get("divisions")
+        bound = (raw.get("track") or {}).get("max_steps")  # absent from records made before --max-steps: 0, the budget
+        row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
         row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows
-
-
-NUMBER_FIELDS = ("val_loss", "loss_floor", "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens",
-                 "steps", "train_time_s", "startup_s", "seed", "world_size", "nproc_per_node", "nnodes")
-TEXT_FIELDS = ("run_id", "team", "track_name", "reason", "flag_reason", "submission_sha256", "started_at",
-               "precision", "device_name", "torch_version", "division", "throughput_source")
 
 
 def field_problem(raw: dict[str, Any]) -> str:
@@ -98,10 +108,10 @@ def field_problem(raw: dict[str, Any]) -> str:
         v = raw.get(key)
         if v is not None and not isinstance(v, str):
             return f"field {key} is a {type(v).__name__}, not a string"
-    for key in ("official", "flagged"):
+    for key in FLAG_FIELDS:
         if not isinstance(raw.get(key, False), bool):
             return f"field {key} is not true or false"
-    for key in ("machine", "versions", "track"):
+    for key in OBJECT_FIELDS:
         if raw.get(key) is not None and not isinstance(raw.get(key), dict):
             return f"field {key} is not an object"
     return ""
@@ -126,8 +136,14 @@ def scored(row: dict) -> bool:
     return _effective_status(row) == "ok" and is_finite(row.get("val_loss"))
 
 
-def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
-    """Per team, the runs of its latest submission (newest run's submission_sha256)."""
+def _newest(row: dict) -> tuple[str, str]:
+    return row.get("started_at") or "", row["run_id"]
+
+
+def team_runs(rows: Iterable[dict]) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per team: the runs of its latest submission (the submission_sha256 of its newest run with an ANSWERABLE
+    status; of its newest run when it has none), and its runs newer than that one that could not choose it (in
+    progress, or aborted), oldest first: shown on the entry, never counted."""
     by_team: dict[str, list[dict]] = {}
     for row in rows:
         by_team.setdefault(row["team"], []).append(row)
@@ -136,12 +152,63 @@ def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
         unreadable = [r for r in runs if r.get("status") == UNREADABLE]  # of no known submission: always kept
         readable = [r for r in runs if r.get("status") != UNREADABLE]
         if not readable:
-            out[team] = unreadable
+            out[team] = (unreadable, [])
             continue
-        latest = max(readable, key=lambda r: (r.get("started_at") or "", r["run_id"]))
+        latest = max([r for r in readable if r.get("status") in ANSWERABLE] or readable, key=_newest)
+        later = sorted((r for r in readable if r.get("status") not in ANSWERABLE and _newest(r) > _newest(latest)),
+                       key=_newest)
         sha = latest.get("submission_sha256")
-        out[team] = ([r for r in readable if r.get("submission_sha256") == sha] if sha else [latest]) + unreadable
+        shown_apart = {id(r) for r in later}
+        chosen = ([r for r in readable if r.get("submission_sha256") == sha and id(r) not in shown_apart] if sha
+                  else [latest])
+        out[team] = (chosen + unreadable, later)
     return out
+
+
+def current_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per team, the runs of its latest submission (team_runs)."""
+    return {team: runs for team, (runs, _later) in team_runs(rows).items()}
+
+
+def setup_of(row: dict) -> tuple:
+    """What makes two runs' figures of one kind: the bound (steps, or else the time budget) and the world size
+    (the tokens a step sees). A mean over runs of other lengths or batches is the figure of no run."""
+    return row.get("max_steps") or 0, None if row.get("max_steps") else row.get("budget_s"), row.get("world_size")
+
+
+def one_setup(ok: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The runs made as the newest of them was, and the others (left out, never averaged in)."""
+    if not ok:
+        return [], []
+    newest = setup_of(max(ok, key=_newest))
+    return [r for r in ok if setup_of(r) == newest], [r for r in ok if setup_of(r) != newest]
+
+
+def counted_runs(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per team, the runs its entry is computed from: scored runs of its latest submission, of one setup."""
+    return {team: one_setup([r for r in runs if scored(r)])[0] for team, runs in current_runs(rows).items()}
+
+
+def _setup_phrase(setup: tuple) -> str:
+    steps, budget_s, world_size = setup
+    bound = f"--max-steps {steps}" if steps else ("a budget of ?" if budget_s is None else f"a {budget_s:g}s budget")
+    return f"{bound} at world size {'?' if world_size is None else world_size}"
+
+
+def _left_out_note(kept: list[dict], left: list[dict]) -> str:
+    counts: dict[tuple, int] = {}
+    for r in left:
+        counts[setup_of(r)] = counts.get(setup_of(r), 0) + 1
+    others = "; ".join(f"{n} with {_setup_phrase(setup)}" for setup, n in counts.items())
+    return (f"counted: {len(kept)} ok run(s) with {_setup_phrase(setup_of(kept[0]))} (its newest run's setup); "
+            f"left out: {others}")
+
+
+def _pending_note(row: dict) -> str:
+    """A run that could not choose the submission, as the entry says it."""
+    if row.get("status") == "aborted":
+        return f"run {row['run_id']} aborted ({row.get('reason') or 'no reason given'}): not counted"
+    return f"run {row['run_id']} {row.get('status')} since {row.get('started_at') or '?'}: not counted until it ends"
 
 
 def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: bool = False,
@@ -154,13 +221,16 @@ def build_table(rows: list[dict], ranking: str = "mean", include_unofficial: boo
         raise ValueError(f"divisions must be 'together' or 'separate', got {divisions!r}")
     eligible = [r for r in rows if r.get("official") or include_unofficial]
     ranked, unranked = [], []
-    for team, runs in current_runs(eligible).items():
-        ok = [r for r in runs if scored(r)]
+    for team, (runs, later) in team_runs(eligible).items():
+        ok, left = one_setup([r for r in runs if scored(r)])
         entry = _ranked_entry(team, ok, ranking) if ok else _unranked_entry(team, runs)
         (ranked if ok else unranked).append(entry)
-        lost = [r["reason"] for r in runs if r.get("status") == UNREADABLE]
-        if lost and entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
-            entry["reason"] = "; ".join([entry["reason"], *lost] if entry["reason"] else lost)
+        notes = [_left_out_note(ok, left)] if left else []
+        notes += [_pending_note(r) for r in later]
+        if entry["status"] != UNREADABLE:  # said on the entry the run may have belonged to
+            notes += [r["reason"] for r in runs if r.get("status") == UNREADABLE]
+        if notes:
+            entry["reason"] = "; ".join([entry["reason"], *notes] if entry["reason"] else notes)
     groups: dict[str, list[dict]] = {}
     for entry in ranked:
         groups.setdefault(entry["division"] if divisions == "separate" else "", []).append(entry)
@@ -205,6 +275,8 @@ def _unranked_entry(team: str, runs: list[dict]) -> dict:
     best = min(runs, key=lambda r: STATUS_ORDER.index(_effective_status(r)) if _effective_status(r) in STATUS_ORDER else 99)
     status = _effective_status(best)
     reason = best.get("flag_reason") if status == "flagged" else best.get("reason")
+    if status in ("running", "evaluating") and not reason:  # how a record its launcher never finished is seen
+        reason = f"since {best.get('started_at') or '?'}"
     return {"team": team, "division": _division(runs), "n_runs": len(runs), "status": status, "reason": reason or "",
             "run_id": best["run_id"],
             "submission_sha256": (best.get("submission_sha256") or "")[:12],

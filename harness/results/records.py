@@ -20,12 +20,16 @@ import os
 import secrets
 import tempfile
 import time
+import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 2  # 2: the probe's figure is `comm_overlap_efficiency` (was `scaling_efficiency`), `comm_probe`
+# 2: the probe's figure is `comm_overlap_efficiency` (was `scaling_efficiency`), `comm_probe`.
+# 3: `launcher_pid`, so that `harness finalize` can tell whether a record's launcher is gone.
+SCHEMA_VERSION = 3
 STATUSES = ("running", "evaluating", "ok", "timeout", "crashed", "invalid", "diverged", "aborted")
 FINAL_STATUSES = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")  # a record says when it is done
 METRICS_COLUMNS = ("step", "train_time_s", "train_loss", "lr_scale", "tokens", "tokens_per_s", "grad_norm")
@@ -105,6 +109,7 @@ class RunRecord:
     harness_version: str | None = None
     versions: dict[str, Any] = field(default_factory=dict)  # torch, cuda, nccl, numpy, python, harness, git commit
     hostname: str | None = None
+    launcher_pid: int | None = None  # with hostname: the process that writes this record (harness finalize)
     machine: dict[str, Any] = field(default_factory=dict)  # cpu model, cores, gpus: what produced the figures
     command: list[str] = field(default_factory=list)
     submission_dir: str | None = None  # the team's folder on the machine that ran it (provenance, never shown)
@@ -119,13 +124,13 @@ class RunRecord:
     eval: dict[str, Any] = field(default_factory=dict)
     # isolation: per phase (check, training, evaluation), whether the sandbox was active and why not
     sandbox: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # what a reviewer should read (static screen, sandbox)
+    # what a team should fix that did not stop the run, and what a reviewer should read (static screen, sandbox)
+    warnings: list[str] = field(default_factory=list)
     # failure detail
     failing_rank: int | None = None
     traceback: str | None = None
     killed_pids: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # things a team should fix that do not stop the run
     # time
     timings: dict[str, float] = field(default_factory=dict)  # launcher-measured phase durations, seconds
     started_at: str = field(default_factory=utc_now)
@@ -158,15 +163,35 @@ _PROBE_KEYS_V1 = {"scaling_probe_steps": "steps", "scaling_synced_step_s": "sync
 
 
 def upgrade_record(d: dict[str, Any]) -> dict[str, Any]:
-    """A run.json of any schema as the current one (old records stay readable; nothing is rewritten on disk)."""
-    if "scaling_efficiency" not in d and "scaling" not in d:
+    """A run.json of any schema as the current one, saying so in its `schema_version` (old records stay
+    readable; nothing is rewritten on disk, but a record saved after reading it follows, and says, this schema).
+    A record of a newer schema than this harness knows is returned as it is."""
+    version = d.get("schema_version", 1)  # schema 1 records all say it; a record without one is older still
+    if isinstance(version, int) and not isinstance(version, bool) and version >= SCHEMA_VERSION:
         return d
     d = dict(d)
-    old = d.pop("scaling_efficiency", None)
-    probe = d.pop("scaling", None) or {}
-    d.setdefault("comm_overlap_efficiency", old)
-    d.setdefault("comm_probe", {new: probe[k] for k, new in _PROBE_KEYS_V1.items() if k in probe})
+    if "scaling_efficiency" in d or "scaling" in d:  # schema 1
+        old = d.pop("scaling_efficiency", None)
+        probe = d.pop("scaling", None) or {}
+        d.setdefault("comm_overlap_efficiency", old)
+        d.setdefault("comm_probe", {new: probe[k] for k, new in _PROBE_KEYS_V1.items() if k in probe})
+    # schema 2 to 3: `launcher_pid` is added; absent, it is unknown (the dataclass's None)
+    d["schema_version"] = SCHEMA_VERSION
     return d
+
+
+def field_kinds() -> dict[str, str]:
+    """Each RunRecord field's kind as JSON holds it ("number", "text", "flag", "object", "list"), read from the
+    dataclass: the one declaration of the schema, which the views check a record's fields against."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(RunRecord).items():
+        if name == "extra":  # not a field of run.json: its keys are written at the top level
+            continue
+        members = typing.get_args(hint) if isinstance(hint, UnionType) else (hint,)  # `float | None`: float
+        members = [t for t in members if t is not type(None)]
+        base = typing.get_origin(members[0]) or members[0]
+        kinds[name] = {int: "number", float: "number", str: "text", bool: "flag", dict: "object", list: "list"}[base]
+    return kinds
 
 
 def _umask() -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.results.leaderboard import UNREADABLE, build_table, current_runs, load_rows, scored
+from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 from harness.results.scale_records import load_scale_records
@@ -74,7 +74,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
             from harness.results.plots import draw_track
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
-            counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}
+            counted = counted_runs(eligible)  # the runs the table's figures are of, and no others
             chart_paths = draw_track(track, table, counted, scale_records,
                                      plots_dir / f"{track}{suffix}", ranking)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))

@@ -1,0 +1,91 @@
+"""`harness finalize RUN`: a record its launcher can no longer finish, finished as `aborted` by an organiser.
+
+A launcher killed with SIGKILL, or on a node that was lost, leaves its record at `running` (or `evaluating`)
+for ever. The leaderboard never lets such a record choose a team's submission (leaderboard.team_runs), but the
+record says a run is in progress that is not: an organiser finishes it, with a reason, once the harness can
+tell that its launcher is gone.
+
+How it tells: the record names the host and the pid of the launcher that writes it (`hostname`,
+`launcher_pid`). On that host, a live process with that pid that already existed when the run started (a pid is
+reused only once its process is gone), or that runs the harness, may be the launcher: refused. On another host
+nothing can be seen from here, and a record without a pid (written before the harness recorded it) names no
+process to look at: refused unless `force` (the organiser has checked the job: squeue, the node).
+
+No track lock is taken: a record in progress is no run's guard's to protect (launcher/guard.py protects final
+records only, and takes this one as it is once it is final), and waiting for the runs training on the track
+would hold an organiser for the length of another team's run.
+"""
+
+from __future__ import annotations
+
+import calendar
+import getpass
+import socket
+import time
+from pathlib import Path
+
+import psutil
+
+from harness.results.records import FINAL_STATUSES, RunRecord, find_run, load_record, save_record, utc_now
+
+STARTED_AT_RESOLUTION_S = 1.0  # started_at is written to the second: a launcher may have started up to 1 s after it
+
+
+class FinalizeRefused(Exception):
+    """The record is already final, or its launcher may still be alive: nothing was changed."""
+
+
+def launcher_alive(record: RunRecord, here: str | None = None) -> str:
+    """"" when this host can tell that the record's launcher is gone; else why it may still be alive."""
+    here = here or socket.gethostname()
+    if record.hostname != here:
+        return (f"its launcher ran on host {record.hostname or '(not recorded)'}, not on this one ({here}): whether it "
+                "is alive cannot be seen from here")
+    pid = record.launcher_pid
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return "the record does not say which process is its launcher (a record of a harness before schema 3)"
+    try:
+        proc = psutil.Process(pid)
+        created_s, command = proc.create_time(), " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:  # a zombie too: it has ended, and only waits for its parent to reap it
+        return ""
+    except psutil.Error as exc:  # AccessDenied: a process is there and cannot be looked at
+        return f"process {pid} is alive and cannot be inspected ({type(exc).__name__})"
+    started_s = _epoch_s(record.started_at)
+    if started_s is None:
+        return f"process {pid} is alive and the record's start ({record.started_at!r}) cannot be read ({command[:200]})"
+    if created_s < started_s + STARTED_AT_RESOLUTION_S:
+        return f"process {pid} is alive and started before the run did: it is the launcher ({command[:200]})"
+    if "harness" in command:
+        return f"process {pid} is alive and runs the harness ({command[:200]})"
+    return ""  # the pid now belongs to a process started after the run: the launcher is gone
+
+
+def _epoch_s(stamp: str | None) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def finalize_run(runs_root: Path, key: str, reason: str = "", force: bool = False) -> tuple[RunRecord, Path]:
+    """Finish the run `key` (a run id, a prefix of one, or a run directory) as `aborted`, with the reason
+    "finalized by the organiser: ...", written atomically. Raises FinalizeRefused (nothing changed) when it is
+    already final, or when its launcher may be alive and not `force`; FileNotFoundError, ValueError when there
+    is no such record or it cannot be read."""
+    run_dir = find_run(runs_root, key)
+    record = load_record(run_dir)
+    if record.status in FINAL_STATUSES:
+        raise FinalizeRefused(f"{run_dir}: the record is already final (status {record.status}"
+                              + (f": {record.reason}" if record.reason else "") + "); nothing to finalize")
+    alive = launcher_alive(record)
+    if alive and not force:
+        raise FinalizeRefused(f"{run_dir}: the run may still be going: {alive}. Check the job (on its node, squeue); "
+                              "once its launcher is gone, pass --force")
+    was = record.status
+    why = reason.strip() or f"its launcher was gone and the record was left {was}"
+    record.status, record.reason = "aborted", f"finalized by the organiser: {why}"
+    record.extra["finalized"] = {"at": utc_now(), "by": getpass.getuser(), "from_status": was,
+                                 "launcher": alive or "gone", "forced": bool(alive)}
+    save_record(run_dir, record)
+    return record, run_dir
