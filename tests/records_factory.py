@@ -13,7 +13,8 @@ def make_run(root: Path, team: str, val_loss: float | None, *, status: str = "ok
     run_id = run_id or f"20261129T1000{seed:02d}-{abs(hash((team, seed, sha, status))) % 16**6:06x}"
     rec = RunRecord(run_id=run_id, team=team, track_name=track, status=status, reason=reason, official=official,
                     val_loss=val_loss, seed=seed, submission_sha256=sha, started_at=started_at, flagged=flagged,
-                    track={"name": track, "ranking": fields.pop("ranking", "mean")}, world_size=2,
+                    track={"name": track, "ranking": fields.pop("ranking", "mean"), **fields.pop("track_fields", {})},
+                    world_size=2,
                     tokens_per_s=fields.pop("tokens_per_s", 1000.0), tokens=fields.pop("tokens", 30000),
                     steps=fields.pop("steps", 100), train_time_s=fields.pop("train_time_s", 30.0),
                     params=fields.pop("params", 1000), loss_floor=fields.pop("loss_floor", 1.5), **fields)

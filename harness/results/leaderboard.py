@@ -67,6 +67,7 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["run_dir"] = str(path.parent)
         row["ranking"] = (raw.get("track") or {}).get("ranking")
         row["divisions"] = (raw.get("track") or {}).get("divisions")
+        row["track_source"] = (raw.get("track") or {}).get("source")  # an organiser's file: commands name its path
         row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows
