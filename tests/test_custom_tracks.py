@@ -5,9 +5,11 @@ never its name, which loads nothing."""
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import FIXTURES, TINY_TRACK, quick_track, tiny_track_with
+from conftest import FIXTURES, ROOT, TINY_TRACK, quick_track, tiny_track_with
 from harness.tracks.spec import load_track
 from records_factory import make_run
 
@@ -110,3 +112,53 @@ def test_the_scaling_chart_suggests_scale_with_the_track_files_path(tmp_path, mo
     rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots")
     assert "harness scale submissions/<team> --track local --world-sizes 1,2" in _texts(drawn[-1])
 
+
+def test_slurm_passes_a_track_file_to_every_node_by_its_absolute_path(cli, tmp_path):
+    """A file under a folder named harness/tracks (an organiser's checkout) is not a built-in track: each node is
+    given its absolute path, which the script passes to `harness run` intact."""
+    track = _event_track(tmp_path / "harness" / "tracks", **{"nnodes = 1": "nnodes = 2"}).resolve()
+    result = cli("slurm", str(ROOT / "submissions" / "baseline"), "--track", "harness/tracks/event.toml",
+                 "-o", "job.sbatch")
+    assert result.code == 0, result.err
+    script = tmp_path / "job.sbatch"
+    text = script.read_text()
+    assert f"export HARNESS_TRACK={track}" in text.splitlines() and "shared file system" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    check = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    # Run the script as SLURM would on node 0, from another folder, with srun and scontrol stood in for and a
+    # python that only writes down the command it was given.
+    bin_dir, node = tmp_path / "bin", tmp_path / "node0"
+    bin_dir.mkdir()
+    node.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "$1" != bash ]; do shift; done\n'
+                                  f'export HARNESS_PYTHON={bin_dir}/python SLURM_NODEID=0\nexec "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {node}/argv\n')
+    for tool in ("scontrol", "srun", "python"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242"}
+    ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    argv = (node / "argv").read_text().splitlines()
+    given = argv[argv.index("--track") + 1]
+    assert given == str(track) and load_track(given).name == "event"
+
+
+def test_check_suggests_run_and_slurm_commands_that_work_from_another_folder(cli, tmp_path):
+    (tmp_path / "tracks").mkdir()
+    track = tiny_track_with(tmp_path / "tracks", nnodes=2).resolve()  # several nodes: check suggests `harness slurm`
+    result = cli("check", str(FIXTURES / "ok_bigram"), "--track", "tracks/tiny.toml")
+    assert result.code == 0, result.text
+    lines = result.out.splitlines()
+    run = shlex.split(next(line for line in lines if "organisers run" in line).split("organisers run", 1)[1])
+    assert run[:2] == ["harness", "run"] and run[run.index("--track") + 1] == str(track)
+    slurm = shlex.split(next(line for line in lines if "harness slurm" in line).split(": ", 1)[1])
+    assert slurm[-1] == "--submit"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "harness", *slurm[1:-1], "-o", "job.sbatch"], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"export HARNESS_TRACK={track}" in (elsewhere / "job.sbatch").read_text().splitlines()
