@@ -179,7 +179,8 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 
 
 @main.command()
-@click.option("--track", "-t", "tracks", multiple=True, help="Track(s) to rank [default: every track under runs/].")
+@click.option("--track", "-t", "tracks", multiple=True,
+              help="Track(s) to rank, by name or TOML file (its rules rank) [default: every track under runs/].")
 @click.option("--all", "include_unofficial", is_flag=True, help="Include unofficial runs (writes <track>-all.*).")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
 @click.option("--out", "out_dir", envvar="HARNESS_LEADERBOARD_DIR", default=None,
@@ -194,21 +195,22 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
 def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, ranking, no_charts, watch_s):
     """Rank teams by validation loss from the run records: CSV, Markdown, an HTML page and charts."""
     from harness.results.records import leaderboard_root, plots_root, runs_root
-    from harness.results.views import UnknownTrack, check_tracks, rebuild, tracks_in, watch
+    from harness.results.views import UnknownTrack, choose_tracks, rebuild, watch
+    from harness.tracks.spec import TrackError
 
     root = runs_root(runs_dir)
     try:
-        check_tracks(root, list(tracks))
-    except UnknownTrack as exc:
+        chosen = choose_tracks(root, list(tracks))  # name -> the TOML file given for it (its rules), or None
+    except (UnknownTrack, TrackError) as exc:
         raise SetupError(str(exc)) from None
-    tracks = list(tracks) or tracks_in(root)
+    tracks = list(chosen)
     if not tracks:
         raise SetupError(f"no run records under {root} (run `harness run SUBMISSION` first, or pass --runs-dir)")
 
     def rebuild_all() -> None:
         for track in tracks:
             out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
-                          charts=not no_charts, refresh_s=watch_s)
+                          charts=not no_charts, refresh_s=watch_s, spec=chosen[track])
             click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
                        + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
             for reason in out.unreadable:
@@ -229,7 +231,8 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
 
 @main.command("compare")
 @click.argument("sides", nargs=-1, required=True)
-@click.option("--track", "-t", default=None, help="Track to look teams up in (needed when a team ran on several).")
+@click.option("--track", "-t", default=None,
+              help="Track (name or TOML file) to look teams up in (needed when a team ran on several).")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
 @click.option("--all", "include_unofficial", is_flag=True, help="Count a team's unofficial runs too.")
 @click.option("--max-steps", type=click.IntRange(min=0), default=None,
@@ -248,13 +251,16 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, char
     from harness.results.compare import compare, resolve_side, verdict
     from harness.results.compare_chart import overlay_chart
     from harness.results.records import plots_root, runs_root
+    from harness.tracks.resolve import resolve_track_arg
+    from harness.tracks.spec import TrackError
 
     if len(sides) < 2:
         raise SetupError("give at least two sides to compare: team names, run ids or run directories")
     root = runs_root(runs_dir)
     try:
+        track = resolve_track_arg(track)[0] if track else None  # a TOML file's track is found by its name
         resolved = [resolve_side(key, root, track, include_unofficial, max_steps) for key in sides]
-    except LookupError as exc:
+    except (LookupError, TrackError) as exc:
         raise SetupError(str(exc)) from None
     rows = compare(resolved)
     sentences = verdict(resolved)

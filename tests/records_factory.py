@@ -14,7 +14,7 @@ def make_run(root: Path, team: str, val_loss: float | None, *, status: str = "ok
     rec = RunRecord(run_id=run_id, team=team, track_name=track, status=status, reason=reason, official=official,
                     val_loss=val_loss, seed=seed, submission_sha256=sha, started_at=started_at, flagged=flagged,
                     track={"name": track, "ranking": fields.pop("ranking", "mean"),
-                           "max_steps": fields.pop("max_steps", 0)},
+                           "max_steps": fields.pop("max_steps", 0), **fields.pop("track_fields", {})},
                     world_size=fields.pop("world_size", 2),
                     tokens_per_s=fields.pop("tokens_per_s", 1000.0), tokens=fields.pop("tokens", 30000),
                     steps=fields.pop("steps", 100), train_time_s=fields.pop("train_time_s", 30.0),

@@ -10,6 +10,7 @@ command the organisers will run. Every problem is listed at once.
 from __future__ import annotations
 
 import math
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
 from harness.submission.printable import printable
 from harness.submission.portability import portability_target, split_screen, warning_lines
+from harness.tracks.resolve import track_option
 from harness.tracks.spec import Track, load_track
 
 
@@ -82,7 +84,7 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
     clash = name_clash(runs_root(runs_dir), team, folder)
     if clash:
         warnings.append(clash)
-    command = ["harness", "run", submission, "--track", track_name]
+    command = ["harness", "run", submission, "--track", track_option(track)]  # works from any folder, any node
     return CheckResult(accepted=not problems, report=report, team=team, track=track, command=command,
                        warnings=warnings)
 
@@ -153,9 +155,9 @@ def _render(result: CheckResult) -> list[str]:
     for f in screen:
         lines.append(f"      WARNING {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
     if result.accepted:  # a rejected submission is never run: its command would read as a promise
-        row("organisers run", " ".join(result.command))
+        row("organisers run", shlex.join(result.command))
         if t.nnodes > 1:
-            row("", f"one launcher per node: harness slurm {result.command[2]} --track {t.name} --submit")
+            row("", f"one launcher per node: harness slurm {result.command[2]} --track {shlex.quote(result.command[4])} --submit")
     for w in result.warnings:
         lines.append(f"  WARNING: {printable(w)}")
     if result.accepted:

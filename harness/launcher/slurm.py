@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.submission.contract import find_submission, read_team, team_slug
+from harness.tracks.resolve import track_option
 from harness.tracks.spec import Track, load_track
 
 MARGIN_S = 60.0  # data preparation, writing the record, the leaderboard
@@ -59,8 +60,7 @@ def render(opts: SlurmOptions) -> tuple[str, Track, str]:
     total, parts = wall_time_s(track)
     runs = Path(opts.runs_dir).resolve()
     logs = Path(opts.log_dir).resolve()
-    track_arg = track.source if not (Path(track.source).parent.name == "tracks"
-                                     and Path(track.source).parent.parent.name == "harness") else track.name
+    track_arg = track_option(track)  # an organiser's file by its absolute path: its name loads nothing on a node
     gpus = track.nproc_per_node if track.device == "cuda" and isinstance(track.nproc_per_node, int) else None
     lines = [
         "#!/bin/bash",
@@ -81,6 +81,7 @@ def render(opts: SlurmOptions) -> tuple[str, Track, str]:
     lines += [
         "set -euo pipefail",
         "",
+        "# Every node reads these paths as they are written here: keep them on a shared file system.",
         f"export HARNESS_SUBMISSION={shlex.quote(str(folder))}",
         f"export HARNESS_TRACK={shlex.quote(track_arg)}",
         f"export HARNESS_RUNS_DIR={shlex.quote(str(runs))}",

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from harness.results.leaderboard import current_runs, scored
 from harness.results.records import iter_run_dirs, match_runs, read_record_json, upgrade_record
 from harness.results.stats import POWER, RUNS_NEEDED_MAX, Comparison, is_finite, runs_needed, summarize, welch
+from harness.tracks.resolve import track_flag
 
 # (field, label, how differences are shown)
 METRICS = [
@@ -393,12 +394,13 @@ def next_seed(side: Side) -> int:
 
 
 def repeat_command(ref: Side, side: Side) -> str:
-    """The command that adds seeds to both sides, each starting past its own."""
+    """The command that adds seeds to both sides, each starting past its own, on their track."""
     starts = {s.label: next_seed(s) for s in (ref, side)}
+    run = f"harness run SUBMISSION{track_flag(ref.runs + side.runs)}"
     if len(set(starts.values())) == 1:
-        return f"`harness run SUBMISSION --seed {starts[ref.label]} --repeat N`"
+        return f"`{run} --seed {starts[ref.label]} --repeat N`"
     each = " and ".join(f"{seed} for {label}" for label, seed in starts.items())
-    return f"`harness run SUBMISSION --seed S --repeat N`, S = {each}"
+    return f"`{run} --seed S --repeat N`, S = {each}"
 
 
 def steps_varied(side: Side) -> str | None:

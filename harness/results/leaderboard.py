@@ -83,6 +83,7 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["divisions"] = (raw.get("track") or {}).get("divisions")
         bound = (raw.get("track") or {}).get("max_steps")  # absent from records made before --max-steps: 0, the budget
         row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
+        row["track_source"] = (raw.get("track") or {}).get("source")  # an organiser's file: commands name its path
         row["division"] = row.get("division") or "fixed"  # records from before the open division
         rows.append(row)
     return rows

@@ -90,8 +90,9 @@ def message_figure(title: str, lines: list[str], command: str = "", size=(8.5, 4
 
 
 def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], scale_records: list[dict],
-               out_dir: Path, ranking: str = "mean") -> list[Path]:
-    """Draw every chart; `counted` maps each ranked team to its ok runs (rows from leaderboard.load_rows)."""
+               out_dir: Path, ranking: str = "mean", track_option: str | None = None) -> list[Path]:
+    """Draw every chart; `counted` maps each ranked team to its ok runs (rows from leaderboard.load_rows);
+    `track_option`: the `--track` value of a command a chart suggests (views.command_track)."""
     from harness.results.loss_charts import loss_figure, val_loss_figure
     from harness.results.rate_charts import scaling_figure, throughput_figure
 
@@ -101,6 +102,6 @@ def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], 
         paths.append(save_png(fig, out_dir / ("loss_vs_time.png" if x_col == "train_time_s" else "loss_vs_tokens.png")))
     paths.append(save_png(val_loss_figure(track, table, counted, ranking), out_dir / "val_loss.png"))
     paths.append(save_png(throughput_figure(track, table), out_dir / "throughput.png"))
-    paths.append(save_png(scaling_figure(track, scale_records), out_dir / "scaling.png"))
+    paths.append(save_png(scaling_figure(track, scale_records, track_option=track_option), out_dir / "scaling.png"))
     return paths
 

@@ -9,6 +9,8 @@ Two different quantities, never on one axis:
 
 from __future__ import annotations
 
+import shlex
+
 import pandas as pd
 from matplotlib.ticker import EngFormatter
 
@@ -71,8 +73,10 @@ def throughput_figure(track: str, table: pd.DataFrame):
     return fig
 
 
-def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
-    """Measured weak-scaling efficiency (filled markers, solid) and the model's prediction (hollow, dashed)."""
+def scaling_figure(track: str, records: list[dict], assumptions: bool = False, track_option: str | None = None):
+    """Measured weak-scaling efficiency (filled markers, solid) and the model's prediction (hollow, dashed).
+    `track_option`: what the suggested command passes as `--track` (an organiser's file by its path; default
+    the name)."""
     if not records:
         return message_figure(f"Weak scaling, track {track}: not measured yet", [
             "measures tokens/s at several world sizes. This chart",
@@ -81,7 +85,7 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False):
             "prediction up to 256 devices. The communication probe",
             "of every run (comm overlap) is on the throughput chart:",
             "a different quantity."],
-            command=f"harness scale submissions/<team> --track {track} --world-sizes 1,2")
+            command=f"harness scale submissions/<team> --track {shlex.quote(track_option or track)} --world-sizes 1,2")
     fig, ax = subplots(figsize=(8.5, 5.4))
     xs_all: list[int] = []
     event = None

@@ -17,6 +17,8 @@ from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, l
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 from harness.results.scale_records import load_scale_records
+from harness.tracks.resolve import recorded_track_option, resolve_track_arg, track_option
+from harness.tracks.spec import Track
 
 
 class UnknownTrack(LookupError):
@@ -34,16 +36,37 @@ class Outputs:
     unreadable: list[str]  # reasons of the run.json files that could not be read (listed, never dropped)
 
 
+def _newest(rows: list[dict], key: str):
+    newest = max(rows, key=lambda r: r.get("started_at") or "", default=None)
+    return (newest or {}).get(key)
+
+
 def track_ranking(rows: list[dict]) -> str:
     """The ranking rule saved in the track's newest record (records are self-contained)."""
-    newest = max(rows, key=lambda r: r.get("started_at") or "", default=None)
-    return (newest or {}).get("ranking") or "mean"
+    return _newest(rows, "ranking") or "mean"
 
 
 def track_divisions(rows: list[dict]) -> str:
     """Whether the track ranks the divisions together or apart, from its newest record."""
-    newest = max(rows, key=lambda r: r.get("started_at") or "", default=None)
-    return (newest or {}).get("divisions") or "together"
+    return _newest(rows, "divisions") or "together"
+
+
+def command_track(rows: list[dict], track: str, spec: Track | None = None) -> str:
+    """The `--track` value of the commands the charts suggest: an organiser's track by its file's absolute path
+    (the given file, or the one the newest record was loaded from), since its name loads nothing."""
+    return track_option(spec) if spec else recorded_track_option(track, _newest(rows, "track_source"))
+
+
+def choose_tracks(runs_root: Path, values: list[str]) -> dict[str, Track | None]:
+    """The tracks `harness leaderboard --track ...` rebuilds: each value's name (a TOML file's `name`), with the
+    file when one was given (its rules rank the view); none given: every track with records. Raises TrackError
+    for a file that cannot be loaded, UnknownTrack for a track without records."""
+    chosen: dict[str, Track | None] = {}
+    for value in values:
+        name, spec = resolve_track_arg(value)
+        chosen[name] = spec or chosen.get(name)  # the same track named and given as a file: the file's rules
+    check_tracks(runs_root, list(chosen))
+    return chosen or dict.fromkeys(tracks_in(runs_root))
 
 
 def check_tracks(runs_root: Path, tracks: list[str]) -> None:
@@ -58,14 +81,17 @@ def check_tracks(runs_root: Path, tracks: list[str]) -> None:
 
 
 def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool = False,
-            ranking: str | None = None, charts: bool = True, refresh_s: float | None = None) -> Outputs:
+            ranking: str | None = None, charts: bool = True, refresh_s: float | None = None,
+            spec: Track | None = None) -> Outputs:
+    """`spec`: the track's TOML when a command was given one (`--track x.toml`): its `ranking` and `divisions`
+    are the rules, as the organiser's file states them now; without it, the newest record's."""
     from harness.results.page import to_html
     from harness.results.tables import to_csv, to_markdown
 
     rows = load_rows(runs_root, track)
     scale_records = load_scale_records(runs_root, track)
-    ranking = ranking or track_ranking(rows)
-    table = build_table(rows, ranking, include_unofficial, track_divisions(rows))
+    ranking = ranking or (spec.ranking if spec else track_ranking(rows))
+    table = build_table(rows, ranking, include_unofficial, spec.divisions if spec else track_divisions(rows))
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
@@ -76,7 +102,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = counted_runs(eligible)  # the runs the table's figures are of, and no others
             chart_paths = draw_track(track, table, counted, scale_records,
-                                     plots_dir / f"{track}{suffix}", ranking)
+                                     plots_dir / f"{track}{suffix}", ranking, command_track(rows, track, spec))
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
         write_atomic(md_path, to_markdown(table, track, ranking))

@@ -346,10 +346,15 @@ def track_from_record(d: dict[str, Any]) -> Track:
     return track_from_dict(d, source)
 
 
+def is_track_file(name_or_path: str) -> bool:
+    """Whether a `--track` value names a TOML file (else a track's name): every command decides it this way."""
+    return name_or_path.endswith(".toml") or Path(name_or_path).expanduser().is_file()
+
+
 def load_track(name_or_path: str) -> Track:
     """A built-in track by name, or an organiser's TOML file by path."""
     candidate = Path(name_or_path).expanduser()
-    if name_or_path.endswith(".toml") or candidate.is_file():
+    if is_track_file(name_or_path):
         if not candidate.is_file():
             raise TrackError(f"track file {candidate} does not exist")
         path = candidate.resolve()
