@@ -26,7 +26,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("submission")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
 @click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records go [default: ./runs].")
 @click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="Seed for model init and data order.")
@@ -47,9 +47,13 @@ def main() -> None:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run N times with consecutive seeds (seed, seed+1, ...), for statistics.")
 @click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard after the run.")
-def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, max_steps, node_rank,
-        rdzv_endpoint, run_id, data_root, eval_nproc_per_node, repeat, no_leaderboard):
-    """Train SUBMISSION on the track's fixed setup, evaluate it, and write its run record."""
+@click.option("--resume", is_flag=True,
+              help="A queue started again: skip each team x seed already settled (ok, or the team's own failure); "
+                   "re-run what the infrastructure lost (aborted, or left running by a dead launcher).")
+def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nnodes, val_tokens, max_steps,
+        node_rank, rdzv_endpoint, run_id, data_root, eval_nproc_per_node, repeat, no_leaderboard, resume):
+    """Train each SUBMISSION on the track's fixed setup (--repeat N: N seeds each), evaluate it, and write its
+    run record: one after another, a queue that --resume takes up where it stopped."""
     from harness.launcher.console import ConsoleReporter
     from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
@@ -57,16 +61,23 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
     from harness.launcher.runner import RunOptions, run_submission
     from harness.tracks.spec import TrackError
 
-    if repeat > 1 and run_id:
-        raise SetupError("--run-id names one run; it cannot be combined with --repeat")
+    if (repeat > 1 or len(submissions) > 1) and run_id:
+        raise SetupError("--run-id names one run; it cannot be combined with --repeat or several submissions")
+    if len(submissions) > 1 and (node_rank or rdzv_endpoint):
+        raise SetupError("a queue of several submissions runs on one machine; on several nodes, "
+                         "`harness slurm` writes the same queue as SLURM jobs")
     reporter = ConsoleReporter()
+    overrides = _overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                           val_tokens=val_tokens, max_steps=max_steps)
+    try:
+        pending = _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter)
+    except (TrackError, SubmissionError, ValueError, OSError, TimeoutError) as exc:
+        raise SetupError(str(exc)) from None
     records = []
-    for i in range(repeat):
+    for submission, run_seed in pending:
         opts = RunOptions(
-            submission=submission, track=track, runs_dir=runs_dir, seed=seed + i,
-            overrides=_overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                 val_tokens=val_tokens, max_steps=max_steps),
-            data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
+            submission=submission, track=track, runs_dir=runs_dir, seed=run_seed,
+            overrides=overrides, data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
             eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
         )
         try:
@@ -83,9 +94,88 @@ def run(submission, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, nn
             break
         if not no_leaderboard and node_rank == 0:
             _refresh_leaderboard(runs_dir, record.track_name, reporter)
-    if len(records) > 1:
-        reporter.summary(repeat_summary(records))
+    by_team: dict[str, list] = {}
+    for record in records:
+        by_team.setdefault(record.team, []).append(record)
+    for team_records in by_team.values():
+        if len(team_records) > 1:
+            reporter.summary([f"{team_records[0].team}: " + line for line in repeat_summary(team_records)]
+                             if len(by_team) > 1 else repeat_summary(team_records))
+    if resume or len(submissions) > 1:
+        _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter)
     sys.exit(0 if all(r.status == "ok" for r in records) else 1)
+
+
+def _queue(submissions, track, runs_dir, seed, repeat, overrides):
+    """The queue's entries and their states, from the records (harness/launcher/queue.py)."""
+    from harness.launcher.queue import build_queue, queue_states
+    from harness.results.records import runs_root
+    from harness.tracks.spec import apply_overrides, load_track
+
+    resolved = apply_overrides(load_track(track), **overrides)
+    effective = {key: change["run"] for key, change in resolved.overrides.items()}  # what a record says it ran
+    entries = build_queue(list(submissions), seed, repeat)
+    return queue_states(entries, runs_root(runs_dir), resolved.track.name, effective)
+
+
+def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter) -> list[tuple[str, int]]:
+    """Every submission x seed; with --resume only those not settled, a dead launcher's record closed first."""
+    if not resume and len(submissions) == 1:
+        return [(submissions[0], seed + i) for i in range(repeat)]
+    if not resume:  # interleaved as the queue is (queue.build_queue): A B C A B C
+        return [(submission, seed + i) for i in range(repeat) for submission in submissions]
+    from harness.launcher.queue import LOST, PENDING, close_lost_record
+
+    pending = []
+    for s in _queue(submissions, track, runs_dir, seed, repeat, overrides):
+        if s.state == LOST and s.run_dir is not None and close_lost_record(
+                s.run_dir, "its launcher died before the run finished (closed by `harness run --resume`, which "
+                           "runs it again): the infrastructure's failure, not the team's"):
+            reporter.info(f"closed {s.run_dir}: left running by a launcher that is gone; aborted")
+        if s.state in PENDING:
+            pending.append((s.entry.submission, s.entry.seed))
+        else:
+            reporter.info(f"skipped {s.entry.team} seed {s.entry.seed}: {s.state} ({s.run_dir})")
+    return pending
+
+
+def _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter) -> None:
+    from harness.launcher.queue import table
+
+    reporter.summary(table(_queue(submissions, track, runs_dir, seed, repeat, overrides)))
+
+
+@main.command("queue")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
+@click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The queue's first seed.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per submission.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="A queue of runs bounded by steps (unofficial).")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=1.0), default=None,
+              help="Show it again every N seconds until Ctrl-C.")
+def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, watch_s):
+    """Where a queue of runs stands (the arguments of its `harness run`): queued, running, done, failed (the
+    team's own result) and lost (the infrastructure's: --resume runs them again), per team, from the records."""
+    import time
+
+    from harness.launcher.queue import table
+    from harness.submission.contract import SubmissionError
+    from harness.tracks.spec import TrackError
+
+    while True:
+        try:
+            lines = table(_queue(submissions, track, runs_dir, seed, repeat, _overrides(max_steps=max_steps)))
+        except (TrackError, SubmissionError, ValueError, OSError) as exc:
+            raise SetupError(str(exc)) from None
+        click.echo("\n".join(lines))
+        if watch_s is None:
+            return
+        try:
+            time.sleep(watch_s)
+        except KeyboardInterrupt:
+            return
+        click.echo("")
 
 
 def exit_without_teardown(code: int) -> None:
@@ -469,9 +559,16 @@ def data_prepare(inputs, tokenizer, out_dir, fmt, shard_tokens):
 
 
 @main.command("slurm")
-@click.argument("submission")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
 @click.option("--track", "-t", default="paris2026", show_default=True, help="Track name or path to a track TOML file.")
-@click.option("--output", "-o", "script_path", default=None, help="Where the sbatch script goes [default: slurm-<team>.sbatch].")
+@click.option("--output", "-o", "script_path", default=None,
+              help="Where the sbatch script goes [default: slurm-<team>.sbatch, or slurm-queue.sbatch for a queue].")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The first seed of each team.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Seeds per submission: the queue is an array of one job per team x seed.")
+@click.option("--resume", is_flag=True, help="Only the team x seed runs not settled yet (as `harness run --resume`).")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
+              help="At most N runs of the queue at once [default: as many as the nodes allow].")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default="runs", show_default=True,
               help="Records folder on the shared file system.")
 @click.option("--log-dir", default="slurm-logs", show_default=True, help="Folder for the per-node SLURM logs.")
@@ -479,26 +576,40 @@ def data_prepare(inputs, tokenizer, out_dir, fmt, shard_tokens):
 @click.option("--account", default=None, help="SLURM account.")
 @click.option("--time", "time_limit", default=None, help="Wall time HH:MM:SS [default: computed from the track].")
 @click.option("--submit", is_flag=True, help="Hand the script to sbatch.")
-def slurm_cmd(submission, track, script_path, runs_dir, log_dir, partition, account, time_limit, submit):
-    """Write an sbatch script that runs SUBMISSION on the track's nodes (and submit it with --submit)."""
+def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurrent, runs_dir, log_dir, partition,
+              account, time_limit, submit):
+    """Write an sbatch script that runs each SUBMISSION on the track's nodes (and submit it with --submit):
+    one job for one run, or, for several submissions or seeds, a job array of one run per team x seed."""
     from pathlib import Path
 
     from harness.submission.contract import SubmissionError, team_slug
-    from harness.launcher.slurm import SlurmOptions, render
+    from harness.launcher.slurm import SlurmOptions, render, render_queue
     from harness.launcher.slurm import submit as sbatch_submit
     from harness.tracks.spec import TrackError
 
+    opts = SlurmOptions(submission=submissions[0], track=track, runs_dir=runs_dir, log_dir=log_dir,
+                        partition=partition, account=account, time_limit=time_limit)
+    one_run = len(submissions) == 1 and repeat == 1 and not resume and seed == 1
     try:
-        text, resolved, team = render(SlurmOptions(submission=submission, track=track, runs_dir=runs_dir,
-                                                   log_dir=log_dir, partition=partition, account=account,
-                                                   time_limit=time_limit))
-    except (SubmissionError, TrackError) as exc:
+        if one_run:
+            text, resolved, team = render(opts)
+        else:
+            from harness.launcher.queue import PENDING
+
+            states = _queue(submissions, track, runs_dir, seed, repeat, {})
+            runs = [(s.entry.folder, s.entry.team, s.entry.seed) for s in states if not resume or s.state in PENDING]
+            text, resolved = render_queue(opts, runs, max_concurrent)
+    except (SubmissionError, TrackError, ValueError) as exc:
         raise SetupError(str(exc)) from None
-    path = Path(script_path or f"slurm-{team_slug(team)}.sbatch")
+    path = Path(script_path or (f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"))
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs
     path.write_text(text)
     path.chmod(0o755)
-    click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
+    if one_run:
+        click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
+    else:
+        click.echo(f"wrote {path}: an array of {len(runs)} run(s), each on {resolved.nnodes} exclusive node(s), "
+                   "run id = <array job id>_<task>; `harness queue ...` shows where it stands")
     if submit:
         try:
             click.echo(sbatch_submit(path))

@@ -35,6 +35,7 @@ from harness.launcher.assemble import (
     team_number,
 )
 from harness.launcher.console import NullReporter
+from harness.results.locks import RunLock
 from harness.launcher.identity import name_clash
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.open_run import apply_open_training, check_open, finish_open_training
@@ -160,6 +161,9 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     if opts.node_rank == 0 and (run_dir / "run.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run: choose another --run-id")
     run_dir.mkdir(parents=True, exist_ok=True)  # on several nodes, any of them may get here first
+    # Node 0's launcher holds the run's lock to its final record: a `running` record whose lock is free
+    # was left by a launcher that died (the queue re-runs it, `harness finalize` closes it).
+    run_lock = RunLock(run_dir) if opts.node_rank == 0 else None
     node = NodePaths(run_dir, opts.node_rank)
     (run_dir / "logs").mkdir(exist_ok=True)
     record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
@@ -203,6 +207,8 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                 save_record(run_dir, record)
             else:  # the record is node 0's; this node leaves its own account and its logs
                 node.save_report(record)
+            if run_lock is not None:
+                run_lock.release()
     return record, run_dir
 
 

@@ -1,10 +1,14 @@
-"""Who may change records and derived files, and when: two file locks.
+"""Who may change records and derived files, and when: three file locks.
 
 - `TrackLock`: flock on runs/<track>/.records.lock, held shared by a run's guard while its
   ranks train, and exclusively by `harness flag` / `harness unflag` to change a finished record
   (so an organiser's flag is never taken for tampering).
 - `leaderboard_lock`: rebuilds of a leaderboard folder are serialised, so two runs finishing at
   once leave a consistent leaderboard.
+- `RunLock`: flock on <run_dir>/.launcher.lock, held by node 0's launcher from its run directory to
+  its final record. The kernel drops it when the launcher dies, however it dies (SIGKILL, a lost
+  node): a record still `running` whose lock is free was left by a launcher that is gone
+  (`launcher_alive`), which the queue re-runs and `harness finalize` closes.
 """
 
 from __future__ import annotations
@@ -78,3 +82,46 @@ def leaderboard_lock(directory: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+RUN_LOCK = ".launcher.lock"
+
+
+class RunLock:
+    """Held by node 0's launcher for its run's life (never waited for: a run directory is one launcher's)."""
+
+    def __init__(self, run_dir: Path):
+        self.fh = open_lock_file(Path(run_dir) / RUN_LOCK)
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.fh.close()
+            raise
+
+    def release(self) -> None:
+        if not self.fh.closed:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+
+
+def launcher_alive(run_dir: Path) -> bool | None:
+    """Whether the launcher that wrote the run's record is still running: True while it holds its RunLock,
+    False when the lock is free (it ended, or died), None when the run has no lock file (a record written
+    before the lock existed: not known) or the file system cannot tell (flock unsupported)."""
+    path = Path(run_dir) / RUN_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # ENOLCK, ENOSYS: a shared file system without locks
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,142 @@
+"""The queue of runs (harness/launcher/queue.py): its state from the records alone, the run lock that
+tells a live launcher from a dead one, and a real queue of three teams x two seeds through the CLI,
+killed half-way (its launcher, as a lost node or SLURM would) and resumed."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import FIXTURES, processes_of_run, quick_track
+from records_factory import make_run
+from harness.launcher.queue import DONE, FAILED, LOST, QUEUED, RUNNING, build_queue, close_lost_record, state_of, table
+from harness.results.locks import RUN_LOCK, RunLock, launcher_alive
+
+
+def team_folder(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / "submissions" / name
+    shutil.copytree(FIXTURES / "ok_bigram", folder)
+    (folder / "submission.toml").write_text(f'[team]\nname = "{name}"\n')
+    return folder
+
+
+def test_a_queue_entry_is_settled_by_its_own_records_only(tmp_path):
+    runs = tmp_path / "runs"
+    folder = team_folder(tmp_path, "alpha")
+    entries = build_queue([str(folder)], seed=1, repeat=6)
+    assert [e.seed for e in entries] == [1, 2, 3, 4, 5, 6] and {e.team for e in entries} == {"alpha"}
+    sha = entries[0].sha256
+    make_run(runs, "alpha", 2.0, seed=1, sha=sha)
+    make_run(runs, "alpha", None, seed=2, sha=sha, status="crashed", reason="rank 1: model.py:3: boom")
+    make_run(runs, "alpha", None, seed=3, sha=sha, status="aborted", reason="stopped by SIGTERM")
+    stale = make_run(runs, "alpha", None, seed=4, sha=sha, status="running")
+    (stale / RUN_LOCK).touch()  # a launcher held it, and is gone
+    live = make_run(runs, "alpha", None, seed=5, sha=sha, status="running")
+    held = RunLock(live)
+    make_run(runs, "alpha", 1.5, seed=6, sha="b" * 64)  # another version of the code: not this queue's
+    make_run(runs, "alpha", 1.5, seed=6, sha=sha, overrides={"max_steps": {"track": 0, "run": 5}})  # another setup
+    try:
+        states = [state_of(e, runs / "local", {}) for e in entries]
+        assert [s.state for s in states] == [DONE, FAILED, LOST, LOST, RUNNING, QUEUED]
+        assert states[1].reason == "rank 1: model.py:3: boom" and states[2].reason == "stopped by SIGTERM"
+        assert launcher_alive(live) is True and launcher_alive(stale) is False
+        assert launcher_alive(runs / "local" / "alpha") is None  # no lock file: not known, never called dead
+        view = "\n".join(table(states))
+        assert "alpha        1        1        1        1        2" in view, view
+    finally:
+        held.release()
+
+
+def test_a_record_left_running_by_a_dead_launcher_is_closed_as_aborted_and_a_live_one_is_not(tmp_path):
+    runs = tmp_path / "runs"
+    stale = make_run(runs, "alpha", None, seed=1, status="running")
+    (stale / RUN_LOCK).touch()
+    live = make_run(runs, "alpha", None, seed=2, status="running")
+    held = RunLock(live)
+    try:
+        assert close_lost_record(stale, "its launcher died") is True
+        assert close_lost_record(live, "its launcher died") is False
+    finally:
+        held.release()
+    closed = json.loads((stale / "run.json").read_text())
+    assert (closed["status"], closed["reason"]) == ("aborted", "its launcher died") and closed["ended_at"]
+    assert json.loads((live / "run.json").read_text())["status"] == "running"
+
+
+def _records(runs: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runs.glob("*/*/*/run.json"))]
+
+
+def test_a_queue_killed_half_way_resumes_and_ends_with_every_team_ranked_on_its_own_runs(cli, tmp_path, cache_dir):
+    """3 teams x 2 seeds, one after another; the queue's launcher is killed with SIGKILL during the third
+    run (the infrastructure's failure: a lost node, a job SLURM ended), which leaves that record `running`.
+    Started again with --resume, the queue skips the two settled runs, closes the lost one as `aborted`,
+    runs it again and the rest; every team ends ranked on its two ok runs."""
+    track = quick_track(tmp_path)
+    runs = tmp_path / "runs"
+    folders = [str(team_folder(tmp_path, name)) for name in ("alpha", "bravo", "charlie")]
+    args = ["run", *folders, "--repeat", "2", "--track", str(track), "--no-leaderboard"]
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
+    queue = subprocess.Popen([sys.executable, "-m", "harness", *args, "--resume"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the third run (charlie, seed 1: A B C A B C) is training: kill it
+            if any((d / "logs" / "rank0.log").exists() for d in runs.glob("*/charlie/*")):
+                break
+            assert queue.poll() is None, "the queue ended before it could be killed"
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the third run never started: {_records(runs)}")
+        queue.send_signal(signal.SIGKILL)
+    finally:
+        queue.wait(timeout=60)
+    lost = next(r for r in _records(runs) if r["status"] == "running")
+    time.sleep(1.0)  # the ranks die with their launcher (PR_SET_PDEATHSIG)
+    assert processes_of_run(lost["run_id"]) == []
+
+    view = cli("queue", *folders, "--repeat", "2", "--track", str(track))
+    assert view.code == 0 and f"{lost['team']} seed {lost['seed']}: lost" in view.out, view.out
+
+    resumed = cli("run", *args[1:], "--resume", timeout=600)
+    assert resumed.code == 0, resumed.text
+    assert resumed.err.count("skipped ") == 2 and "left running by a launcher that is gone; aborted" in resumed.err
+    records = _records(runs)
+    assert sorted((r["team"], r["seed"]) for r in records if r["status"] == "ok") == \
+        [(t, s) for t in ("alpha", "bravo", "charlie") for s in (1, 2)]
+    (closed,) = [r for r in records if r["status"] != "ok"]
+    assert closed["run_id"] == lost["run_id"] and closed["status"] == "aborted" and "infrastructure" in closed["reason"]
+
+    again = cli("run", *args[1:], "--resume")  # nothing left: every team x seed is settled
+    assert again.code == 0 and again.err.count("skipped ") == 6 and len(_records(runs)) == 7
+    board = cli("leaderboard", "--runs-dir", str(runs), "--no-charts")
+    assert board.code == 0, board.text
+    rows = {r["team"]: r for r in csv.DictReader((tmp_path / "leaderboard" / "tiny.csv").open())}
+    assert {t: (rows[t]["rank"] != "", rows[t]["n_runs"]) for t in rows} == \
+        {"alpha": (True, "2"), "bravo": (True, "2"), "charlie": (True, "2")}
+
+
+def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
+    runs = tmp_path / "runs"
+    folders = [team_folder(tmp_path, name) for name in ("alpha", "bravo", "charlie")]
+    sha = build_queue([str(folders[0])], 1, 1)[0].sha256
+    make_run(runs, "alpha", 2.0, seed=1, sha=sha, track="paris2026")  # settled: --resume leaves it out
+    script = tmp_path / "queue.sbatch"
+    result = cli("slurm", *map(str, folders), "--repeat", "2", "--resume", "--track", "paris2026",
+                 "--runs-dir", str(runs), "--max-concurrent", "1", "-o", str(script))
+    assert result.code == 0, result.text
+    text = script.read_text()
+    assert "#SBATCH --array=0-4%1" in text and "#SBATCH --nodes=4" in text and "#SBATCH --exclusive" in text
+    assert "SEEDS=(1 1 2 2 2)" in text and f"SUBMISSIONS=({folders[1]} {folders[2]} {folders[0]} " in text
+    assert '--seed "$HARNESS_SEED"' in text and 'HARNESS_RUN_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert shutil.which("shellcheck"), "shellcheck is needed (scripts/test installs it)"
+    lint = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
