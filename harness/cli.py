@@ -129,8 +129,8 @@ def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume,
     pending = []
     for s in _queue(submissions, track, runs_dir, seed, repeat, overrides):
         if s.state == LOST and s.run_dir is not None and close_lost_record(
-                s.run_dir, "its launcher died before the run finished (closed by `harness run --resume`, which "
-                           "runs it again): the infrastructure's failure, not the team's"):
+                s.run_dir, "its launcher died before the run finished: the infrastructure's failure, not the team's; "
+                           "run again"):
             reporter.info(f"closed {s.run_dir}: left running by a launcher that is gone; aborted")
         if s.state in PENDING:
             pending.append((s.entry.submission, s.entry.seed))

@@ -8,9 +8,10 @@ derived, like everything else, from the run records. A team x seed is
 - failed: a final record the team answers for (timeout, crashed, invalid, diverged): never re-run,
   the failure is the team's result;
 - lost: the infrastructure's failure: an `aborted` record, or a record left `running` by a launcher
-  that died (its run lock is free: results/locks.py); re-run on resume, and the dead launcher's
-  record is closed as `aborted` first, so that nothing stays `running` for ever;
-- running: a record whose launcher still holds its lock (or whose file system cannot tell);
+  that is gone (results/finalize.launcher_alive: its run lock is free, or, where the lock cannot
+  tell, its pid on this host); re-run on resume, and the dead launcher's record is closed as
+  `aborted` first (as `harness finalize` would), so that nothing stays `running` for ever;
+- running: a record whose launcher may still be alive (or which cannot be told from here);
 - queued: no record yet.
 
 A record counts for a team x seed when it was made from the same submission files (their hash), on
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.results.locks import TrackLock, launcher_alive
-from harness.results.records import read_record_json, upgrade_record, utc_now, write_atomic
+from harness.results.finalize import FinalizeRefused, finalize_run, launcher_alive
+from harness.results.records import RunRecord, read_record_json, upgrade_record
 from harness.submission.contract import find_submission, read_team, submission_sha256, team_slug
 
 DONE, FAILED, LOST, RUNNING, QUEUED = "done", "failed", "lost", "running", "queued"
@@ -99,8 +100,10 @@ def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> EntryS
         if raw.get("status") in TEAM_FAILURES:
             return EntryState(entry, FAILED, run_dir, str(raw.get("reason") or ""))
     for run_dir, raw in newest_first:
-        if raw.get("status") in ("running", "evaluating") and launcher_alive(run_dir) is not False:
-            return EntryState(entry, RUNNING, run_dir)
+        if raw.get("status") in ("running", "evaluating"):
+            alive = launcher_alive(RunRecord.from_dict(raw), run_dir=run_dir)
+            if alive:  # or cannot be told from here (another host, no lock): never re-run over a live run
+                return EntryState(entry, RUNNING, run_dir, alive)
     for run_dir, raw in newest_first:
         why = raw.get("reason") if raw.get("status") == "aborted" else "its launcher died before the run finished"
         return EntryState(entry, LOST, run_dir, str(why or ""))
@@ -114,17 +117,13 @@ def queue_states(entries: list[Entry], runs_root: Path, track_name: str,
 
 def close_lost_record(run_dir: Path, reason: str) -> bool:
     """A record left `running` by a launcher that is gone becomes `aborted` (the infrastructure's failure,
-    never the team's), written atomically under the track's exclusive lock so that no other run's record
-    guard takes the change for tampering. False when it is not such a record (any more)."""
-    with TrackLock(run_dir.parent.parent, exclusive=True, timeout_s=30.0):
-        if launcher_alive(run_dir) is not False:
-            return False
-        raw = read_record_json(run_dir / "run.json")
-        if raw.get("status") not in ("running", "evaluating"):
-            return False
-        raw.update(status="aborted", reason=reason, ended_at=raw.get("ended_at") or utc_now())
-        write_atomic(run_dir / "run.json", json.dumps(raw, indent=2, default=str) + "\n")
-        return True
+    never the team's), as `harness finalize` ends one (results/finalize.py: the same test that the launcher
+    is gone). False when it is not such a record (any more): final, or its launcher may be alive."""
+    try:
+        finalize_run(run_dir.parent.parent.parent, str(run_dir), reason, by="the queue (`harness run --resume`)")
+    except FinalizeRefused:
+        return False
+    return True
 
 
 def table(states: list[EntryState]) -> list[str]:

@@ -5,8 +5,10 @@ for ever. The leaderboard never lets such a record choose a team's submission (l
 record says a run is in progress that is not: an organiser finishes it, with a reason, once the harness can
 tell that its launcher is gone.
 
-How it tells: the record names the host and the pid of the launcher that writes it (`hostname`,
-`launcher_pid`). On that host, a live process with that pid that already existed when the run started (a pid is
+How it tells: first the run's lock (results/locks.py), which node 0's launcher holds from its run folder to its
+final record and the kernel drops however the launcher dies: held, alive; free, gone. Where the lock cannot
+tell (a record from before it, a shared file system without locks), the record names the host and the pid
+of the launcher that writes it (`hostname`, `launcher_pid`). On that host, a live process with that pid that already existed when the run started (a pid is
 reused only once its process is gone), or that runs the harness, may be the launcher: refused. On another host
 nothing can be seen from here, and a record without a pid (written before the harness recorded it) names no
 process to look at: refused unless `force` (the organiser has checked the job: squeue, the node).
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from harness.results import locks
 from harness.results.records import FINAL_STATUSES, RunRecord, find_run, load_record, save_record, utc_now
 
 STARTED_AT_RESOLUTION_S = 1.0  # started_at is written to the second: a launcher may have started up to 1 s after it
@@ -35,8 +38,13 @@ class FinalizeRefused(Exception):
     """The record is already final, or its launcher may still be alive: nothing was changed."""
 
 
-def launcher_alive(record: RunRecord, here: str | None = None) -> str:
+def launcher_alive(record: RunRecord, here: str | None = None, run_dir: Path | None = None) -> str:
     """"" when this host can tell that the record's launcher is gone; else why it may still be alive."""
+    held = locks.launcher_alive(run_dir) if run_dir is not None else None
+    if held is True:
+        return f"its launcher holds the run's lock ({Path(run_dir) / locks.RUN_LOCK})"
+    if held is False:
+        return ""
     here = here or socket.gethostname()
     if record.hostname != here:
         return (f"its launcher ran on host {record.hostname or '(not recorded)'}, not on this one ({here}): whether it "
@@ -68,7 +76,8 @@ def _epoch_s(stamp: str | None) -> float | None:
         return None
 
 
-def finalize_run(runs_root: Path, key: str, reason: str = "", force: bool = False) -> tuple[RunRecord, Path]:
+def finalize_run(runs_root: Path, key: str, reason: str = "", force: bool = False,
+                 by: str = "the organiser") -> tuple[RunRecord, Path]:
     """Finish the run `key` (a run id, a prefix of one, or a run directory) as `aborted`, with the reason
     "finalized by the organiser: ...", written atomically. Raises FinalizeRefused (nothing changed) when it is
     already final, or when its launcher may be alive and not `force`; FileNotFoundError, ValueError when there
@@ -78,14 +87,14 @@ def finalize_run(runs_root: Path, key: str, reason: str = "", force: bool = Fals
     if record.status in FINAL_STATUSES:
         raise FinalizeRefused(f"{run_dir}: the record is already final (status {record.status}"
                               + (f": {record.reason}" if record.reason else "") + "); nothing to finalize")
-    alive = launcher_alive(record)
+    alive = launcher_alive(record, run_dir=run_dir)
     if alive and not force:
         raise FinalizeRefused(f"{run_dir}: the run may still be going: {alive}. Check the job (on its node, squeue); "
                               "once its launcher is gone, pass --force")
     was = record.status
     why = reason.strip() or f"its launcher was gone and the record was left {was}"
-    record.status, record.reason = "aborted", f"finalized by the organiser: {why}"
-    record.extra["finalized"] = {"at": utc_now(), "by": getpass.getuser(), "from_status": was,
+    record.status, record.reason = "aborted", f"finalized by {by}: {why}"
+    record.extra["finalized"] = {"at": utc_now(), "by": f"{by} ({getpass.getuser()})", "from_status": was,
                                  "launcher": alive or "gone", "forced": bool(alive)}
     save_record(run_dir, record)
     return record, run_dir
