@@ -69,7 +69,9 @@ def _preload() -> None:
     from harness.ranks import checkpoint, model_worker, namespaces, process, rootfs, sandbox, wire  # noqa: F401
     from harness.submission import contract  # noqa: F401
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # is_initialized() only: is_available() and device_count() start the driver on a CUDA build, and torch
+    # refuses CUDA in every fork of a process that did ("Cannot re-initialize CUDA in forked subprocess").
+    if torch.cuda.is_initialized():
         raise RuntimeError("CUDA was initialised in the model-process template; its forks could not use it")
 
 
