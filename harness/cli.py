@@ -73,8 +73,11 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
         pending = _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter)
     except (TrackError, SubmissionError, ValueError, OSError, TimeoutError) as exc:
         raise SetupError(str(exc)) from None
-    records = []
+    records, queue = [], len(pending) > 1
     for submission, run_seed in pending:
+        if resume and not _still_pending(submissions, track, runs_dir, seed, repeat, overrides, submission, run_seed,
+                                         reporter):
+            continue  # another queue took it, or settled it, while this one ran others
         opts = RunOptions(
             submission=submission, track=track, runs_dir=runs_dir, seed=run_seed,
             overrides=overrides, data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
@@ -83,7 +86,10 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
         try:
             record, run_dir = run_submission(opts, reporter)
         except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
-            raise SetupError(str(exc)) from None
+            if not queue:
+                raise SetupError(str(exc)) from None
+            reporter.error(f"{submission} seed {run_seed} did not start: {exc}")  # the rest of the queue goes on
+            continue
         if node_rank == 0:
             reporter.summary(summary_lines(record, run_dir))
         else:  # node 0 writes the record; this node wrote its own account
@@ -107,42 +113,45 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
 
 
 def _queue(submissions, track, runs_dir, seed, repeat, overrides):
-    """The queue's entries and their states, from the records (harness/launcher/queue.py)."""
-    from harness.launcher.queue import build_queue, queue_states
+    """The queue of these arguments (harness/launcher/queue.py)."""
+    from harness.launcher.queue import build
     from harness.results.records import runs_root
-    from harness.tracks.spec import apply_overrides, load_track
 
-    resolved = apply_overrides(load_track(track), **overrides)
-    effective = {key: change["run"] for key, change in resolved.overrides.items()}  # what a record says it ran
-    entries = build_queue(list(submissions), seed, repeat)
-    return queue_states(entries, runs_root(runs_dir), resolved.track.name, effective)
+    return build(list(submissions), track, runs_root(runs_dir), seed, repeat, overrides)
 
 
 def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter) -> list[tuple[str, int]]:
-    """Every submission x seed; with --resume only those not settled, a dead launcher's record closed first."""
+    """Every submission x seed, interleaved (A B C A B C); with --resume only those not settled."""
     if not resume and len(submissions) == 1:
         return [(submissions[0], seed + i) for i in range(repeat)]
-    if not resume:  # interleaved as the queue is (queue.build_queue): A B C A B C
+    if not resume:
         return [(submission, seed + i) for i in range(repeat) for submission in submissions]
-    from harness.launcher.queue import LOST, PENDING, close_lost_record
+    from harness.launcher.queue import pending
 
-    pending = []
-    for s in _queue(submissions, track, runs_dir, seed, repeat, overrides):
-        if s.state == LOST and s.run_dir is not None and close_lost_record(
-                s.run_dir, "its launcher died before the run finished: the infrastructure's failure, not the team's; "
-                           "run again"):
-            reporter.info(f"closed {s.run_dir}: left running by a launcher that is gone; aborted")
-        if s.state in PENDING:
-            pending.append((s.entry.submission, s.entry.seed))
-        else:
-            reporter.info(f"skipped {s.entry.team} seed {s.entry.seed}: {s.state} ({s.run_dir})")
-    return pending
+    return [(e.submission, e.seed) for e in pending(_queue(submissions, track, runs_dir, seed, repeat, overrides),
+                                                    reporter.info)]
+
+
+def _still_pending(submissions, track, runs_dir, seed, repeat, overrides, submission, run_seed, reporter) -> bool:
+    """Read the entry's records again just before it runs: the window in which two queues can both start
+    one entry is one run's start, not the whole queue's."""
+    from harness.launcher.queue import PENDING
+
+    queue = _queue(submissions, track, runs_dir, seed, repeat, overrides)
+    entry = next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
+    state = queue.state(entry)
+    if state.state not in PENDING:
+        reporter.info(f"skipped {entry.team} seed {entry.seed}: {state.state} since the queue started ({state.run_dir})")
+    return state.state in PENDING
 
 
 def _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter) -> None:
     from harness.launcher.queue import table
 
-    reporter.summary(table(_queue(submissions, track, runs_dir, seed, repeat, overrides)))
+    try:
+        reporter.summary(table(_queue(submissions, track, runs_dir, seed, repeat, overrides).states()))
+    except Exception as exc:  # the runs are done and recorded: a view that fails changes none of them
+        reporter.error(f"the queue's view could not be shown ({type(exc).__name__}: {exc}); run `harness queue`")
 
 
 @main.command("queue")
@@ -152,9 +161,15 @@ def _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter)
 @click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The queue's first seed.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per submission.")
 @click.option("--max-steps", type=click.IntRange(min=1), help="A queue of runs bounded by steps (unofficial).")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), help="The queue's budget override.")
+@click.option("--grace-s", type=click.FloatRange(min=0), help="The queue's grace override.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), help="The queue's ranks-per-node override.")
+@click.option("--nnodes", type=click.IntRange(min=1), help="The queue's node-count override.")
+@click.option("--val-tokens", type=click.IntRange(min=1), help="The queue's evaluated-tokens override.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=1.0), default=None,
               help="Show it again every N seconds until Ctrl-C.")
-def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, watch_s):
+def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, budget_s, grace_s, nproc_per_node, nnodes,
+              val_tokens, watch_s):
     """Where a queue of runs stands (the arguments of its `harness run`): queued, running, done, failed (the
     team's own result) and lost (the infrastructure's: --resume runs them again), per team, from the records."""
     import time
@@ -165,7 +180,9 @@ def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, watch_s):
 
     while True:
         try:
-            lines = table(_queue(submissions, track, runs_dir, seed, repeat, _overrides(max_steps=max_steps)))
+            lines = table(_queue(submissions, track, runs_dir, seed, repeat, _overrides(
+                max_steps=max_steps, budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                val_tokens=val_tokens)).states())
         except (TrackError, SubmissionError, ValueError, OSError) as exc:
             raise SetupError(str(exc)) from None
         click.echo("\n".join(lines))
@@ -485,7 +502,7 @@ def unflag(run, runs_dir, wait):
 @click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard afterwards.")
 def finalize(run, reason, force, runs_dir, no_leaderboard):
     """End RUN (a run id or directory), left `running` or `evaluating` by a launcher that is gone, as `aborted`."""
-    from harness.results.finalize import FinalizeRefused, finalize_run
+    from harness.launcher.finalize import FinalizeRefused, finalize_run
     from harness.results.records import runs_root
 
     try:
@@ -594,12 +611,17 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
         if one_run:
             text, resolved, team = render(opts)
         else:
-            from harness.launcher.queue import PENDING
+            from harness.launcher.queue import pending
 
-            states = _queue(submissions, track, runs_dir, seed, repeat, {})
-            runs = [(s.entry.folder, s.entry.team, s.entry.seed) for s in states if not resume or s.state in PENDING]
+            queue = _queue(submissions, track, runs_dir, seed, repeat, {})
+            entries = pending(queue, lambda text: click.echo(text, err=True)) if resume else queue.entries
+            if not entries:  # done, not a usage error
+                click.echo("nothing left to run: every team x seed of the queue is settled or running "
+                           "(`harness queue` with the same arguments shows them)")
+                return
+            runs = [(e.folder, e.team, e.seed) for e in entries]
             text, resolved = render_queue(opts, runs, max_concurrent)
-    except (SubmissionError, TrackError, ValueError) as exc:
+    except (SubmissionError, TrackError, ValueError, OSError) as exc:
         raise SetupError(str(exc)) from None
     path = Path(script_path or (f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"))
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs

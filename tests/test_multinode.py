@@ -98,3 +98,18 @@ def test_nodes_with_different_submissions_never_train(tmp_path, cache_dir):
     assert "the nodes disagree before training: submission" in record["reason"]
     assert record["steps"] is None and record["val_loss"] is None
     assert processes_of_run("disagree") == []
+
+
+def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cli, tmp_path):
+    """Node 0 alone of two: no rank gets through the process group, so no team code ever ran. The start-up
+    timeout ends it `aborted` (a queue runs it again), never the team's `timeout`."""
+    from conftest import tiny_track_with
+
+    track = tiny_track_with(tmp_path, startup_timeout_s=6.0)
+    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(track), "--nnodes", "2", "--node-rank", "0",
+                 "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-id", "alone")
+    assert result.code == 1, result.text
+    record = json.loads((tmp_path / "runs" / "tiny" / "ok_bigram" / "alone" / "run.json").read_text())
+    assert record["status"] == "aborted" and "no rank got through the process group" in record["reason"], \
+        record["reason"]
+    assert processes_of_run("alone") == []

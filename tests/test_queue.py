@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,9 +37,10 @@ def test_a_queue_entry_is_settled_by_its_own_records_only(tmp_path):
     make_run(runs, "alpha", 2.0, seed=1, sha=sha)
     make_run(runs, "alpha", None, seed=2, sha=sha, status="crashed", reason="rank 1: model.py:3: boom")
     make_run(runs, "alpha", None, seed=3, sha=sha, status="aborted", reason="stopped by SIGTERM")
-    stale = make_run(runs, "alpha", None, seed=4, sha=sha, status="running")
+    here = socket.gethostname()  # a free lock is proof of a dead launcher on the launcher's own host only
+    stale = make_run(runs, "alpha", None, seed=4, sha=sha, status="running", hostname=here)
     (stale / RUN_LOCK).touch()  # a launcher held it, and is gone
-    live = make_run(runs, "alpha", None, seed=5, sha=sha, status="running")
+    live = make_run(runs, "alpha", None, seed=5, sha=sha, status="running", hostname=here)
     held = RunLock(live)
     make_run(runs, "alpha", 1.5, seed=6, sha="b" * 64)  # another version of the code: not this queue's
     make_run(runs, "alpha", 1.5, seed=6, sha=sha, overrides={"max_steps": {"track": 0, "run": 5}})  # another setup
@@ -56,9 +58,10 @@ def test_a_queue_entry_is_settled_by_its_own_records_only(tmp_path):
 
 def test_a_record_left_running_by_a_dead_launcher_is_closed_as_aborted_and_a_live_one_is_not(tmp_path):
     runs = tmp_path / "runs"
-    stale = make_run(runs, "alpha", None, seed=1, status="running")
+    here = socket.gethostname()
+    stale = make_run(runs, "alpha", None, seed=1, status="running", hostname=here)
     (stale / RUN_LOCK).touch()
-    live = make_run(runs, "alpha", None, seed=2, status="running")
+    live = make_run(runs, "alpha", None, seed=2, status="running", hostname=here)
     held = RunLock(live)
     try:
         assert close_lost_record(stale, "its launcher died") is True
@@ -95,9 +98,13 @@ def test_a_queue_killed_half_way_resumes_and_ends_with_every_team_ranked_on_its_
             time.sleep(0.05)
         else:
             raise AssertionError(f"the third run never started: {_records(runs)}")
+        (charlie_run,) = runs.glob("*/charlie/*")
+        assert launcher_alive(charlie_run) is True  # the live launcher holds its run's lock
         queue.send_signal(signal.SIGKILL)
     finally:
         queue.wait(timeout=60)
+    assert launcher_alive(charlie_run) is False  # dropped by the kernel with the launcher
+    assert all(launcher_alive(d) is False for d in runs.glob("*/alpha/*"))  # released at each final record
     lost = next(r for r in _records(runs) if r["status"] == "running")
     time.sleep(1.0)  # the ranks die with their launcher (PR_SET_PDEATHSIG)
     assert processes_of_run(lost["run_id"]) == []
@@ -136,7 +143,55 @@ def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
     assert "#SBATCH --array=0-4%1" in text and "#SBATCH --nodes=4" in text and "#SBATCH --exclusive" in text
     assert "SEEDS=(1 1 2 2 2)" in text and f"SUBMISSIONS=({folders[1]} {folders[2]} {folders[0]} " in text
     assert '--seed "$HARNESS_SEED"' in text and 'HARNESS_RUN_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+    assert "#SBATCH --no-requeue" in text  # SLURM's requeue would reuse the lost run's id and folder
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert shutil.which("shellcheck"), "shellcheck is needed (scripts/test installs it)"
     lint = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
+    # Task 3 of array job 77 run as SLURM would on its first node, with srun and scontrol stood in for and a
+    # python that writes down the command it was given: bravo, seed 2, run id 77_3.
+    bin_dir, node = tmp_path / "bin", tmp_path / "node0"
+    bin_dir.mkdir()
+    node.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "$1" != bash ]; do shift; done\n'
+                                  f'export HARNESS_PYTHON={bin_dir}/python SLURM_NODEID=0\nexec "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {node}/argv\n')
+    for tool in ("scontrol", "srun", "python"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
+           "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"}
+    ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    argv = (node / "argv").read_text().splitlines()
+    assert argv[argv.index("run") + 1] == str(folders[1]) and argv[argv.index("--seed") + 1] == "2"
+    assert argv[argv.index("--run-id") + 1] == "77_3" and argv[argv.index("--node-rank") + 1] == "0"
+
+
+def test_a_free_lock_seen_from_another_host_proves_nothing_but_slurm_can_say(tmp_path, monkeypatch):
+    # flock on a shared file system may be local to each client (NFS local_lock, Lustre localflock): from
+    # another host every lock looks free. There, the run's SLURM job is asked (squeue stood in for here).
+    from harness.launcher.finalize import launcher_alive as gone_or_why
+    from harness.results.records import load_record
+
+    runs = tmp_path / "runs"
+    elsewhere = make_run(runs, "alpha", None, status="running", hostname="node7.cluster",
+                         extra={"launcher_where": {"slurm_job_id": "4242"}})
+    (elsewhere / RUN_LOCK).touch()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho RUNNING\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    record = load_record(elsewhere)
+    assert "its SLURM job 4242 is still in the queue" in gone_or_why(record, run_dir=elsewhere)
+    squeue.write_text("#!/bin/sh\nexit 0\n")  # the job has left the queue: its launcher is gone
+    assert gone_or_why(record, run_dir=elsewhere) == ""
+    no_job = make_run(runs, "bravo", None, status="running", hostname="node7.cluster")
+    (no_job / RUN_LOCK).touch()
+    assert "cannot be seen from here" in gone_or_why(load_record(no_job), run_dir=no_job)
+    rebooted = make_run(runs, "charlie", None, status="running", hostname=socket.gethostname(),
+                        extra={"launcher_where": {"boot_id": "an-earlier-boot"}})
+    (rebooted / RUN_LOCK).touch()  # the same name, another boot: not this machine's lock to judge
+    assert gone_or_why(load_record(rebooted), run_dir=rebooted) != ""

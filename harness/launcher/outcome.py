@@ -78,8 +78,8 @@ def classify(
         return Outcome("crashed", f"rank {rank} died ({ended_how(failure.get('exitcode'))}{hint}) without a report",
                        rank, cause="death")
 
-    if agent_error:
-        return Outcome("crashed", f"launch failed: {agent_error}", cause="launch")
+    if agent_error:  # the agent itself failed (a rendezvous that never completed: a node that never joined):
+        return Outcome("aborted", f"launch failed: {agent_error}", cause="launch")  # the infrastructure's, re-run
 
     expected = local_ranks if local_ranks is not None else list(range(world_size))
     reported = {m.body.get("rank") for m in messages if m.kind == done_kind}

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.results.finalize import FinalizeRefused, finalize_run, launcher_alive
+from harness.launcher.finalize import FinalizeRefused, finalize_run, launcher_alive
 from harness.results.records import RunRecord, read_record_json, upgrade_record
-from harness.submission.contract import find_submission, read_team, submission_sha256, team_slug
+from harness.submission.contract import SubmissionError, find_submission, read_team, submission_sha256, team_slug
 
 DONE, FAILED, LOST, RUNNING, QUEUED = "done", "failed", "lost", "running", "queued"
 TEAM_FAILURES = ("timeout", "crashed", "invalid", "diverged")  # final, and the team's own result
@@ -57,11 +57,21 @@ class EntryState:
 
 def build_queue(submissions: list[str], seed: int, repeat: int) -> list[Entry]:
     """Every submission x seed, interleaved: every team's first seed, then every team's second (A B C A B C),
-    so that a drift of the machines over the day touches every team alike."""
-    teams = []
+    so that a drift of the machines over the day touches every team alike. A folder whose submission.toml
+    or files cannot be read is still an entry (its folder's name, no hash): its run is recorded `invalid`,
+    as a single run's is, and the rest of the queue goes on."""
+    teams, seen = [], {}
     for submission in submissions:
         folder = find_submission(submission)
-        teams.append((submission, folder, read_team(folder).name, submission_sha256(folder)))
+        try:
+            team, sha = read_team(folder).name, submission_sha256(folder)
+        except SubmissionError:
+            team, sha = folder.name, ""
+        if team in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
+            raise ValueError(f"{seen[team]} and {submission} are both team {team!r}: a queue runs each team once "
+                             "(a team's [team] name in submission.toml names it)")
+        seen[team] = submission
+        teams.append((submission, folder, team, sha))
     return [Entry(submission, folder, team, sha, seed + i) for i in range(repeat)
             for submission, folder, team, sha in teams]
 
@@ -83,7 +93,7 @@ def _records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> lis
             raw = upgrade_record(read_record_json(path))
         except (OSError, ValueError):
             continue  # an unreadable record settles nothing: the leaderboard shows it as such
-        if raw.get("seed") == entry.seed and raw.get("submission_sha256") == entry.sha256 \
+        if raw.get("seed") == entry.seed and (raw.get("submission_sha256") or "") == entry.sha256 \
                 and raw.get("team") == entry.team and _same_overrides(raw, overrides):
             found.append((path.parent, raw))
     return found
@@ -115,9 +125,52 @@ def queue_states(entries: list[Entry], runs_root: Path, track_name: str,
     return [state_of(e, runs_root / track_name, overrides) for e in entries]
 
 
+@dataclass(frozen=True)
+class Queue:
+    """A queue as its command line gives it: the entries, and where their records are."""
+
+    entries: list[Entry]
+    track_dir: Path
+    overrides: dict[str, Any]  # as a record says what it ran: {key: value}
+
+    def states(self) -> list[EntryState]:
+        return [self.state(e) for e in self.entries]
+
+    def state(self, entry: Entry) -> EntryState:
+        return state_of(entry, self.track_dir, self.overrides)
+
+
+def build(submissions: list[str], track: str, runs_root: Path, seed: int, repeat: int,
+          overrides: dict[str, Any]) -> Queue:
+    """The queue of `harness run SUBMISSION... --repeat N` (and its view, and its SLURM array)."""
+    from harness.tracks.spec import apply_overrides, load_track
+
+    resolved = apply_overrides(load_track(track), **overrides)
+    effective = {key: change["run"] for key, change in resolved.overrides.items()}  # what a record says it ran
+    return Queue(build_queue(list(submissions), seed, repeat), runs_root / resolved.track.name, effective)
+
+
+LOST_REASON = "its launcher died before the run finished: the infrastructure's failure, not the team's; run again"
+
+
+def pending(queue: Queue, say=lambda text: None) -> list[Entry]:
+    """What a resumed queue runs: each entry queued or lost, a dead launcher's record closed first (so that
+    nothing stays `running` for ever); what is settled or live is said and left alone."""
+    out = []
+    for s in queue.states():
+        if s.state == LOST and s.run_dir is not None and close_lost_record(s.run_dir, LOST_REASON):
+            say(f"closed {s.run_dir}: left running by a launcher that is gone; aborted")
+            s = queue.state(s.entry)  # read again: closed here, or by another queue in the meantime
+        if s.state in PENDING:
+            out.append(s.entry)
+        else:
+            say(f"skipped {s.entry.team} seed {s.entry.seed}: {s.state} ({s.run_dir})")
+    return out
+
+
 def close_lost_record(run_dir: Path, reason: str) -> bool:
     """A record left `running` by a launcher that is gone becomes `aborted` (the infrastructure's failure,
-    never the team's), as `harness finalize` ends one (results/finalize.py: the same test that the launcher
+    never the team's), as `harness finalize` ends one (launcher/finalize.py: the same test that the launcher
     is gone). False when it is not such a record (any more): final, or its launcher may be alive."""
     try:
         finalize_run(run_dir.parent.parent.parent, str(run_dir), reason, by="the queue (`harness run --resume`)")

@@ -35,6 +35,7 @@ from harness.launcher.assemble import (
     team_number,
 )
 from harness.launcher.console import NullReporter
+from harness.launcher.finalize import launcher_where
 from harness.results.locks import RunLock
 from harness.launcher.identity import name_clash
 from harness.launcher.nodes import NodePaths, merge_node_reports
@@ -115,6 +116,7 @@ def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, n
         budget_s=track.budget_s, seed=opts.seed, world_size=track.nnodes * nproc, nnodes=track.nnodes,
         nproc_per_node=nproc, python_version=platform.python_version(), harness_version=__version__,
         machine=machine(), hostname=socket.gethostname(), launcher_pid=os.getpid(), command=opts.command,
+        extra={"launcher_where": launcher_where()},
     )
 
 
@@ -163,7 +165,15 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     run_dir.mkdir(parents=True, exist_ok=True)  # on several nodes, any of them may get here first
     # Node 0's launcher holds the run's lock to its final record: a `running` record whose lock is free
     # was left by a launcher that died (the queue re-runs it, `harness finalize` closes it).
-    run_lock = RunLock(run_dir) if opts.node_rank == 0 else None
+    run_lock = None
+    if opts.node_rank == 0:
+        try:
+            run_lock = RunLock(run_dir)
+        except OSError as exc:  # a file system without locks (ENOLCK), or another launcher on this run id
+            if isinstance(exc, BlockingIOError):
+                raise FileExistsError(f"{run_dir} is another launcher's run: choose another --run-id") from None
+            reporter.info(f"warning: the run's lock could not be taken ({exc}): a queue tells whether this launcher "
+                          "is alive by its host and pid instead")
     node = NodePaths(run_dir, opts.node_rank)
     (run_dir / "logs").mkdir(exist_ok=True)
     record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
@@ -191,9 +201,8 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
         try:
             _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter, copies)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
-            if record.status in ("running", "evaluating", "ok"):
-                status = "aborted" if isinstance(exc, KeyboardInterrupt) or abort.is_set else "crashed"
-                set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
+            if record.status in ("running", "evaluating", "ok"):  # the harness's failure, never the team's: aborted
+                set_outcome(record, "aborted", f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
             _provenance(record)  # where the run ended before its check process started

@@ -230,7 +230,12 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
         elif channel.violation or result.violation:  # a cap broken (reports, logs, scratch, checkpoint): the
             _kill(job, result, "invalid", channel.violation or result.violation)  # run ends, nothing else is touched
         elif expired:
-            _kill(job, result, "timeout", expired[0], limit_s=expired[1])
+            # A training job none of whose ranks got through the process group (setup_start comes before any
+            # team code): a node that never joined, the infrastructure's, to be run again; not the team's timeout.
+            never_started = deadlines.total_s is None and result.setup_start_s is None
+            _kill(job, result, "aborted" if never_started else "timeout",
+                  expired[0] + (" (no rank got through the process group: a node that never joined?)"
+                                if never_started else ""), limit_s=expired[1])
     result.exited_s = time.monotonic()
     _stamp(result, channel, lead_rank)
     if abort.is_set and not result.kill_status:

@@ -6,9 +6,10 @@
 - `leaderboard_lock`: rebuilds of a leaderboard folder are serialised, so two runs finishing at
   once leave a consistent leaderboard.
 - `RunLock`: flock on <run_dir>/.launcher.lock, held by node 0's launcher from its run directory to
-  its final record. The kernel drops it when the launcher dies, however it dies (SIGKILL, a lost
-  node): a record still `running` whose lock is free was left by a launcher that is gone
-  (`launcher_alive`), which the queue re-runs and `harness finalize` closes.
+  its final record. The kernel drops it when the launcher's process ends, however it ends (SIGKILL
+  included). A free lock proves the launcher gone on the launcher's own machine only: on a shared
+  file system flock may be local to each client (NFS `local_lock`, Lustre `localflock`), or held
+  by a lost client until it reboots (NFSv3); launcher/finalize.py decides with that in mind.
 """
 
 from __future__ import annotations

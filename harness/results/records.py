@@ -280,8 +280,11 @@ def iter_run_dirs(root: Path, track: str | None = None) -> Iterator[Path]:
 
 
 def match_runs(root: Path, key: str, track: str | None = None) -> list[Path]:
-    """Run directories whose id is `key` or starts with it."""
-    return [d for d in iter_run_dirs(root, track) if d.name == key or d.name.startswith(key)]
+    """Run directories whose id is `key`, else those whose id starts with it (an exact id always names its
+    own run: a SLURM array's `12345_1` is not also `12345_10` to `12345_19`)."""
+    dirs = list(iter_run_dirs(root, track))
+    exact = [d for d in dirs if d.name == key]
+    return exact or [d for d in dirs if d.name.startswith(key)]
 
 
 def find_run(root: Path, key: str) -> Path:
