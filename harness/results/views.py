@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.results.colors import team_colors
+from harness.results.empty import empty_state
 from harness.results.leaderboard import UNREADABLE, build_table, current_runs, load_rows, scored
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
@@ -66,6 +68,8 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     scale_records = load_scale_records(runs_root, track)
     ranking = ranking or track_ranking(rows)
     table = build_table(rows, ranking, include_unofficial, track_divisions(rows))
+    colors = team_colors(rows, scale_records)  # all runs, official or not: the `--all` view's colours are the same
+    empty = empty_state(rows, table, track, include_unofficial)
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
@@ -75,8 +79,8 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = {team: [r for r in runs if scored(r)] for team, runs in current_runs(eligible).items()}
-            chart_paths = draw_track(track, table, counted, scale_records,
-                                     plots_dir / f"{track}{suffix}", ranking)
+            chart_paths = draw_track(track, table, counted, scale_records, plots_dir / f"{track}{suffix}", ranking,
+                                     colors=colors, empty=empty)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
         write_atomic(md_path, to_markdown(table, track, ranking))
