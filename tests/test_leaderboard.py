@@ -227,3 +227,28 @@ def test_compare_works_across_divisions(tmp_path, cli):
     result = cli("compare", "fixed-a", "open-b", "--runs-dir", str(runs))
     assert result.code == 0, result.text
     assert "fixed-a" in result.out and "open-b" in result.out and "significant" in result.out.lower()
+
+
+def test_a_ranking_with_nobody_in_it_says_why_and_what_to_type(tmp_path):
+    """Only unofficial runs (seeds at --max-steps, say): the page and the Markdown said '0 ranked of 0 teams' over an
+    empty table. They say no official run exists yet and the command that shows the unofficial ones."""
+    from harness.results.views import rebuild
+
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0, official=False)
+    out = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+    page, markdown = out.html.read_text(), out.markdown.read_text()
+    assert ('<p class="empty"><b>No official runs yet.</b> <code>harness leaderboard --track local --all</code> '
+            "shows 1 unofficial run of 1 team (in local-all.html): a run made with a command-line override "
+            "(<code>--max-steps</code>, <code>--budget-s</code>, ...) is unofficial and never ranked.</p>") in page
+    assert ("**No official runs yet.** `harness leaderboard --track local --all` shows 1 unofficial run of 1 team "
+            "(in local-all.html)") in markdown
+    everything = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", include_unofficial=True, charts=False)
+    assert 'class="empty"' not in everything.html.read_text()  # --all ranks it
+    # Teams that ran officially and none finished: the table lists them; the note says so, and that --all shows
+    # the unofficial run that did finish.
+    make_run(runs, "bravo", None, status="crashed", reason="rank 1: boom")
+    page = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False).html.read_text()
+    assert "<b>No official run has finished yet.</b> <code>harness leaderboard --track local --all</code> shows " \
+           "1 unofficial run that finished" in page
+    assert "The 1 team in the table ran officially without finishing: each row says why." in page

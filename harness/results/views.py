@@ -83,9 +83,9 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
                                      colors=colors, empty=empty)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
-        write_atomic(md_path, to_markdown(table, track, ranking))
-        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows,
-                                          refresh_s=refresh_s, scale_records=scale_records))
+        write_atomic(md_path, to_markdown(table, track, ranking, empty=empty))
+        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows, refresh_s=refresh_s,
+                                          scale_records=scale_records, colors=colors, empty=empty))
     return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()),
                    [r["reason"] for r in rows if r["status"] == UNREADABLE])
 
