@@ -1,7 +1,7 @@
 """The leaderboard as one self-contained HTML page: the table and the charts, for an event screen and a laptop.
 
 - Self-contained: the charts are embedded (data URIs), so the file can be mailed, copied or served
-  from any folder. No script and no server; `--watch` adds a reload every few seconds.
+  from any folder. No script and no server; while `--watch` runs, a reload every few seconds.
 - The columns a room ranks by come first and fit a 1400 px screen (and an 800 px laptop window,
   where the throughput columns give way); everything else is one click away in each team's details,
   which open in a row of their own under the team's (a box laid over the table hid the next teams).
@@ -216,7 +216,7 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
             rows: list[dict] | None = None, refresh_s: float | None = None,
             scale_records: list[dict] | None = None, *, colors: Callable[[str], str],
             empty: EmptyState | None = None) -> str:
-    """The page; `refresh_s` makes it reload itself."""
+    """The page; `refresh_s` makes it reload itself (views.rebuild passes it only while a watcher runs)."""
     head = "".join(f'<th class="{c}{" wide" if c in WIDE_ONLY else ""}" title="{html.escape(tip)}">{html.escape(h)}</th>'
                    for c, h, tip in MAIN)
     # A team that did not finish is grey on the page as in every chart (its own colour is drawn nowhere yet).
