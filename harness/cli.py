@@ -379,46 +379,12 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, char
     elif fmt == "csv":
         click.echo(pd.DataFrame(rows).to_csv(index=False), nl=False)
     else:
-        click.echo(_compare_table(resolved, rows))
+        from harness.results.compare_table import compare_table
+
+        click.echo(compare_table(resolved, rows))
         for line in sentences:
             click.echo(line)
         click.echo(f"chart: {chart}")
-
-
-def _compare_table(sides, rows) -> str:
-    from harness.results.compare import format_number, format_p
-
-    def num(v, ratio=False):
-        if v is None:
-            return "-"
-        return f"x{v:.3f}" if ratio else format_number(v)
-
-    ref = sides[0].label
-    header = ["metric"] + [f"{s.label} (n={len(s.runs)})" for s in sides] + \
-             [f"{s.label} vs {ref}" for s in sides[1:]] + ["p"] * (len(sides) - 1)
-    lines = []
-    for row in rows:
-        cells = [row["metric"]]
-        for s in sides:
-            mean, ci = row[s.label], row[f"{s.label} ci95"]
-            cells.append(num(mean) + (f" ± {num(ci)}" if ci is not None else ""))
-        for s in sides[1:]:
-            prefix = f"{s.label} vs {ref}"
-            if f"{prefix}: ratio" in row:
-                cells.append(num(row[f"{prefix}: ratio"], ratio=True))
-            else:
-                d, ci = row[f"{prefix}: diff"], row[f"{prefix}: ci95"]
-                cells.append("-" if d is None else format_number(d, True) + (f" ± {num(ci)}" if ci is not None else ""))
-        for s in sides[1:]:
-            p = row[f"{s.label} vs {ref}: p"]
-            cells.append("n/a (1 run)" if p is None and row[f"{s.label} vs {ref}: note"].startswith("one run")
-                         else ("-" if p is None else format_p(p)))
-        lines.append(cells)
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths))]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
-    return "\n".join(out)
-
 
 
 @main.command()

@@ -29,6 +29,9 @@ def test_significant_difference_with_interval_and_ratio(cli, tmp_path):
     assert abs(tps["bravo vs alpha: ratio"] - 1502.0 / 1002.5) < 1e-9
     assert "alpha beats bravo" in out["verdict"][0] and "significant" in out["verdict"][0]
     assert (tmp_path / "c.png").stat().st_size > 0
+    text = cli("compare", "alpha", "bravo", "--runs-dir", str(runs), "--chart", str(tmp_path / "t.png")).out
+    tps_line = next(line for line in text.splitlines() if line.startswith("tokens_per_s"))
+    assert " x1.498 " in f"{tps_line} " and "x1.4983" not in tps_line  # the ratio written as every figure is
 
 
 def test_a_single_run_claims_no_significance(cli, tmp_path):

@@ -1,6 +1,8 @@
 """`harness compare`'s verdict on records held in memory: when the comparison is fair, when the run-to-run noise
 is larger than the difference, what to do, and how its numbers are written (never `p = 0`)."""
 
+import re
+
 import pytest
 
 import harness.results.compare as compare
@@ -199,3 +201,36 @@ def test_a_max_steps_of_the_wrong_type_reads_as_bounded_by_time():
     odd["track"] = {**odd["track"], "max_steps": "lots"}
     assert compare.setup_of(odd)["max_steps"] == 0 and compare.setup_of(run(2.0, 1, max_steps=200))["max_steps"] == 200
     assert verdict(sides([run(2.0, 1)], [odd]))[0].startswith("A has the lower val_loss than B")
+
+
+def _figures(text: str) -> list[str]:
+    """Every number a reader sees, commands in backticks left out (typed as they are: `--max-steps 1180`)."""
+    return re.findall(r"(?<![\w.])[-+x]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)", re.sub(r"`[^`]*`", "", text))
+
+
+def _one_way(figure: str) -> bool:
+    """compare.format_number's way: whole numbers with grouped thousands from 1,000 up, else 4 significant digits."""
+    plain = figure.lstrip("x+-")
+    if "," in plain:
+        return re.fullmatch(r"\d{1,3}(,\d{3})+", plain) is not None
+    return float(plain) < 1000 and len(plain.split("e")[0].replace(".", "").lstrip("0")) <= 4
+
+
+def test_every_figure_in_the_table_and_the_verdict_is_written_one_way():
+    """The table wrote the throughput ratio with 3 decimals (x12.345: five digits) and the verdict step counts
+    without their thousands (1180 to 1290 steps), beside figures written by format_number."""
+    from harness.results.compare_table import compare_table
+
+    a = [run(2.03, 1, steps=1290, tokens_per_s=1000.0), run(2.33, 2, steps=1180, tokens_per_s=1010.0),
+         run(2.10, 3, steps=1260, tokens_per_s=990.0)]
+    b = [run(2.00, 1, steps=1280, tokens_per_s=12345.0), run(2.25, 2, steps=1200, tokens_per_s=12340.0),
+         run(2.15, 3, steps=1250, tokens_per_s=12350.0)]
+    both = sides(a, b)
+    rows = compare.compare(both)
+    table, said = compare_table(both, rows), "\n".join(verdict(both))
+    ratio = next(r for r in rows if r["metric"] == "tokens_per_s")["B vs A: ratio"]
+    assert f"x{compare.format_number(ratio)}" in table and "12,345 ± " in table
+    assert "trained 1,180 to 1,290 steps" in said and "`--max-steps 1180`" in said
+    wrong = [f for f in _figures(table + "\n" + said) if not _one_way(f)]
+    assert wrong == [], wrong
+    assert not re.search(r"p = 0(?![.\d])", said) and not any(line.rstrip().endswith(" 0") for line in table.splitlines())

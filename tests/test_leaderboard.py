@@ -132,17 +132,75 @@ def test_watch_rebuilds_when_records_change_and_only_then(tmp_path):
 
     count = watch(tmp_path, ["local"], lambda: rebuilt.append(1), every_s=0.0,
                   keep_going=lambda: next(ticks, None) is not None, sleep=tick)
-    assert count == 2 and len(rebuilt) == 2  # the first look, then the new record; no rebuild when nothing changed
+    assert count == 2  # the first look, then the new record; no rebuild when nothing changed
+    assert len(rebuilt) == 3  # and one more when the watch ended: the pages without the reload
 
 
-def test_the_page_reloads_itself_when_watched(tmp_path):
-    from harness.results.views import rebuild
+def _reloads(html_path) -> bool:
+    return 'http-equiv="refresh"' in html_path.read_text()
 
-    make_run(tmp_path / "runs", "alpha", 2.0)
-    out = rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots", charts=False, refresh_s=15)
-    assert '<meta http-equiv="refresh" content="15">' in out.html.read_text()
-    out = rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots", charts=False)
-    assert "http-equiv" not in out.html.read_text()
+
+def test_the_page_reloads_itself_while_watched_and_stops_when_the_watch_stops(tmp_path):
+    """A page written with a reload kept reloading after `--watch` stopped, for as long as a screen showed it. While
+    a watch runs, every page rebuilt from its records reloads, a `harness run`'s refresh included (one written
+    without the reload stopped the screen mid-event); after it stops, the page is rebuilt without the reload,
+    whether it ended or was stopped by Ctrl-C."""
+    from harness.results.views import rebuild, watch
+
+    runs, board = tmp_path / "runs", tmp_path / "lb"
+    make_run(runs, "alpha", 2.0)
+    html = board / "local.html"
+    seen = []
+
+    def rebuild_all():  # as `harness leaderboard --watch 15` does
+        rebuild(runs, "local", board, tmp_path / "plots", charts=False, refresh_s=15)
+
+    def tick(_seconds):
+        seen.append(_reloads(html))
+        rebuild(runs, "local", board, tmp_path / "plots", charts=False)  # a `harness run` finishing meanwhile
+        seen.append(_reloads(html))
+
+    ticks = iter(range(2))
+    watch(runs, ["local"], rebuild_all, every_s=15, keep_going=lambda: next(ticks, None) is not None, sleep=tick)
+    assert seen == [True, True, True, True] and '<meta http-equiv="refresh" content="15">' not in html.read_text()
+    assert not _reloads(html) and not list(runs.glob(".leaderboard-watch-*"))
+
+    def interrupt(_seconds):
+        assert _reloads(html)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        watch(runs, ["local"], rebuild_all, every_s=15, sleep=interrupt)
+    assert not _reloads(html)
+    rebuild(runs, "local", board, tmp_path / "plots", charts=False, refresh_s=15)  # no watcher: no reload
+    assert not _reloads(html)
+
+
+def test_ctrl_c_on_harness_leaderboard_watch_leaves_a_page_that_does_not_reload(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs, board = tmp_path / "runs", tmp_path / "lb"
+    make_run(runs, "alpha", 2.0)
+    html = board / "local.html"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "leaderboard", "--watch", "1", "--no-charts",
+                             "--runs-dir", str(runs), "--out", str(board)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (html.exists() and _reloads(html)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        assert '<meta http-equiv="refresh" content="1">' in html.read_text()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopped" in err and out.count("local: 1 ranked of 1 teams") == 2  # the watch's rebuild, then the last
+    assert not _reloads(html)
 
 
 def test_an_unreadable_record_is_listed_not_dropped(tmp_path, cli):
@@ -297,3 +355,28 @@ def test_all_never_averages_runs_of_different_setups(tmp_path, field, official, 
 
     charted = counted_runs(load_rows(tmp_path, "local"))["alpha"]
     assert sorted(r["val_loss"] for r in charted) == [3.00, 3.10]
+
+
+def test_a_ranking_with_nobody_in_it_says_why_and_what_to_type(tmp_path):
+    """Only unofficial runs (seeds at --max-steps, say): the page and the Markdown said '0 ranked of 0 teams' over an
+    empty table. They say no official run exists yet and the command that shows the unofficial ones."""
+    from harness.results.views import rebuild
+
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0, official=False)
+    out = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+    page, markdown = out.html.read_text(), out.markdown.read_text()
+    assert ('<p class="empty"><b>No official runs yet.</b> <code>harness leaderboard --track local --all</code> '
+            "shows 1 unofficial run of 1 team (in local-all.html): a run made with a command-line override "
+            "(<code>--max-steps</code>, <code>--budget-s</code>, ...) is unofficial and never ranked.</p>") in page
+    assert ("**No official runs yet.** `harness leaderboard --track local --all` shows 1 unofficial run of 1 team "
+            "(in local-all.html)") in markdown
+    everything = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", include_unofficial=True, charts=False)
+    assert 'class="empty"' not in everything.html.read_text()  # --all ranks it
+    # Teams that ran officially and none finished: the table lists them; the note says so, and that --all shows
+    # the unofficial run that did finish.
+    make_run(runs, "bravo", None, status="crashed", reason="rank 1: boom")
+    page = rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False).html.read_text()
+    assert "<b>No official run has finished yet.</b> <code>harness leaderboard --track local --all</code> shows " \
+           "1 unofficial run that finished" in page
+    assert "The 1 team in the table ran officially without finishing: each row says why." in page

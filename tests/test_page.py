@@ -61,7 +61,7 @@ def test_page_loads_with_rows_in_order_and_embedded_charts(page, browser, tmp_pa
     shutil.rmtree(tmp_path / "plots")
     browser.get(moved.as_uri())
     assert browser.title == "Leaderboard: local"
-    rows = browser.find_elements("css selector", "#leaderboard tbody tr")
+    rows = browser.find_elements("css selector", "#leaderboard tbody tr[data-team]")
     assert [r.get_attribute("data-team") for r in rows] == expected
     assert rows[0].find_element("css selector", "td.rank").text == "1"
     images = browser.find_elements("css selector", ".charts img")
@@ -75,7 +75,7 @@ def test_page_loads_with_rows_in_order_and_embedded_charts(page, browser, tmp_pa
 
 def test_ties_undetermined_orders_and_reasons_are_on_the_page(page, browser):
     browser.get(page.as_uri())
-    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr")}
+    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr[data-team]")}
     assert by_team["alpha"].find_element("css selector", ".badge").text == "ahead"
     assert by_team["gamma"].find_element("css selector", ".badge").text == "tied with #3"
     assert by_team["kappa"].find_element("css selector", ".badge").text == "undetermined"  # beta has one run
@@ -90,7 +90,7 @@ def test_intervals_and_run_counts_are_on_the_page(page, browser):
     """The 95% t interval of each mean, beside n; none for a single run. Half-widths computed here from the
     runs and the t table (t(0.975, 1) = 12.706, t(0.975, 2) = 4.303), not by the harness's code."""
     browser.get(page.as_uri())
-    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr")}
+    by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr[data-team]")}
 
     def cell(team, col):
         element = by_team[team].find_element("css selector", f"td.{col}")
@@ -111,12 +111,61 @@ def test_intervals_and_run_counts_are_on_the_page(page, browser):
 def test_details_open_on_demand(page, browser):
     browser.get(page.as_uri())
     row = browser.find_element("css selector", "#leaderboard tbody tr[data-team='alpha']")
-    panel = row.find_element("css selector", ".panel")
+    panel = browser.find_element("css selector", "#leaderboard tbody tr[data-details-for='alpha'] .panel")
     assert not panel.is_displayed()
     row.find_element("css selector", "summary").click()
     assert panel.is_displayed()
     text = panel.text
     assert "run_id" in text and "submission_sha256" in text and "425,984" in text and "1,196,034" in text
+
+
+def _box(browser, element) -> dict:
+    return browser.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                  "return {top: r.top, bottom: r.bottom, left: r.left, right: r.right};", element)
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_a_teams_details_push_the_next_team_down_instead_of_covering_it(page, width):
+    """The details used to be a box laid over the table: opening the winner's hid the teams under it. They open in
+    a row of their own; every other team's row stays visible, below the panel, at either width."""
+    driver = _driver(width)
+    try:
+        driver.get(page.as_uri())
+        rows = driver.find_elements("css selector", "#leaderboard tbody tr[data-team]")
+        for i, row in enumerate(rows[:-1]):
+            row.find_element("css selector", "summary").click()
+            team = row.get_attribute("data-team")
+            # Wherever the page puts a team's panel (in its row before, in a row of its own now):
+            panel = driver.find_element("css selector", f"tr[data-team='{team}'] .panel, "
+                                                         f"tr[data-details-for='{team}'] .panel")
+            assert panel.is_displayed()
+            box, below = _box(driver, panel), _box(driver, rows[i + 1])
+            assert box["bottom"] <= below["top"] + 0.5, (team, box, below)  # no overlap: the next row is under it
+            assert box["top"] >= _box(driver, row)["bottom"] - 0.5
+            row.find_element("css selector", "summary").click()  # closed again: the next team moves back up
+            assert not panel.is_displayed()
+            assert abs(_box(driver, rows[i + 1])["top"] - _box(driver, row)["bottom"]) < 2
+    finally:
+        driver.quit()
+
+
+def test_each_team_has_its_chart_colour_beside_its_name(page, browser, tmp_path):
+    """The table ties to the charts: each ranked team's name has its chart colour beside it, five different ones
+    here; a team that did not finish has the grey the charts list it in."""
+    from harness.results.colors import NOT_FINISHED, team_colors
+    from harness.results.leaderboard import load_rows
+
+    colors = team_colors(load_rows(tmp_path / "runs", "local"))
+    browser.get(page.as_uri())
+    shown = {}
+    for row in browser.find_elements("css selector", "#leaderboard tbody tr[data-team]"):
+        swatch = row.find_element("css selector", "summary .swatch")
+        rgb = browser.execute_script("return getComputedStyle(arguments[0]).backgroundColor", swatch)
+        r, g, b = (int(c) for c in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3])
+        shown[row.get_attribute("data-team")] = f"#{r:02x}{g:02x}{b:02x}"
+    assert shown == {"alpha": colors("alpha"), "gamma": colors("gamma"), "kappa": colors("kappa"),
+                     "beta": colors("beta"), "delta": NOT_FINISHED}
+    assert len(set(shown.values())) == 5
 
 
 @pytest.mark.parametrize("width", [1400, 800])

@@ -225,10 +225,13 @@ def build_model(track, nproc: int, points: list[dict], params: int) -> dict:
 
 
 def _chart(record: dict, path: Path) -> None:
+    """scale.png beside the record (runs/<track>/<team>/scale-<id>/), the team in its colour on the track's charts."""
+    from harness.results.colors import track_colors
     from harness.results.plots import save_png
     from harness.results.rate_charts import scaling_figure
 
-    save_png(scaling_figure(record["track"], [record], assumptions=True), path)
+    colors = track_colors(path.parents[3], record["track"])  # the runs root
+    save_png(scaling_figure(record["track"], [record], assumptions=True, colors=colors), path)
 
 
 def scale_lines(record: dict, out_dir: Path) -> list[str]:

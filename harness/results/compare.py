@@ -169,7 +169,8 @@ def format_number(value: float | None, signed: bool = False) -> str:
     if value is None:
         return "-"
     sign = "+" if signed else ""
-    return f"{value:{sign},.0f}" if abs(value) >= 1000 else f"{value:{sign}.4g}"
+    # Decided on the rounded figure: 999.96 is 1,000 at 4 digits, not "1000".
+    return f"{value:{sign},.0f}" if abs(float(f"{value:.4g}")) >= 1000 else f"{value:{sign}.4g}"
 
 
 def format_p(p: float | None) -> str:
@@ -356,8 +357,8 @@ def seeds_needed(noise: float | None, diff: float) -> str:
     needed = runs_needed(noise, diff)
     if needed is None:
         return f"more than {RUNS_NEEDED_MAX} a side: at this spread the difference cannot be told apart from noise"
-    return (f"about {needed} a side to detect a difference of {format_number(diff)} (the one observed) with "
-            f"{POWER:.0%} power")
+    return (f"about {format_number(needed)} a side to detect a difference of {format_number(diff)} (the one "
+            f"observed) with {POWER:.0%} power")
 
 
 def _bounded_alike(ref: Side, side: Side) -> bool:
@@ -409,8 +410,8 @@ def steps_varied(side: Side) -> str | None:
     steps = [int(r["steps"]) for r in side.runs if not setup_of(r)["max_steps"] and is_finite(r.get("steps"))]
     if len(steps) < 2 or max(steps) - min(steps) <= STEPS_VARY * max(steps):
         return None
-    return (f"{side.label}'s runs trained {min(steps)} to {max(steps)} steps in their budget: the machine's speed "
-            "changed under them, and val_loss with it.")
+    return (f"{side.label}'s runs trained {format_number(min(steps))} to {format_number(max(steps))} steps in their "
+            "budget: the machine's speed changed under them, and val_loss with it.")
 
 
 def repeated_seeds_line(side: Side) -> str | None:

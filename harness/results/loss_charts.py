@@ -2,22 +2,26 @@
 
 The y range is the range the teams are actually in: the first steps (loss near ln(vocab)) and
 the loss floor would squash every curve into a sliver, so they are stated as labels instead.
-Curves: a team's counted runs, at most MAX_CURVES per team (the best ones), so a track with
-thousands of runs stays readable.
+Curves: a team's counted runs, at most MAX_CURVES per team, the run nearest the team's ranked figure
+drawn bold (under `mean` a typical run, not the luckiest one), so a track with thousands of runs stays
+readable. Beside the curves, each team's ranked figure itself (mean with its 95% interval, or its best
+run) is marked, and the legend says whether the ranking found it tied with its neighbour.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
-from matplotlib.ticker import EngFormatter
 
-from harness.results.plots import NOT_FINISHED, legend_outside, subplots, team_color
-from harness.results.stats import finite_first, is_finite
+from harness.results.colors import NOT_FINISHED
+from harness.results.empty import EmptyState
+from harness.results.plots import count_axis, legend_outside, subplots
+from harness.results.stats import is_finite
 from harness.submission.files import read_regular
 
 MAX_CURVES = 5
@@ -26,6 +30,7 @@ CURVE_TEAMS = 12  # teams with curves on a loss chart: more cannot be told apart
 ROW_TEAMS = 30  # rows of the val_loss chart: the ranked teams first, then the ones that did not finish
 SKIP_START = 0.1  # the first tenth of each curve (the fall from ln(vocab)) does not set the y range
 X_LABELS = {"train_time_s": "training time (s)", "tokens": "tokens seen"}
+BOLD, THIN = 2.4, 1.4  # line widths: the run nearest the ranked figure, the others
 
 
 def read_curve(run: dict) -> pd.DataFrame | None:
@@ -36,9 +41,15 @@ def read_curve(run: dict) -> pd.DataFrame | None:
         return None
 
 
-def best_curves(runs: list[dict]) -> list[tuple[dict, pd.DataFrame]]:
+def nearest_curves(runs: list[dict], figure: float) -> list[tuple[dict, pd.DataFrame]]:
+    """Up to MAX_CURVES runs with their curves, the one whose val_loss is nearest the team's ranked figure first
+    (plot_runs draws it bold): under `mean` a typical run rather than the luckiest, under `best` the best run."""
+    def distance(run: dict) -> tuple[bool, float, str]:
+        v = run.get("val_loss")
+        return (not is_finite(v), abs(float(v) - figure) if is_finite(v) else 0.0, str(run.get("run_id", "")))
+
     out = []
-    for run in sorted(runs, key=lambda r: finite_first(r.get("val_loss")))[:MAX_CURVES]:
+    for run in sorted(runs, key=distance)[:MAX_CURVES]:
         frame = read_curve(run)
         if frame is not None and len(frame):
             out.append((run, frame))
@@ -47,24 +58,66 @@ def best_curves(runs: list[dict]) -> list[tuple[dict, pd.DataFrame]]:
 
 def plot_runs(ax, color: str, runs: list[tuple[dict, pd.DataFrame]], x_col: str,
               linestyle: str = "-") -> tuple[list[float], tuple | None]:
-    """One team's curves and val stars; returns the y values that should set the range and its legend handle."""
+    """One team's curves (the first bold) and val stars; returns the y values that should set the range and its
+    legend handle (bold line, star, ranked-figure diamond)."""
     ys: list[float] = []
     handle = None
     for i, (run, frame) in enumerate(runs):
         x, y = frame[x_col], frame["train_loss"]
-        ax.plot(x, y, color=color, alpha=0.9 if i == 0 else 0.35, linewidth=2.4 if i == 0 else 1.4,
+        ax.plot(x, y, color=color, alpha=0.9 if i == 0 else 0.35, linewidth=BOLD if i == 0 else THIN,
                 linestyle=linestyle)
         start = x.iloc[0] + SKIP_START * (x.iloc[-1] - x.iloc[0])
         ys += [float(v) for v in y[x >= start] if is_finite(float(v))]
         if is_finite(run.get("val_loss")):
-            x_end = run.get(x_col) if run.get(x_col) is not None else x.iloc[-1]
-            ax.scatter([x_end], [run["val_loss"]], color=color, marker="*", s=300, zorder=4, edgecolor="black",
-                       linewidth=0.8)
+            ax.scatter([curve_end(run, frame, x_col)], [run["val_loss"]], color=color, marker="*", s=300, zorder=4,
+                       edgecolor="black", linewidth=0.8)
             ys.append(float(run["val_loss"]))
         if i == 0:
-            handle = (Line2D([], [], color=color, linewidth=2.4, linestyle=linestyle),
-                      Line2D([], [], color=color, marker="*", markersize=15, markeredgecolor="black", linestyle=""))
+            handle = (Line2D([], [], color=color, linewidth=BOLD, linestyle=linestyle),
+                      Line2D([], [], color=color, marker="*", markersize=15, markeredgecolor="black", linestyle=""),
+                      Line2D([], [], color=color, marker="D", markersize=9, markeredgecolor="black", linestyle=""))
     return ys, handle
+
+
+def curve_end(run: dict, frame: pd.DataFrame, x_col: str) -> float:
+    """Where a run's val star sits: its recorded total (training time, tokens), else its last logged point."""
+    return float(run[x_col]) if is_finite(run.get(x_col)) else float(frame[x_col].iloc[-1])
+
+
+def mark_ranked(ax, color: str, x: float, value: float, ci: float | None) -> list[float]:
+    """The team's ranked figure beside its curves: a diamond at the mean (or the best run) with its 95% interval as
+    a bar, the figure the table ranks by rather than any one run. Returns the y values it covers."""
+    ax.errorbar([x], [value], yerr=[[ci], [ci]] if ci else None, fmt="D", color=color, ecolor=color, elinewidth=3,
+                capsize=7, markersize=11, markeredgecolor="black", zorder=5)
+    return [value - (ci or 0.0), value + (ci or 0.0)]
+
+
+def mark_positions(right: float, left: float, count: int) -> list[float]:
+    """x of each team's ranked-figure mark: a strip just right of every curve's end, one slot a team in rank
+    order, so that two tied teams' marks stand side by side instead of on top of each other."""
+    span = max(right - left, 1e-9)
+    return [right + span * (0.03 + 0.1 * i / max(count, 4)) for i in range(count)]
+
+
+def figure_label(name: str, value: float, ci: float | None, n: int, ranking: str, tied_with: str = "") -> str:
+    """'#1 alpha: 2.0050 ± 0.0635 (n=2)' or 'best 1.9000 of n=4', and ', tied with #2' where the ranking said so."""
+    if ranking == "best":
+        figure = f"best {value:.4f} of n={n}"
+    else:
+        figure = f"{value:.4f} ± {ci:.4f} (n={n})" if ci else f"{value:.4f} (n={n}: no interval)"
+    return f"{name}: {figure}" + (f", tied with {tied_with}" if tied_with else "")
+
+
+def key_handles(ranking: str, whose: str = "the ranking's figure") -> tuple[list, list[str]]:
+    """The legend's first entries, in black: what the bold line, a star and a diamond (`whose` figure) are."""
+    bold = "the best run" if ranking == "best" else "the run nearest the mean"
+    figure = "the best run's val loss" if ranking == "best" else "mean val loss ± 95% interval"
+    handles = [(Line2D([], [], color="black", linewidth=BOLD), Line2D([], [], color="black", alpha=0.35,
+                                                                        linewidth=THIN)),
+               Line2D([], [], color="black", marker="*", markersize=15, linestyle=""),
+               Line2D([], [], color="black", marker="D", markersize=9, linestyle="")]
+    return handles, [f"train loss: bold {bold}, thin other runs", "a run's val loss",
+                     f"{whose}: {figure}"]
 
 
 def fit_loss_axis(ax, ys: list[float], all_top: float | None, floor: float | None, best: float | None) -> list[str]:
@@ -100,44 +153,56 @@ def not_finished_handles(table: pd.DataFrame) -> tuple[list, list[str]]:
     return handles, [f"{r['team']}: {r['status']}" for _, r in rows.iterrows()]
 
 
-def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], x_col: str):
-    fig, ax = subplots(figsize=(8.5, 5.4))
-    all_ranked = list(table[table["status"] == "ok"]["team"])
-    ranked = all_ranked[:CURVE_TEAMS]
-    ys, handles, labels, all_top = [], [], [], None
-    for team in ranked:
-        runs = best_curves(counted.get(team, []))
-        team_ys, handle = plot_runs(ax, team_color(team), runs, x_col)
-        ys += team_ys
-        for _, frame in runs:
-            all_top = max(all_top or float("-inf"), float(frame["train_loss"].max()))
-        if handle:
-            handles.append(handle)
-            labels.append(team)
-    floors = [r["loss_floor"] for runs in counted.values() for r in runs if is_finite(r.get("loss_floor"))]
-    best = min((float(v) for v in table[table["status"] == "ok"]["val_loss"] if is_finite(v)), default=None)
-    notes = fit_loss_axis(ax, ys, all_top, min(floors) if floors else None, best)
+def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], x_col: str, *,
+                colors: Callable[[str], str], ranking: str = "mean", empty: EmptyState | None = None):
     what = X_LABELS[x_col]
-    shown = f" (top {len(ranked)} of {len(all_ranked)} teams)" if len(all_ranked) > len(ranked) else ""
-    ax.set(title=f"Loss against {what.split(' (')[0]}: track {track}{shown}", xlabel=what,
-           ylabel="loss (nats per token)")
+    title = f"Loss against {what.split(' (')[0]}: track {track}"
+    ranked_rows = table[table["status"] == "ok"]
+    if ranked_rows.empty:  # why, and what to type, rather than empty axes
+        return (empty or EmptyState("No finished runs yet", "", "")).figure(title)
+    shown_rows = ranked_rows.head(CURVE_TEAMS)
+    fig, ax = subplots(figsize=(8.5, 5.4))
+    teams = []  # (row, colour, curves): curves first, so that the marks can stand right of every curve
+    for _, row in shown_rows.iterrows():
+        curves = nearest_curves(counted.get(row["team"], []), float(row["val_loss"]))
+        if curves:
+            teams.append((row, colors(row["team"]), curves))
+    ends = [curve_end(run, frame, x_col) for _, _, curves in teams for run, frame in curves]
+    starts = [float(frame[x_col].iloc[0]) for _, _, curves in teams for _, frame in curves]
+    marks = mark_positions(max(ends, default=1.0), min(starts + [0.0]), len(teams))
+    ys, handles, labels = [], [], []
+    for (row, color, curves), x_mark in zip(teams, marks):
+        team_ys, handle = plot_runs(ax, color, curves, x_col)
+        ci = float(row["ci95"]) if is_finite(row["ci95"]) else None
+        ys += team_ys + mark_ranked(ax, color, x_mark, float(row["val_loss"]), ci)
+        tied = row["tied_with"] if isinstance(row["tied_with"], str) else ""
+        handles.append(handle)
+        labels.append(figure_label(f"#{int(row['rank'])} {row['team']}", float(row["val_loss"]), ci,
+                                   int(row["n_runs"]), ranking, tied))
+    floors = [r["loss_floor"] for runs in counted.values() for r in runs if is_finite(r.get("loss_floor"))]
+    best = min((float(v) for v in ranked_rows["val_loss"] if is_finite(v)), default=None)
+    all_top = max((float(frame["train_loss"].max()) for _, _, curves in teams for _, frame in curves), default=None)
+    notes = fit_loss_axis(ax, ys, all_top, min(floors) if floors else None, best)
+    shown = f" (top {len(shown_rows)} of {len(ranked_rows)} teams)" if len(ranked_rows) > len(shown_rows) else ""
+    ax.set(title=title + shown, xlabel=what, ylabel="loss (nats per token)")
     if x_col == "tokens":
-        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-    if not ranked:
-        ax.text(0.5, 0.5, "no finished runs yet", transform=ax.transAxes, ha="center", fontsize=16)
+        count_axis(ax.xaxis, max(ends, default=0.0), what)
+    key_h, key_l = key_handles(ranking)
     extra_h, extra_l = not_finished_handles(table)
     note_h, note_l = note_handles(notes)
-    if handles or extra_h:
-        key = [(Line2D([], [], color="black", linewidth=2.4),
-                Line2D([], [], color="black", marker="*", markersize=15, linestyle=""))]
-        legend_outside(ax, key + handles + extra_h + note_h, ["train loss, ★ val loss"] + labels + extra_l + note_l,
-                       handler_map={tuple: HandlerTuple(ndivide=None, pad=0.8)}, handlelength=3.0)
+    legend_outside(ax, key_h + handles + extra_h + note_h, key_l + labels + extra_l + note_l,
+                   ncol=1 if len(handles) <= 5 else 2, handler_map={tuple: HandlerTuple(ndivide=None, pad=0.8)},
+                   handlelength=3.0)
     return fig
 
 
-def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], ranking: str = "mean"):
+def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], ranking: str = "mean", *,
+                    colors: Callable[[str], str], empty: EmptyState | None = None):
     """One row per team: mean with its 95% interval and n (or the best of n runs); teams that did not
     finish greyed, with their status. No interval is drawn from a single run: there is none."""
+    what = "best run of each team" if ranking == "best" else "mean ± 95% interval"
+    if table.empty:  # every run unofficial, say: why, and what to type
+        return (empty or EmptyState("No runs yet", "", "")).figure(f"Validation loss ({what}): track {track}")
     rows = list(table.iterrows())
     total = len(rows)
     rows = rows[:ROW_TEAMS]
@@ -148,7 +213,7 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
         if row["status"] != "ok" or not is_finite(row["val_loss"]):
             continue
         ci = row["ci95"] if is_finite(row["ci95"]) else None
-        color = team_color(row["team"])
+        color = colors(row["team"])
         ax.errorbar([row["val_loss"]], [y], xerr=[[ci], [ci]] if ci else None, fmt="o", color=color,
                     ecolor=color, elinewidth=3, capsize=8, markersize=11, markeredgecolor="black")
         xs += [row["val_loss"] - (ci or 0), row["val_loss"] + (ci or 0)]
@@ -189,7 +254,6 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
     else:
         ax.set_xlabel("validation loss (nats per token)")
     ax.grid(axis="y", visible=False)
-    what = "best run of each team" if ranking == "best" else "mean ± 95% interval"
     shown = f", top {len(rows)} of {total} teams" if total > len(rows) else ""
     ax.set_title(f"Validation loss ({what}{shown}): track {track}")
     return fig

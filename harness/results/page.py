@@ -1,20 +1,28 @@
 """The leaderboard as one self-contained HTML page: the table and the charts, for an event screen and a laptop.
 
 - Self-contained: the charts are embedded (data URIs), so the file can be mailed, copied or served
-  from any folder. No script and no server; `--watch` adds a reload every few seconds.
+  from any folder. No script and no server; while `--watch` runs, a reload every few seconds.
 - The columns a room ranks by come first and fit a 1400 px screen (and an 800 px laptop window,
-  where the throughput columns give way); everything else is one click away in each team's details.
-- Ties, undetermined orders, and the status and reason of teams that did not finish are on the page.
+  where the throughput columns give way); everything else is one click away in each team's details,
+  which open in a row of their own under the team's (a box laid over the table hid the next teams).
+- Each team's name has its colour in the charts beside it.
+- Ties, undetermined orders, and the status and reason of teams that did not finish are on the page; a
+  ranking with nobody in it says why and what to type.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
+
+from typing import Callable
 
 import pandas as pd
 
+from harness.results.colors import NOT_FINISHED
+from harness.results.empty import EmptyState
 from harness.results.leaderboard import COLUMNS
 from harness.results.scale_records import measured, newest_per_team
 from harness.results.tables import fmt, missing
@@ -51,7 +59,6 @@ p.key { font-size: 0.85em; color: var(--muted); }
 .badge.tied, .badge.undetermined { background: #fde8d7; color: var(--warn); }
 .badge.division { background: #e4ecf7; color: #1f3f6e; font-size: 0.7em; vertical-align: middle; }
 .reported { color: var(--muted); font-size: 0.75em; }
-.board { position: relative; }
 table { border-collapse: collapse; width: 100%; margin: 0.8em 0; }
 th, td { padding: 0.38em 0.55em; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
 th { background: #222; color: #fff; font-weight: 600; position: sticky; top: 0; z-index: 1; }
@@ -67,9 +74,15 @@ td.notice .reason { white-space: pre-wrap; font-family: ui-monospace, monospace;
 details > summary { cursor: pointer; font-weight: 600; list-style: none; }
 details > summary::before { content: "▸ "; color: #888; font-size: 0.8em; }
 details[open] > summary::before { content: "▾ "; }
-details .panel { position: absolute; left: 0; right: 0; z-index: 2; margin-top: 0.3em; padding: 0.8em 1em;
-                 background: #fbfbfb; border: 1px solid #bbb; border-radius: 0.4em; box-shadow: 0 4px 14px #0002;
-                 white-space: normal; font-weight: 400; font-size: 0.8em; }
+.swatch { display: inline-block; width: 0.75em; height: 0.75em; border-radius: 0.2em; margin-right: 0.35em;
+          border: 1px solid #0005; vertical-align: -0.05em; }
+tr.details { display: none; }
+tr:has(details[open]) + tr.details { display: table-row; }  /* the team's details, pushing the next team down */
+tr.details > td { text-align: left; white-space: normal; padding: 0 0.55em 0.7em; }
+.panel { padding: 0.8em 1em; background: #fbfbfb; border: 1px solid #bbb; border-radius: 0.4em;
+         font-weight: 400; font-size: 0.8em; }
+p.empty { font-size: 1.05em; padding: 0.6em 0.9em; background: #fdf3e7; border-left: 0.3em solid var(--warn); }
+p.empty code, p.key code { font-family: ui-monospace, monospace; background: #f1f1f1; padding: 0.05em 0.3em; }
 .panel dl { display: grid; grid-template-columns: repeat(auto-fill, minmax(15em, 1fr)); gap: 0.3em 1.2em; margin: 0; }
 .panel dt { color: var(--muted); font-size: 0.85em; }
 .panel dd { margin: 0; font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
@@ -118,7 +131,8 @@ def _details(row) -> str:
     return f'<div class="panel"><dl>{"".join(items)}</dl></div>'
 
 
-def _row(row) -> str:
+def _row(row, color: str) -> str:
+    """The team's row, then its details' row (shown while its name is open: it pushes the next team down)."""
     team = html.escape(str(row["team"]))
     ranked = row["status"] == "ok"
     classes = ["ranked" if ranked else "unranked"]
@@ -130,8 +144,9 @@ def _row(row) -> str:
         classes.append("undetermined")
     open_division = row.get("division") == "open"
     tag = ' <span class="badge division" title="open division: the team\'s own train.py">open</span>' if open_division else ""
+    swatch = f'<span class="swatch" style="background: {html.escape(color)}" title="its colour in the charts"></span>'
     cells = [f'<td class="rank">{html.escape(fmt("rank", row["rank"]))}</td>',
-             f'<td class="team"><details><summary>{team}{tag}</summary>{_details(row)}</details></td>']
+             f'<td class="team"><details><summary>{swatch}{team}{tag}</summary></details></td>']
     if ranked:
         for col, _, _ in MAIN[2:]:
             text = _badge(row) if col == "vs_next" else html.escape(fmt(col, row[col]) or ("n/a" if col == "mfu" else ""))
@@ -144,7 +159,8 @@ def _row(row) -> str:
         reason = str(row["reason"] or "")
         cells.append(f'<td class="notice" colspan="{len(MAIN) - 2}"><span class="status">{html.escape(row["status"])}'
                      f'</span><span class="reason">{html.escape(reason)}</span></td>')
-    return f'<tr class="{" ".join(classes)}" data-team="{team}">{"".join(cells)}</tr>'
+    return (f'<tr class="{" ".join(classes)}" data-team="{team}">{"".join(cells)}</tr>\n'
+            f'<tr class="details" data-details-for="{team}"><td colspan="{len(MAIN)}">{_details(row)}</td></tr>')
 
 
 def scaling_caption(scale_records: list[dict]) -> str:
@@ -187,12 +203,25 @@ def machine_summary(rows: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def empty_html(empty: EmptyState | None) -> str:
+    """Why nobody is ranked and what to type, above the table (empty.empty_state)."""
+    if empty is None:
+        return ""
+    command = f"<code>{html.escape(empty.command)}</code> " if empty.command else ""
+    detail = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(empty.detail))  # options it names, as code
+    return f'<p class="empty"><b>{html.escape(empty.headline)}.</b> {command}{detail}</p>'
+
+
 def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Path], generated_at: str,
             rows: list[dict] | None = None, refresh_s: float | None = None,
-            scale_records: list[dict] | None = None) -> str:
+            scale_records: list[dict] | None = None, *, colors: Callable[[str], str],
+            empty: EmptyState | None = None) -> str:
+    """The page; `refresh_s` makes it reload itself (views.rebuild passes it only while a watcher runs)."""
     head = "".join(f'<th class="{c}{" wide" if c in WIDE_ONLY else ""}" title="{html.escape(tip)}">{html.escape(h)}</th>'
                    for c, h, tip in MAIN)
-    body = "\n".join(_row(row) for _, row in table.iterrows())
+    # A team that did not finish is grey on the page as in every chart (its own colour is drawn nowhere yet).
+    body = "\n".join(_row(row, colors(str(row["team"])) if row["status"] == "ok" else NOT_FINISHED)
+                     for _, row in table.iterrows())
     figures = []
     for p in chart_paths:
         cls = ' class="full"' if p.stem in FULL_WIDTH else ""
@@ -206,7 +235,7 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
     ranks = table.loc[table["status"] == "ok", "rank"].tolist()
     if len(ranks) != len(set(ranks)):  # ranks restart: the track ranks its divisions apart
         rule = "each division (the harness's loop, then open: a team's own train.py) ranked on its own; " + rule
-    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
+    refresh = f'<meta http-equiv="refresh" content="{max(1, round(refresh_s))}">' if refresh_s else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Leaderboard: {html.escape(track)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">{refresh}<style>{CSS}</style></head>
@@ -218,6 +247,7 @@ latest submission). Generated {html.escape(generated_at)} from the run records{"
 <span class="badge tied">tied</span> not significantly different: the order between them is not evidence.
 <span class="badge undetermined">undetermined</span> one run on a side: nothing can be tested. Click a team for
 every figure.</p>
+{empty_html(empty)}
 <div class="board"><table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
 {body}
 </tbody></table></div>

@@ -10,12 +10,13 @@ Two different quantities, never on one axis:
 from __future__ import annotations
 
 import shlex
+from typing import Callable
 
 import pandas as pd
-from matplotlib.ticker import EngFormatter
 
+from harness.results.empty import EmptyState
 from harness.results.loss_charts import ROW_TEAMS
-from harness.results.plots import legend_outside, log2_axis, message_figure, subplots, team_color
+from harness.results.plots import count_axis, legend_outside, log2_axis, message_figure, subplots
 from harness.results.scale_records import measured, newest_per_team, predicted
 from harness.results.stats import is_finite
 
@@ -31,13 +32,14 @@ def _bars(ax, ys, values, colors, labels, title: str, xlabel: str, xmax: float |
     ax.grid(axis="y", visible=False)
 
 
-def throughput_figure(track: str, table: pd.DataFrame):
+def throughput_figure(track: str, table: pd.DataFrame, *, colors: Callable[[str], str],
+                      empty: EmptyState | None = None):
     """Per ranked team: tokens/s (all devices), MFU, and the comm overlap efficiency its runs measured."""
     all_ranked = table[table["status"] == "ok"]
     ranked = all_ranked.head(ROW_TEAMS)  # the table has every team; a chart of 100 bars reads as none
     teams = list(ranked["team"])
-    if not teams:
-        return message_figure(f"Throughput: track {track}", ["No finished runs yet."])
+    if not teams:  # why, and what to type
+        return (empty or EmptyState("No finished runs yet", "", "")).figure(f"Throughput: track {track}")
     if len(teams) <= 12:  # stacked: the width of one page column
         panel_in = max(2.2, 0.55 * len(teams) + 1.3)
         fig, axes = subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
@@ -46,15 +48,16 @@ def throughput_figure(track: str, table: pd.DataFrame):
         fig, axes = subplots(1, 3, figsize=(18, 0.4 * len(teams) + 2.5), sharey=True)
         fig.subplots_adjust(wspace=0.3)
     ys = list(range(len(teams)))[::-1]
-    colors = [team_color(t) for t in teams]
+    bar_colors = [colors(t) for t in teams]
     tps = list(ranked["tokens_per_s"])
-    _bars(axes[0], ys, tps, colors, [f"{v:,.0f}" if is_finite(v) else "n/a" for v in tps],
+    _bars(axes[0], ys, tps, bar_colors, [f"{v:,.0f}" if is_finite(v) else "n/a" for v in tps],
           f"Throughput: track {track}" + (f" (top {len(teams)} of {len(all_ranked)})" if len(all_ranked) > len(teams)
                                           else ""), "tokens per second (all devices)")
-    axes[0].xaxis.set_major_formatter(EngFormatter(sep=""))
+    count_axis(axes[0].xaxis, max([v for v in tps if is_finite(v)], default=0.0) * 1.3,
+               "tokens per second, all devices")  # 1.3: _bars's right margin
     mfu = list(ranked["mfu"])
     if any(is_finite(v) for v in mfu):
-        _bars(axes[1], ys, [100 * v if is_finite(v) else float("nan") for v in mfu], colors,
+        _bars(axes[1], ys, [100 * v if is_finite(v) else float("nan") for v in mfu], bar_colors,
               [f"{100 * v:.1f}%" if is_finite(v) else "n/a" for v in mfu], "Model FLOPs utilisation",
               "MFU (% of peak dense bf16)")
     else:
@@ -64,7 +67,7 @@ def throughput_figure(track: str, table: pd.DataFrame):
         axes[1].set_xticks([])
         axes[1].grid(False)
     overlap = list(ranked["comm_overlap_efficiency"])
-    _bars(axes[2], ys, [100 * min(v, 1.0) if is_finite(v) else float("nan") for v in overlap], colors,
+    _bars(axes[2], ys, [100 * min(v, 1.0) if is_finite(v) else float("nan") for v in overlap], bar_colors,
           ["≈100%" if is_finite(v) and v > 1 else (f"{100 * v:.1f}%" if is_finite(v) else "n/a") for v in overlap],
           "Comm overlap (probe at the run's world size)",
           "compute-only / synchronised step (%)\n100% = no exposed communication; not weak scaling", xmax=100.0)
@@ -73,7 +76,8 @@ def throughput_figure(track: str, table: pd.DataFrame):
     return fig
 
 
-def scaling_figure(track: str, records: list[dict], assumptions: bool = False, track_option: str | None = None):
+def scaling_figure(track: str, records: list[dict], assumptions: bool = False, track_option: str | None = None, *,
+                   colors: Callable[[str], str]):
     """Measured weak-scaling efficiency (filled markers, solid) and the model's prediction (hollow, dashed).
     `track_option`: what the suggested command passes as `--track` (an organiser's file by its path; default
     the name)."""
@@ -90,7 +94,7 @@ def scaling_figure(track: str, records: list[dict], assumptions: bool = False, t
     xs_all: list[int] = []
     event = None
     for rec in newest_per_team(records):
-        team, color = rec.get("team", "?"), team_color(rec.get("team", "?"))
+        team, color = rec.get("team", "?"), colors(rec.get("team", "?"))
         pts = sorted(rec.get("points", []), key=lambda p: p["world_size"])
         mx = [p["world_size"] for p in pts if measured(p) is not None]
         ax.plot(mx, [measured(p) for p in pts if measured(p) is not None], "o-", color=color, markersize=11,

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from harness.results.empty import EmptyState
 from harness.results.leaderboard import COLUMNS
 
 # A probe ratio above 1 is timing noise around "no exposed communication": shown as such, kept raw in the CSV.
@@ -47,11 +48,14 @@ def to_csv(table: pd.DataFrame) -> str:
     return table[COLUMNS].to_csv(index=False)
 
 
-def to_markdown(table: pd.DataFrame, track: str, ranking: str) -> str:
+def to_markdown(table: pd.DataFrame, track: str, ranking: str, empty: EmptyState | None = None) -> str:
+    """The table, after a note that says why nobody is ranked and what to type when that is so (`empty`)."""
     lines = [f"# Leaderboard: {track}", "",
              f"Ranked by validation loss ({ranking} over each team's official ok runs of its latest submission). "
              "`vs_next`: `ahead` (significantly better than the next team, p < 0.05), `tied` (not significantly "
              "different) or `undetermined` (one run on a side: nothing can be tested).", ""]
+    if empty is not None:
+        lines += [empty.markdown(), ""]
     lines.append("| " + " | ".join(COLUMNS) + " |")
     lines.append("|" + "".join("---:|" if _numeric(c) else "---|" for c in COLUMNS))
     for _, row in table.iterrows():

@@ -2,17 +2,24 @@
 
 Rebuilds are serialised by a lock file and every output is written atomically, so two
 `harness run` finishing at once leave a consistent leaderboard, and a copied runs/ tree
-gives the same files.
+gives the same files. While `harness leaderboard --watch` runs, every page rebuilt from its
+records reloads itself; once it stops, none does.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
+import math
+import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.results.colors import team_colors
+from harness.results.empty import empty_state
 from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
@@ -83,8 +90,11 @@ def check_tracks(runs_root: Path, tracks: list[str]) -> None:
 def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool = False,
             ranking: str | None = None, charts: bool = True, refresh_s: float | None = None,
             spec: Track | None = None) -> Outputs:
-    """`spec`: the track's TOML when a command was given one (`--track x.toml`): its `ranking` and `divisions`
-    are the rules, as the organiser's file states them now; without it, the newest record's."""
+    """Every output of the track. `spec`: the track's TOML when a command was given one (`--track x.toml`): its
+    `ranking` and `divisions` are the rules, as the organiser's file states them now; without it, the newest
+    record's. The page reloads itself only while a watcher runs on these records (its period, or `refresh_s`
+    where shorter: the watcher passes its own): a page written with a reload after the watcher stopped would
+    reload forever, and one written without it by a `harness run` during a watch would stop the screen."""
     from harness.results.page import to_html
     from harness.results.tables import to_csv, to_markdown
 
@@ -92,6 +102,11 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     scale_records = load_scale_records(runs_root, track)
     ranking = ranking or (spec.ranking if spec else track_ranking(rows))
     table = build_table(rows, ranking, include_unofficial, spec.divisions if spec else track_divisions(rows))
+    colors = team_colors(rows, scale_records)  # all runs, official or not: the `--all` view's colours are the same
+    empty = empty_state(rows, table, track, include_unofficial)
+    reload_s = watching_period(runs_root)
+    if reload_s is not None and refresh_s:
+        reload_s = min(reload_s, refresh_s)
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
@@ -101,13 +116,13 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = counted_runs(eligible)  # the runs the table's figures are of, and no others
-            chart_paths = draw_track(track, table, counted, scale_records,
-                                     plots_dir / f"{track}{suffix}", ranking, command_track(rows, track, spec))
+            chart_paths = draw_track(track, table, counted, scale_records, plots_dir / f"{track}{suffix}", ranking,
+                                     command_track(rows, track, spec), colors=colors, empty=empty)
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
-        write_atomic(md_path, to_markdown(table, track, ranking))
-        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows,
-                                          refresh_s=refresh_s, scale_records=scale_records))
+        write_atomic(md_path, to_markdown(table, track, ranking, empty=empty))
+        write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows, refresh_s=reload_s,
+                                          scale_records=scale_records, colors=colors, empty=empty))
     return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()),
                    [r["reason"] for r in rows if r["status"] == UNREADABLE])
 
@@ -129,15 +144,53 @@ def records_signature(runs_root: Path, tracks: list[str]) -> tuple:
     return tuple(sorted(found))
 
 
+# --------------------------------------------------------------------------- watching
+
+# A watcher's mark in the runs root, one per process ("<host>-<pid>" after it), holding its period: a `harness run`
+# in another process rebuilding the page meanwhile keeps the reload in it.
+WATCH_MARK = ".leaderboard-watch-"
+STALE_S = 120.0  # a mark untouched for two periods and this long: its watcher was killed before it could remove it
+MARK_MAX_BYTES = 4096
+
+
+def watching_period(runs_root: Path) -> float | None:
+    """The reload period of the watchers running on these records (the shortest), or None when none runs."""
+    from harness.submission.files import read_regular
+
+    periods = []
+    for path in Path(runs_root).glob(WATCH_MARK + "*"):
+        try:
+            every_s = float(json.loads(read_regular(path, MARK_MAX_BYTES))["every_s"])  # never a FIFO, a link
+            age_s = time.time() - path.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(every_s) and every_s > 0 and age_s <= 2 * every_s + STALE_S:
+            periods.append(every_s)
+    return min(periods, default=None)
+
+
 def watch(runs_root: Path, tracks: list[str], rebuild_all: Callable[[], None], every_s: float = 10.0,
           keep_going: Callable[[], bool] = lambda: True, sleep: Callable[[float], None] = time.sleep) -> int:
-    """Rebuild whenever the records change, checking every `every_s` seconds, while keep_going(); returns the
-    number of rebuilds. The page reloads itself on the same period (views.rebuild(refresh_s=...))."""
-    seen, rebuilds = None, 0
-    while keep_going():
-        current = records_signature(runs_root, tracks)
-        if current != seen:
-            rebuild_all()
-            seen, rebuilds = current, rebuilds + 1
-        sleep(every_s)
+    """Rebuild whenever the records change, checking every `every_s` seconds, while keep_going() (or until Ctrl-C,
+    re-raised); returns the number of rebuilds the changes caused. While it runs, its mark in the runs root makes every page rebuilt
+    reload itself on the same period; when it stops, the mark goes and the pages are rebuilt once more, without
+    the reload, so a screen left on the page stops reloading with it."""
+    mark = Path(runs_root) / f"{WATCH_MARK}{socket.gethostname()}-{os.getpid()}"
+    seen, rebuilds, interrupted = None, 0, None
+    try:
+        while keep_going():
+            write_atomic(mark, json.dumps({"every_s": every_s}))  # also the heartbeat that shows it is alive
+            current = records_signature(runs_root, tracks)
+            if current != seen:
+                rebuild_all()
+                seen, rebuilds = current, rebuilds + 1
+            sleep(every_s)
+    except KeyboardInterrupt as stop:  # Ctrl-C is how a watch ends: the last rebuild still happens
+        interrupted = stop
+    finally:
+        mark.unlink(missing_ok=True)
+    if rebuilds:
+        rebuild_all()
+    if interrupted is not None:
+        raise interrupted
     return rebuilds
