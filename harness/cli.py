@@ -90,14 +90,19 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
                 raise SetupError(str(exc)) from None
             reporter.error(f"{submission} seed {run_seed} did not start: {exc}")  # the rest of the queue goes on
             continue
+        except Exception as exc:  # noqa: BLE001  (the run's record says what happened; one team never ends the queue)
+            if not queue:
+                raise
+            reporter.error(f"{submission} seed {run_seed}: harness error {type(exc).__name__}: {exc}; the queue goes on")
+            continue
         if node_rank == 0:
             reporter.summary(summary_lines(record, run_dir))
         else:  # node 0 writes the record; this node wrote its own account
             reporter.summary([f"node {node_rank}: {record.status}" + (f" ({record.reason})" if record.reason else ""),
                               f"node report {run_dir / 'nodes' / f'node{node_rank}.json'} (node 0 writes the record)"])
         records.append(record)
-        if record.status == "aborted":
-            break
+        if record.status == "aborted" and record.reason.startswith("stopped by SIG"):
+            break  # the organiser stopped this launcher (Ctrl-C, scancel): the queue stops with it
         if not no_leaderboard and node_rank == 0:
             _refresh_leaderboard(runs_dir, record.track_name, reporter)
     by_team: dict[str, list] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, TINY_TRACK, one_rank, quick_track
+from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, quick_track
 
 
 def _record(runs: Path, team: str) -> tuple[Path, dict]:
@@ -581,3 +581,14 @@ def test_the_job_namespace_is_made_where_the_host_has_read_only_mounts_under_pro
         "ns.close()\"\n")
     proc = subprocess.run(["unshare", "-Urm", "sh", str(script)], capture_output=True, text=True, timeout=60)
     assert "ACTIVE True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_team_code_cannot_change_the_limits_or_priority_of_the_process_that_started_it(cli, tmp_path):
+    """prlimit, setpriority and sched_set* on another process are not Landlock's: a rank could have the kernel
+    kill its launcher (RLIMIT_CPU), lower what the next team's ranks inherit, or starve it (the red team's
+    attack on the queue). The seccomp filter of every sandboxed process refuses them; the check process and
+    the ranks both call get_model here, and the run is ok only if every attempt was refused in both."""
+    result = cli("run", str(FIXTURES / "reaches_launcher"), "--track", str(quick_track(tmp_path)))
+    _, record = only_record(tmp_path / "runs")
+    assert result.code == 0 and record["status"] == "ok", record["reason"]
+    assert record["sandbox"]["training"]["seccomp"] == "on" and record["sandbox"]["check"]["seccomp"] == "on"

@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import pytest
 from pathlib import Path
 
 from conftest import FIXTURES, processes_of_run, quick_track
@@ -134,7 +136,7 @@ def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
     runs = tmp_path / "runs"
     folders = [team_folder(tmp_path, name) for name in ("alpha", "bravo", "charlie")]
     sha = build_queue([str(folders[0])], 1, 1)[0].sha256
-    make_run(runs, "alpha", 2.0, seed=1, sha=sha, track="paris2026")  # settled: --resume leaves it out
+    make_run(runs, "alpha", 2.0, seed=1, sha=sha, track="paris2026", budget_s=600.0)  # settled: --resume leaves it out
     script = tmp_path / "queue.sbatch"
     result = cli("slurm", *map(str, folders), "--repeat", "2", "--resume", "--track", "paris2026",
                  "--runs-dir", str(runs), "--max-concurrent", "1", "-o", str(script))
@@ -195,3 +197,66 @@ def test_a_free_lock_seen_from_another_host_proves_nothing_but_slurm_can_say(tmp
                         extra={"launcher_where": {"boot_id": "an-earlier-boot"}})
     (rebooted / RUN_LOCK).touch()  # the same name, another boot: not this machine's lock to judge
     assert gone_or_why(load_record(rebooted), run_dir=rebooted) != ""
+
+
+def test_what_a_team_can_make_of_its_folder_never_stops_or_fools_the_queue(tmp_path):
+    """From the red team: a file name that is no UTF-8 made every team's queue exit; a team name with a
+    zero-width character passed for another team's; a name or reason with terminal escapes forged rows of
+    the queue's view; a rehearsal's track file with the event's name (another budget) counted as done."""
+    from harness.launcher.queue import EntryState
+    from harness.submission.contract import SubmissionError, read_team
+
+    odd = team_folder(tmp_path, "odd")
+    (odd / os.fsdecode(b"notes-\xff.txt")).write_bytes(b"x")
+    (entry,) = build_queue([str(odd)], seed=1, repeat=1)
+    assert entry.team == "odd" and len(entry.sha256) == 64
+    twin = team_folder(tmp_path, "twin")
+    (twin / "submission.toml").write_text('[team]\nname = "odd\\u200b"\n')
+    with pytest.raises(SubmissionError, match="invisible or control characters"):
+        read_team(twin)
+    forged = EntryState(entry, FAILED, None, "boom\x1b[2K\r\nmallory          0        0        9")
+    view = table([forged])
+    assert "\x1b" not in "\n".join(view) and not any(line.startswith("mallory") for line in view)
+    runs = tmp_path / "runs"
+    make_run(runs, "odd", 2.0, seed=1, sha=entry.sha256, budget_s=4.0)  # the rehearsal's 4 s track, same name
+    assert state_of(entry, runs / "local", {}, budget_s=600.0).state == QUEUED
+    assert state_of(entry, runs / "local", {}, budget_s=4.0).state == DONE
+
+
+def test_a_run_lost_twice_is_left_to_the_organiser(tmp_path):
+    # A team that ends its own unlucky runs by starving its launcher would otherwise draw again for ever.
+    from harness.launcher.queue import STUCK, pending
+    from harness.launcher.queue import Queue
+
+    runs = tmp_path / "runs"
+    (entry,) = build_queue([str(team_folder(tmp_path, "alpha"))], seed=1, repeat=1)
+    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", reason="stopped by SIGTERM",
+             started_at="2026-11-29T10:00:00Z")
+    queue = Queue([entry], runs / "local", {})
+    assert queue.state(entry).state == LOST and pending(queue) == [entry]
+    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", reason="stopped by SIGTERM", run_id="again",
+             started_at="2026-11-29T11:00:00Z")
+    stuck = queue.state(entry)
+    assert stuck.state == STUCK and "lost 2 times" in stuck.reason and pending(queue) == []
+
+
+def test_a_copy_never_reads_past_what_the_file_held_when_it_was_opened(tmp_path, monkeypatch):
+    # A rank could grow a sparse checkpoint to a terabyte while the launcher copied it: the copy filled the
+    # records' disk. It takes the size seen at open, and no more (here the file "grew" after that moment).
+    from harness.launcher import workarea
+
+    (tmp_path / "src").write_bytes(b"a" * 100 + b"b" * 900)
+    real_fstat = os.fstat
+
+    def seen_at_open(fd):
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 100,
+                               st.st_atime, st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(workarea.os, "fstat", seen_at_open)
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert workarea.copy_regular_file("src", tmp_path / "dest", folder) is True
+    finally:
+        os.close(folder)
+    assert (tmp_path / "dest").read_bytes() == b"a" * 100

@@ -29,9 +29,13 @@ from typing import Any
 
 from harness.launcher.finalize import FinalizeRefused, finalize_run, launcher_alive
 from harness.results.records import RunRecord, read_record_json, upgrade_record
-from harness.submission.contract import SubmissionError, find_submission, read_team, submission_sha256, team_slug
+from harness.submission.printable import printable
+from harness.submission.contract import find_submission, read_team, submission_sha256, team_slug
 
-DONE, FAILED, LOST, RUNNING, QUEUED = "done", "failed", "lost", "running", "queued"
+DONE, FAILED, LOST, RUNNING, QUEUED, STUCK = "done", "failed", "lost", "running", "queued", "stuck"
+# A run lost this many times is not run again by a queue: a team could otherwise end its own unlucky runs
+# (by starving its launcher) and draw again for ever; a broken node would eat the allocation.
+MAX_LOST = 2
 TEAM_FAILURES = ("timeout", "crashed", "invalid", "diverged")  # final, and the team's own result
 PENDING = (QUEUED, LOST)  # what a resumed queue runs
 
@@ -65,7 +69,7 @@ def build_queue(submissions: list[str], seed: int, repeat: int) -> list[Entry]:
         folder = find_submission(submission)
         try:
             team, sha = read_team(folder).name, submission_sha256(folder)
-        except SubmissionError:
+        except Exception:  # noqa: BLE001  (any fault of one team's folder is that team's entry, never the queue's)
             team, sha = folder.name, ""
         if team in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
             raise ValueError(f"{seen[team]} and {submission} are both team {team!r}: a queue runs each team once "
@@ -85,7 +89,8 @@ def _same_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> bool:
     return json.dumps(ran, sort_keys=True, default=str) == json.dumps(overrides, sort_keys=True, default=str)
 
 
-def _records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> list[tuple[Path, dict]]:
+def _records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
+                budget_s: float | None = None) -> list[tuple[Path, dict]]:
     team_dir = track_dir / team_slug(entry.team)
     found = []
     for path in sorted(team_dir.glob("*/run.json")) if team_dir.is_dir() else []:
@@ -94,15 +99,18 @@ def _records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> lis
         except (OSError, ValueError):
             continue  # an unreadable record settles nothing: the leaderboard shows it as such
         if raw.get("seed") == entry.seed and (raw.get("submission_sha256") or "") == entry.sha256 \
-                and raw.get("team") == entry.team and _same_overrides(raw, overrides):
+                and raw.get("team") == entry.team and _same_overrides(raw, overrides) \
+                and (budget_s is None or raw.get("budget_s") == budget_s):  # a rehearsal's track file: not this one
+
             found.append((path.parent, raw))
     return found
 
 
-def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> EntryState:
+def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s: float | None = None) -> EntryState:
     """Where one team x seed stands, from its records: a settled record first (the newest), then a live
-    one, then a lost one."""
-    records = _records_of(entry, track_dir, overrides)
+    one, then a lost one. With budget_s, only records of that budget count (the same track name in a
+    rehearsal's file with another budget is another queue)."""
+    records = _records_of(entry, track_dir, overrides, budget_s)
     newest_first = sorted(records, key=lambda r: (str(r[1].get("started_at") or ""), r[0].name), reverse=True)
     for run_dir, raw in newest_first:
         if raw.get("status") == "ok":
@@ -114,7 +122,11 @@ def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any]) -> EntryS
             alive = launcher_alive(RunRecord.from_dict(raw), run_dir=run_dir)
             if alive:  # or cannot be told from here (another host, no lock): never re-run over a live run
                 return EntryState(entry, RUNNING, run_dir, alive)
-    for run_dir, raw in newest_first:
+    lost = newest_first
+    if len(lost) >= MAX_LOST:  # lost again and again: a machine at fault, or a team that kills its own launcher
+        return EntryState(entry, STUCK, lost[0][0], f"lost {len(lost)} times: the organiser decides (run it by "
+                          "hand, or leave it)")
+    for run_dir, raw in lost:
         why = raw.get("reason") if raw.get("status") == "aborted" else "its launcher died before the run finished"
         return EntryState(entry, LOST, run_dir, str(why or ""))
     return EntryState(entry, QUEUED)
@@ -132,12 +144,13 @@ class Queue:
     entries: list[Entry]
     track_dir: Path
     overrides: dict[str, Any]  # as a record says what it ran: {key: value}
+    budget_s: float | None = None  # the resolved track's: a record of another budget is another queue's
 
     def states(self) -> list[EntryState]:
         return [self.state(e) for e in self.entries]
 
     def state(self, entry: Entry) -> EntryState:
-        return state_of(entry, self.track_dir, self.overrides)
+        return state_of(entry, self.track_dir, self.overrides, self.budget_s)
 
 
 def build(submissions: list[str], track: str, runs_root: Path, seed: int, repeat: int,
@@ -147,7 +160,8 @@ def build(submissions: list[str], track: str, runs_root: Path, seed: int, repeat
 
     resolved = apply_overrides(load_track(track), **overrides)
     effective = {key: change["run"] for key, change in resolved.overrides.items()}  # what a record says it ran
-    return Queue(build_queue(list(submissions), seed, repeat), runs_root / resolved.track.name, effective)
+    return Queue(build_queue(list(submissions), seed, repeat), runs_root / resolved.track.name, effective,
+                 resolved.track.budget_s)
 
 
 LOST_REASON = "its launcher died before the run finished: the infrastructure's failure, not the team's; run again"
@@ -181,16 +195,18 @@ def close_lost_record(run_dir: Path, reason: str) -> bool:
 
 def table(states: list[EntryState]) -> list[str]:
     """The queue per team: counts by state, then one line per entry that is not done."""
+    kinds = (QUEUED, RUNNING, DONE, FAILED, LOST, STUCK)
     by_team: dict[str, dict[str, int]] = {}
     for s in states:
-        counts = by_team.setdefault(s.entry.team, {k: 0 for k in (QUEUED, RUNNING, DONE, FAILED, LOST)})
+        counts = by_team.setdefault(printable(s.entry.team, 80), {k: 0 for k in kinds})
         counts[s.state] += 1
     width = max([len(t) for t in by_team] + [4])
-    lines = [f"{'team':<{width}}  " + "  ".join(f"{k:>7}" for k in (QUEUED, RUNNING, DONE, FAILED, LOST))]
+    lines = [f"{'team':<{width}}  " + "  ".join(f"{k:>7}" for k in kinds)]
     for team, counts in by_team.items():
-        lines.append(f"{team:<{width}}  " + "  ".join(f"{counts[k]:>7}" for k in (QUEUED, RUNNING, DONE, FAILED, LOST)))
-    for s in states:
-        if s.state in (FAILED, LOST, RUNNING):
+        lines.append(f"{team:<{width}}  " + "  ".join(f"{counts[k]:>7}" for k in kinds))
+    for s in states:  # names and reasons are the teams' text: shown on one line each, never obeyed
+        if s.state in (FAILED, LOST, RUNNING, STUCK):
             where = f" {s.run_dir}" if s.run_dir else ""
-            lines.append(f"  {s.entry.team} seed {s.entry.seed}: {s.state}{where}" + (f" ({s.reason})" if s.reason else ""))
+            lines.append(printable(f"  {s.entry.team} seed {s.entry.seed}: {s.state}{where}"
+                                   + (f" ({s.reason})" if s.reason else "")))
     return lines

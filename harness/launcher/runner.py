@@ -201,8 +201,12 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
         try:
             _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter, copies)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
-            if record.status in ("running", "evaluating", "ok"):  # the harness's failure, never the team's: aborted
-                set_outcome(record, "aborted", f"harness error: {type(exc).__name__}: {exc}")
+            if record.status in ("running", "evaluating", "ok"):
+                # `crashed`, not `aborted`: the launcher may have failed on something the team made (a log tree
+                # too deep to copy), and an aborted run is run again by a queue. The reason says it was the
+                # harness's; an organiser who finds it so re-runs it by hand.
+                status = "aborted" if isinstance(exc, KeyboardInterrupt) or abort.is_set else "crashed"
+                set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
             _provenance(record)  # where the run ended before its check process started

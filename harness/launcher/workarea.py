@@ -51,14 +51,14 @@ def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None 
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: never read
             return False
+        # Never more than the file held when it was opened: a file a process still writes (a sparse one
+        # grown to a terabyte while this reads) would otherwise be copied until the records' disk is full.
+        left = st.st_size if max_bytes is None else min(st.st_size, max_bytes)
         with atomic_path(dest) as (out_fd, _), os.fdopen(out_fd, "wb") as out:
-            if max_bytes is None or st.st_size <= max_bytes:
-                shutil.copyfileobj(fh, out)
-            else:
-                left = max_bytes
-                while left > 0 and (chunk := fh.read(min(1 << 20, left))):
-                    out.write(chunk)
-                    left -= len(chunk)
+            while left > 0 and (chunk := fh.read(min(1 << 20, left))):
+                out.write(chunk)
+                left -= len(chunk)
+            if max_bytes is not None and st.st_size > max_bytes:
                 out.write(f"\n[harness] cut here: {st.st_size} bytes in all, past the cap of {max_bytes}\n".encode())
     return True
 

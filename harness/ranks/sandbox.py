@@ -193,6 +193,7 @@ class SandboxReport:
     policy: dict = field(default_factory=dict)
     namespaces: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/namespaces.py
     filesystem: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/rootfs.py
+    seccomp: str = ""  # "on", or why the filter of harness/ranks/seccomp.py is not installed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -256,7 +257,10 @@ def apply(policy: Policy) -> SandboxReport:
         ll.apply()
     except Exception as exc:
         return SandboxReport(False, f"Landlock refused the rules ({type(exc).__name__}: {exc})", abi, threads)
-    return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict())
+    from harness.ranks import seccomp  # Landlock scopes signals; this, the limits and priorities of others
+
+    refused = seccomp.install()
+    return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict(), seccomp=refused or "on")
 
 
 LIVE_LOGS = ".live"  # where evaluation's model processes write their logs while they run (workers.py)

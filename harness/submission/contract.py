@@ -217,6 +217,10 @@ def read_team(folder: Path) -> TeamInfo:
     members = team.get("members", [])
     if not isinstance(name, str) or not name.strip():
         raise SubmissionError(path, "[team] name must be a non-empty string.", 'write name = "your team"')
+    if not team_name_is_plain(name):
+        raise SubmissionError(path, f"[team] name {ascii(name)[:80]} holds invisible or control characters (a name "
+                              "shown like another team's, or one that moves the terminal's cursor).",
+                              "write the name in letters, digits, spaces and punctuation")
     if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
         raise SubmissionError(path, "[team] members must be a list of strings.", 'write members = ["ada", "alan"]')
     return TeamInfo(name=name.strip(), members=members, description=str(team.get("description", "")))
@@ -230,6 +234,15 @@ def relative_paths(text: str, copies: list[Path]) -> str:
         for form in sorted(forms, key=len, reverse=True):  # the longer (absolute) form first: it contains the other
             text = text.replace(form.rstrip("/") + "/", "")
     return text
+
+
+def team_name_is_plain(name: str) -> bool:
+    """No control, format (zero-width, bidi) or other invisible characters, and at most 100 characters: a
+    name that looks like another team's would share its place on the leaderboard and in a queue."""
+    import unicodedata
+
+    return len(name) <= 100 and all(c == " " or (c.isprintable() and unicodedata.category(c) not in ("Cf", "Zl", "Zp"))
+                                    for c in name)
 
 
 def team_slug(name: str) -> str:

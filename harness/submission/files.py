@@ -153,7 +153,7 @@ def tree_sha256(folder: str | Path) -> str:
         hashed.append((tuple(entry.rel.split("/")), entry.rel, inner.digest()))
     digest = hashlib.sha256()
     for _parts, rel, inner_digest in sorted(hashed):  # the order of sorted paths: the hash records have always had
-        digest.update(rel.encode() + b"\0")
+        digest.update(os.fsencode(rel) + b"\0")  # a name that is no UTF-8 (surrogate-escaped) hashes as its bytes
         digest.update(inner_digest)
     return digest.hexdigest()
 

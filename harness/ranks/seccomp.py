@@ -1,0 +1,133 @@
+"""A seccomp filter for processes that run team code: their own limits and priorities, never another's.
+
+Landlock scopes signals (a rank cannot kill its launcher), but not the calls that change another process
+of the same user: prlimit(the launcher, RLIMIT_CPU, (1, 2)) has the kernel kill it with SIGXCPU, and a
+lowered RLIMIT_FSIZE or CPU limit is inherited by every process the launcher starts next (the next
+team's ranks); setpriority and ioprio_set starve it. A team could so end its own unlucky runs (a lost
+run is run again by a queue) or fail the teams after it. This filter refuses, with EPERM:
+
+- prlimit64 with a pid other than 0 and a new limit (reading another's limits stays allowed);
+- setpriority other than (PRIO_PROCESS, 0): another process, a process group, every process of the user;
+- ioprio_set other than (IOPRIO_WHO_PROCESS, 0);
+- sched_setscheduler, sched_setparam, sched_setattr with a pid other than 0.
+
+A process's own calls (pid or who 0: how glibc, Python and torch make them) are untouched. The filter is
+classic BPF on seccomp_data, installed with prctl after no_new_privs (which Landlock has set), on one
+thread: every thread and child started afterwards inherits it. Architectures: x86_64 and aarch64; on
+another the filter is not installed and the report says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06
+# seccomp_data: nr (u32) at 0, arch (u32) at 4, instruction pointer (u64) at 8, args (6 x u64) from 16.
+NR, ARCH = 0, 4
+
+
+def _arg_low(i: int) -> int:
+    return 16 + 8 * i  # the low 32 bits of argument i (little-endian): a pid_t, an int
+
+
+def _arg_high(i: int) -> int:
+    return 16 + 8 * i + 4
+
+
+ARCHES = {  # AUDIT_ARCH_*, and the syscall numbers of each
+    "x86_64": (0xC000003E, {"prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setscheduler": 144,
+                            "sched_setparam": 142, "sched_setattr": 314}),
+    "aarch64": (0xC00000B7, {"prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setscheduler": 119,
+                             "sched_setparam": 118, "sched_setattr": 274}),
+}
+
+
+class _Program:
+    """Classic BPF with labels: each jump names where it goes, offsets are computed at the end."""
+
+    def __init__(self):
+        self.ops: list[tuple[int, object, object, int]] = []
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.ops)
+
+    def load(self, offset: int) -> None:
+        self.ops.append((LD_W_ABS, 0, 0, offset))
+
+    def jeq(self, value: int, if_true: str | int = 0, if_false: str | int = 0) -> None:
+        self.ops.append((JEQ_K, if_true, if_false, value))
+
+    def ret(self, value: int) -> None:
+        self.ops.append((RET_K, 0, 0, value))
+
+    def assemble(self) -> bytes:
+        out = bytearray()
+        for at, (code, jt, jf, k) in enumerate(self.ops):
+            def offset(target):
+                return target if isinstance(target, int) else self.labels[target] - at - 1
+            out += int(code).to_bytes(2, "little") + bytes([offset(jt), offset(jf)]) + int(k).to_bytes(4, "little")
+        return bytes(out)
+
+
+def build_filter(arch: str) -> bytes | None:
+    """The filter for one architecture, as the kernel reads it (struct sock_filter[]); None if unknown."""
+    if arch not in ARCHES:
+        return None
+    audit, nr = ARCHES[arch]
+    p = _Program()
+    p.load(ARCH)
+    p.jeq(audit, 0, "allow")  # another ABI (x32, a 32-bit process): left as it is
+    p.load(NR)
+    p.jeq(nr["prlimit64"], "prlimit")
+    p.jeq(nr["setpriority"], "setpriority")
+    p.jeq(nr["ioprio_set"], "ioprio")
+    for name in ("sched_setscheduler", "sched_setparam", "sched_setattr"):
+        p.jeq(nr[name], "own_pid")
+    p.ret(RET_ALLOW)
+    p.label("prlimit")  # pid 0, or no new limit (a read): allowed
+    p.load(_arg_low(0))
+    p.jeq(0, "allow")
+    p.load(_arg_low(2))
+    p.jeq(0, 0, "deny")
+    p.load(_arg_high(2))
+    p.jeq(0, "allow", "deny")
+    p.label("setpriority")  # (PRIO_PROCESS = 0, who = 0) only
+    p.load(_arg_low(0))
+    p.jeq(0, "own_who", "deny")
+    p.label("ioprio")  # (IOPRIO_WHO_PROCESS = 1, who = 0) only
+    p.load(_arg_low(0))
+    p.jeq(1, "own_who", "deny")
+    p.label("own_who")
+    p.load(_arg_low(1))
+    p.jeq(0, "allow", "deny")
+    p.label("own_pid")
+    p.load(_arg_low(0))
+    p.jeq(0, "allow", "deny")
+    p.label("deny")
+    p.ret(RET_EPERM)
+    p.label("allow")
+    p.ret(RET_ALLOW)
+    return p.assemble()
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install() -> str:
+    """Install the filter on this thread (and all it starts); "" when done, else why not."""
+    program = build_filter(platform.machine())
+    if program is None:
+        return f"no seccomp filter for {platform.machine()}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return f"prctl(PR_SET_NO_NEW_PRIVS) failed: errno {ctypes.get_errno()}"
+    buffer = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        return f"prctl(PR_SET_SECCOMP) failed: errno {ctypes.get_errno()}"
+    return ""
