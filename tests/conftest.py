@@ -128,3 +128,25 @@ def quick_track(folder: Path, **values) -> Path:
     the check, evaluation or the record, where neither the number of ranks nor the budget is under test.
     The hard limit still holds, and the run stays official."""
     return one_rank(folder, max_steps=QUICK_STEPS, **values)
+
+
+def run_as_slurm(script: Path, folder: Path, **slurm_env: str) -> list[str]:
+    """Run an sbatch script as SLURM would on the first node of its allocation, from another folder: srun
+    and scontrol stood in for, and a python that only writes down the command it was given. Returns the
+    arguments node 0's launcher was started with. `slurm_env`: SLURM_* variables of the job."""
+    import subprocess
+
+    bin_dir, node = folder / "bin", folder / "node0"
+    bin_dir.mkdir()
+    node.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "$1" != bash ]; do shift; done\n'
+                                  f'export HARNESS_PYTHON={bin_dir}/python SLURM_NODEID=0\nexec "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {node}/argv\n')
+    for tool in ("scontrol", "srun", "python"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
+           **slurm_env}
+    ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    return (node / "argv").read_text().splitlines()

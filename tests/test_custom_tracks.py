@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURES, ROOT, TINY_TRACK, quick_track, tiny_track_with
+from conftest import FIXTURES, ROOT, TINY_TRACK, quick_track, run_as_slurm, tiny_track_with
 from harness.tracks.spec import load_track
 from records_factory import make_run
 
@@ -126,22 +126,7 @@ def test_slurm_passes_a_track_file_to_every_node_by_its_absolute_path(cli, tmp_p
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     check = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
-    # Run the script as SLURM would on node 0, from another folder, with srun and scontrol stood in for and a
-    # python that only writes down the command it was given.
-    bin_dir, node = tmp_path / "bin", tmp_path / "node0"
-    bin_dir.mkdir()
-    node.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "$1" != bash ]; do shift; done\n'
-                                  f'export HARNESS_PYTHON={bin_dir}/python SLURM_NODEID=0\nexec "$@"\n')
-    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {node}/argv\n')
-    for tool in ("scontrol", "srun", "python"):
-        (bin_dir / tool).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242"}
-    ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
-    assert ran.returncode == 0, ran.stderr
-    argv = (node / "argv").read_text().splitlines()
+    argv = run_as_slurm(script, tmp_path, SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242")
     given = argv[argv.index("--track") + 1]
     assert given == str(track) and load_track(given).name == "event"
 

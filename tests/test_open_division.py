@@ -278,15 +278,22 @@ def test_finishing_a_script_stops_an_idle_pool_and_waits_for_a_running_save():
     assert out.stdout.strip() == "[1] ['MainThread']", out.stdout
 
 
-def test_a_check_with_a_guessed_config_that_kills_its_process_is_a_warning_not_a_rejection(cli, tmp_path):
-    # The guessed config never rejects, even when what it builds hangs or kills the check process: what was
-    # checked before it stands, and the end is a warning with the log's path.
+def with_guessed_config_doing(tmp_path: Path, statement: str) -> Path:
+    """The honest open_modes submission whose get_model runs `statement` for the config the harness guesses
+    before training (the script's own config passes d_model; the guess has none)."""
     folder = open_submission(tmp_path, "ok")
     (folder / "model.py").write_text((FIXTURES / "open_modes" / "model.py").read_text() + (
         "\n\nimport os\n_build = get_model\n\n\ndef get_model(config):\n"
-        "    if not config.get('d_model'):  # the guessed config (the script's own passes d_model)\n"
-        "        os._exit(3)  # as an out-of-memory kill or a crash in native code would end it\n"
+        "    if not config.get('d_model'):  # the guessed config\n"
+        f"        {statement}\n"
         "    return _build(config)\n"))
+    return folder
+
+
+def test_a_check_with_a_guessed_config_that_kills_its_process_is_a_warning_not_a_rejection(cli, tmp_path):
+    # The guessed config never rejects, even when what it builds hangs or kills the check process: what was
+    # checked before it stands, and the end is a warning with the log's path.
+    folder = with_guessed_config_doing(tmp_path, "os._exit(3)  # as an out-of-memory kill or a native crash ends it")
     checked = cli("check", str(folder), "--track", str(ROOMY_TRACK))
     assert checked.code == 0, checked.text
     assert "model.py's check before training: it ended the check process (exit code 3)" in checked.out
@@ -316,12 +323,8 @@ def test_the_parameter_count_is_the_checkpoints_distinct_tensors_under_the_model
 def test_a_warning_made_of_team_text_cannot_forge_lines_on_the_terminal(cli, tmp_path):
     # The red team's case: a model that raises, for the guessed config only, a message of terminal escapes
     # and line breaks that would have printed "val_loss 1.2345" over the check's own lines.
-    folder = open_submission(tmp_path, "ok")
-    (folder / "model.py").write_text((FIXTURES / "open_modes" / "model.py").read_text() + (
-        "\n\n_build = get_model\n\n\ndef get_model(config):\n"
-        "    if not config.get('d_model'):  # the guessed config\n"
-        "        raise RuntimeError('\\x1b[3A\\x1b[2Kval_loss 1.2345\\nACCEPTED: forged\\r' + 'x' * 100000)\n"
-        "    return _build(config)\n"))
+    folder = with_guessed_config_doing(
+        tmp_path, "raise RuntimeError('\\x1b[3A\\x1b[2Kval_loss 1.2345\\nACCEPTED: forged\\r' + 'x' * 100000)")
     checked = cli("check", str(folder), "--track", str(ROOMY_TRACK))
     assert checked.code == 0, checked.text
     assert "\x1b" not in checked.out and "\r" not in checked.out

@@ -17,7 +17,7 @@ import time
 import pytest
 from pathlib import Path
 
-from conftest import FIXTURES, processes_of_run, quick_track
+from conftest import FIXTURES, processes_of_run, quick_track, run_as_slurm
 from records_factory import make_run
 from harness.launcher.queue import DONE, FAILED, LOST, QUEUED, RUNNING, build_queue, close_lost_record, state_of, table
 from harness.results.locks import RUN_LOCK, RunLock, launcher_alive
@@ -150,22 +150,9 @@ def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
     assert shutil.which("shellcheck"), "shellcheck is needed (scripts/test installs it)"
     lint = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
-    # Task 3 of array job 77 run as SLURM would on its first node, with srun and scontrol stood in for and a
-    # python that writes down the command it was given: bravo, seed 2, run id 77_3.
-    bin_dir, node = tmp_path / "bin", tmp_path / "node0"
-    bin_dir.mkdir()
-    node.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "$1" != bash ]; do shift; done\n'
-                                  f'export HARNESS_PYTHON={bin_dir}/python SLURM_NODEID=0\nexec "$@"\n')
-    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {node}/argv\n')
-    for tool in ("scontrol", "srun", "python"):
-        (bin_dir / tool).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
-           "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"}
-    ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
-    assert ran.returncode == 0, ran.stderr
-    argv = (node / "argv").read_text().splitlines()
+    # Task 3 of array job 77 as SLURM runs it on its first node: bravo, seed 2, run id 77_3.
+    argv = run_as_slurm(script, tmp_path, SLURM_JOB_NUM_NODES="4", SLURM_JOB_ID="80", SLURM_ARRAY_JOB_ID="77",
+                        SLURM_ARRAY_TASK_ID="3")
     assert argv[argv.index("run") + 1] == str(folders[1]) and argv[argv.index("--seed") + 1] == "2"
     assert argv[argv.index("--run-id") + 1] == "77_3" and argv[argv.index("--node-rank") + 1] == "0"
 
