@@ -147,3 +147,28 @@ def test_an_upgraded_old_record_says_the_schema_it_now_follows(tmp_path, old):
     save_record(tmp_path, record)
     assert json.loads((tmp_path / "run.json").read_text())["schema_version"] == SCHEMA_VERSION
     assert upgrade_record({"schema_version": SCHEMA_VERSION + 1})["schema_version"] == SCHEMA_VERSION + 1
+
+
+def test_a_file_system_without_locks_runs_unlocked_and_says_so(tmp_path, monkeypatch):
+    """Lustre without `-o flock` and NFS mounted `nolock` answer flock with ENOLCK (issue 23, item 7): every
+    run crashed at training start. The records' lock and the leaderboard's are then held by nobody, and the
+    track lock says why (the run's record warns); a lock that is really held still waits."""
+    import errno
+
+    from harness.results import locks
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(locks.fcntl, "flock", no_locks)
+    with locks.TrackLock(tmp_path / "runs" / "local", exclusive=False) as lock:
+        assert "the file system has no locks (No locks available)" in lock.unavailable
+    with locks.leaderboard_lock(tmp_path / "leaderboard"):
+        pass
+    monkeypatch.undo()
+    held = locks.TrackLock(tmp_path / "runs" / "local", exclusive=True).__enter__()
+    try:
+        with pytest.raises(TimeoutError):
+            locks.TrackLock(tmp_path / "runs" / "local", exclusive=True, timeout_s=0.3).__enter__()
+    finally:
+        held.__exit__(None, None, None)

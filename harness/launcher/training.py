@@ -109,6 +109,9 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
                                  poll=poll)
             report = guard.check_and_restore() if guard else GuardReport()
+        if guard is not None and guard.lock.unavailable:  # trained all the same: a lock the file system lacks
+            record.warnings.append(f"the records' lock was not taken ({guard.lock.unavailable}): an organiser's "
+                                   "`harness flag` during this run could not be told from a change by the run")
     finally:
         if namespace is not None:
             namespace.close()

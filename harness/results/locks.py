@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -46,12 +47,23 @@ def open_lock_file(path: Path):
     raise OSError(f"{path}: not a regular file, and it could not be replaced by one")
 
 
+# What flock raises where a file system has no locks (Lustre without `-o flock`, NFS mounted `nolock`):
+# the harness then runs without the lock and says so, rather than crashing every run at training start.
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+def no_locks_here(exc: OSError) -> bool:
+    return not isinstance(exc, BlockingIOError) and exc.errno in NO_LOCKS
+
+
 class TrackLock:
-    """flock on runs/<track>/.records.lock: shared while ranks run, exclusive to change a finished record."""
+    """flock on runs/<track>/.records.lock: shared while ranks run, exclusive to change a finished record.
+    Where the file system has no locks, it is held by nobody: `unavailable` says why (the caller tells)."""
 
     def __init__(self, track_dir: Path, exclusive: bool, timeout_s: float | None = None):
         self.path, self.exclusive, self.timeout_s = _lock_path(track_dir), exclusive, timeout_s
         self.fh = None
+        self.unavailable = ""
 
     def __enter__(self) -> "TrackLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,18 +79,31 @@ class TrackLock:
                     self.fh.close()
                     raise TimeoutError(f"{self.path} is held: a run is training on this track") from None
                 time.sleep(0.2)
+            except OSError as exc:
+                if not no_locks_here(exc):
+                    raise
+                self.unavailable = f"{self.path}: the file system has no locks ({os.strerror(exc.errno)})"
+                return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        if not self.unavailable:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
         self.fh.close()
 
 
 @contextmanager
 def leaderboard_lock(directory: Path):
-    """Rebuilds of one leaderboard folder, one at a time."""
+    """Rebuilds of one leaderboard folder, one at a time (where the file system has locks: without them,
+    two rebuilds at once may interleave, and the next rebuild makes the folder the records' again)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open_lock_file(directory / ".lock") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as exc:
+            if not no_locks_here(exc):
+                raise
+            yield
+            return
         try:
             yield
         finally:
