@@ -146,7 +146,7 @@ def run_as_slurm(script: Path, folder: Path, **slurm_env: str) -> list[str]:
     for tool in ("scontrol", "srun", "python"):
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
-           **slurm_env}
+           "SLURM_CPUS_ON_NODE": "8", **slurm_env}  # what sbatch sets in every batch job
     ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     return (node / "argv").read_text().splitlines()

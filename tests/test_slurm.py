@@ -41,6 +41,8 @@ def test_one_launcher_per_node_with_rendezvous_on_the_first_node(script):
     assert '--ntasks-per-node=1' in srun and f"--output={tmp_path}/slurm-logs/%x-%j-node%n.out" in srun
     assert '--node-rank "$SLURM_NODEID"' in srun and '--rdzv-endpoint "$HARNESS_RDZV_HOST:29500"' in srun
     assert '--run-id "$SLURM_JOB_ID"' in srun and '--track "$HARNESS_TRACK"' in srun
+    # Since SLURM 20.11 a step gets only the CPUs it asks for (one per task): the launcher asks for the node's.
+    assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
     assert f"export HARNESS_SUBMISSION={ROOT / 'submissions' / 'baseline'}" in text
     assert f"export HARNESS_RUNS_DIR={tmp_path / 'runs'}" in text
 
@@ -71,3 +73,16 @@ def test_submit_without_sbatch_is_a_clear_error(cli, tmp_path):
                  env={"PATH": str(tmp_path)})
     assert result.code == 2 and "sbatch is not on PATH" in result.err
     assert (tmp_path / "job.sbatch").is_file()  # the script is written anyway
+
+
+def test_threads_are_sized_to_the_cpus_this_process_may_use_not_the_machines(monkeypatch):
+    """Inside a SLURM step (or a container, or taskset) the affinity mask is the truth, not os.cpu_count():
+    ranks sized to the machine would share the one core a step was given (issue 23, item 6)."""
+    from harness.launcher import process_tree
+    from harness.launcher.training import threads_per_rank
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert process_tree.usable_cpus() == 4
+    assert threads_per_rank(load_track("local"), 2) == 2  # 4 usable CPUs / 2 ranks, not 64 / 2

@@ -52,7 +52,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda",
                                       read_files=list(read_files))
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
-               "eval_seq_len": eval_seq_len, "precision": precision, "threads": max(1, (os.cpu_count() or 1)),
+               "eval_seq_len": eval_seq_len, "precision": precision, "threads": process_tree.usable_cpus(),
                "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
     if open_division is not None:
         request.update(division="open", **open_division)

@@ -142,3 +142,13 @@ class ProcessScope:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, not the machine's count. A SLURM step gets only
+    the CPUs it asked for (one per task by default, since 20.11), and a container or taskset fewer than
+    the machine has: threads sized to os.cpu_count() would then share one core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)

@@ -19,11 +19,10 @@ came from where, and why a fit was refused.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launcher import comm_model
+from harness.launcher import comm_model, process_tree
 from harness.launcher.console import NullReporter
 from harness.submission.contract import find_submission, read_team, snapshot_submission, team_slug
 from harness.data.prepare import prepare_data
@@ -87,7 +86,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
         raise ValueError(f"the submission is invalid: {p['file']}: {p['problem']}")
     params = int(report.get("params") or 0)
     # The same threads per rank at every size: on a CPU, one "device" is a fixed share of the cores.
-    threads = max(1, (os.cpu_count() or 1) // max(opts.world_sizes))
+    threads = max(1, process_tree.usable_cpus() // max(opts.world_sizes))
     points = []
     with abort_on_signals() as abort:
         for n in opts.world_sizes:
@@ -114,7 +113,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
             r0 = phase.reports("result")[0]
             tps = r0["measured_tokens_per_s"]
             step_times = timed_step_times(phase.messages, opts.warmup_steps)
-            cores = os.cpu_count() or 1
+            cores = process_tree.usable_cpus()
             if track.device == "cpu" and n * threads > cores:
                 reporter.info(f"note: {n} ranks x {threads} thread(s) on {cores} cores: oversubscribed, "
                               "this size measures CPU contention as much as communication")

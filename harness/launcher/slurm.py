@@ -90,7 +90,9 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, seed_arg: str, run_
         "",
         "# One launcher per node; SLURM_NODEID (0..N-1) is expanded on each node, not here.",
         "# shellcheck disable=SC2016  # the single quotes are the point: each task expands its own variables",
-        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \\',
+        # A step gets only the CPUs it asks for (one per task by default since SLURM 20.11): ask for the node's.
+        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
+        '--kill-on-bad-exit=0 \\',
         f"     --output={shlex.quote(str(logs))}/{node_log} \\",
         "     bash -c 'exec \"$HARNESS_PYTHON\" -m harness run \"$HARNESS_SUBMISSION\" --track \"$HARNESS_TRACK\" "
         f"{seed_arg}--node-rank \"$SLURM_NODEID\" --rdzv-endpoint \"$HARNESS_RDZV_HOST:{opts.port}\" "

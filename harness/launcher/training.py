@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from harness.data.prepare import PreparedData
+from harness.launcher import process_tree
 from harness.launcher.assemble import flag_run
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.guard import GuardReport, RecordGuard
@@ -53,7 +54,7 @@ def threads_per_rank(track: Track, nproc: int) -> int:
         return track.cpu_threads_per_rank
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // nproc)
+    return max(1, process_tree.usable_cpus() // nproc)
 
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
