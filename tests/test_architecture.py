@@ -38,7 +38,7 @@ def _imports(path: Path, root: Path = ROOT) -> set[str]:
     return found
 
 
-ROOMS = {"launcher", "ranks", "scoring", "results", "submission", "data", "tracks"}
+ROOMS = {"cli", "launcher", "ranks", "scoring", "results", "submission", "data", "tracks"}
 GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 

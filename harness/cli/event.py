@@ -1,0 +1,215 @@
+"""The event's commands: a queue of runs and its view, the SLURM job array, flags, finalize. They add
+themselves to the `harness` group (harness/cli/__init__.py imports this module once `main` exists)."""
+
+from __future__ import annotations
+
+import click
+
+from harness.cli import SetupError, _overrides, _refresh_leaderboard, main
+
+
+def _queue(submissions, track, runs_dir, seed, repeat, overrides):
+    """The queue of these arguments (harness/launcher/queue.py)."""
+    from harness.launcher.queue import build
+    from harness.results.records import runs_root
+
+    return build(list(submissions), track, runs_root(runs_dir), seed, repeat, overrides)
+
+
+def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter) -> list[tuple[str, int]]:
+    """Every submission x seed, interleaved (A B C A B C); with --resume only those not settled."""
+    if not resume and len(submissions) == 1:
+        return [(submissions[0], seed + i) for i in range(repeat)]
+    if not resume:
+        return [(submission, seed + i) for i in range(repeat) for submission in submissions]
+    from harness.launcher.queue import pending
+
+    return [(e.submission, e.seed) for e in pending(_queue(submissions, track, runs_dir, seed, repeat, overrides),
+                                                    reporter.info)]
+
+
+def _still_pending(submissions, track, runs_dir, seed, repeat, overrides, submission, run_seed, reporter) -> bool:
+    """Read the entry's records again just before it runs: the window in which two queues can both start
+    one entry is one run's start, not the whole queue's."""
+    from harness.launcher.queue import PENDING
+
+    queue = _queue(submissions, track, runs_dir, seed, repeat, overrides)
+    entry = next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
+    state = queue.state(entry)
+    if state.state not in PENDING:
+        reporter.info(f"skipped {entry.team} seed {entry.seed}: {state.state} since the queue started ({state.run_dir})")
+    return state.state in PENDING
+
+
+def _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter) -> None:
+    from harness.launcher.queue import table
+
+    try:
+        reporter.summary(table(_queue(submissions, track, runs_dir, seed, repeat, overrides).states()))
+    except Exception as exc:  # the runs are done and recorded: a view that fails changes none of them
+        reporter.error(f"the queue's view could not be shown ({type(exc).__name__}: {exc}); run `harness queue`")
+
+
+@main.command("queue")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
+@click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The queue's first seed.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per submission.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="A queue of runs bounded by steps (unofficial).")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), help="The queue's budget override.")
+@click.option("--grace-s", type=click.FloatRange(min=0), help="The queue's grace override.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), help="The queue's ranks-per-node override.")
+@click.option("--nnodes", type=click.IntRange(min=1), help="The queue's node-count override.")
+@click.option("--val-tokens", type=click.IntRange(min=1), help="The queue's evaluated-tokens override.")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=1.0), default=None,
+              help="Show it again every N seconds until Ctrl-C.")
+def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, budget_s, grace_s, nproc_per_node, nnodes,
+              val_tokens, watch_s):
+    """Where a queue of runs stands (the arguments of its `harness run`): queued, running, done, failed (the
+    team's own result) and lost (the infrastructure's: --resume runs them again), per team, from the records."""
+    import time
+
+    from harness.launcher.queue import table
+    from harness.submission.contract import SubmissionError
+    from harness.tracks.spec import TrackError
+
+    while True:
+        try:
+            lines = table(_queue(submissions, track, runs_dir, seed, repeat, _overrides(
+                max_steps=max_steps, budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                val_tokens=val_tokens)).states())
+        except (TrackError, SubmissionError, ValueError, OSError) as exc:
+            raise SetupError(str(exc)) from None
+        click.echo("\n".join(lines))
+        if watch_s is None:
+            return
+        try:
+            time.sleep(watch_s)
+        except KeyboardInterrupt:
+            return
+        click.echo("")
+
+
+def _flag_command(run: str, runs_dir, flagged: bool, reason: str, wait: bool) -> None:
+    from harness.results.flags import set_flag
+    from harness.results.records import runs_root
+
+    try:
+        record, run_dir = set_flag(runs_root(runs_dir), run, flagged=flagged, reason=reason,
+                                   wait_s=None if wait else 10.0)
+    except (FileNotFoundError, ValueError, TimeoutError) as exc:
+        raise SetupError(f"{exc}" + (" (pass --wait to wait for it)" if isinstance(exc, TimeoutError) else "")) from None
+    click.echo(f"{'flagged' if flagged else 'unflagged'} {record.team}/{record.run_id} ({run_dir})")
+    _refresh_leaderboard(runs_dir, record.track_name, _plain_reporter())
+
+
+def _plain_reporter():
+    from harness.launcher.console import ConsoleReporter
+
+    return ConsoleReporter()
+
+
+@main.command()
+@click.argument("run")
+@click.option("--reason", required=True, help="Why the run is hidden (shown on the leaderboard).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--wait", is_flag=True, help="Wait for runs training on the track instead of giving up after 10 s.")
+def flag(run, reason, runs_dir, wait):
+    """Hide RUN (a run id or directory) from the ranking, keeping its record."""
+    _flag_command(run, runs_dir, True, reason, wait)
+
+
+@main.command()
+@click.argument("run")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--wait", is_flag=True, help="Wait for runs training on the track instead of giving up after 10 s.")
+def unflag(run, runs_dir, wait):
+    """Return RUN to the ranking."""
+    _flag_command(run, runs_dir, False, "", wait)
+
+
+@main.command()
+@click.argument("run")
+@click.option("--reason", default="", help="Why (the record's reason: 'finalized by the organiser: REASON').")
+@click.option("--force", is_flag=True,
+              help="Finalize when this host cannot tell that the launcher is gone (another host, no pid recorded).")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
+@click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard afterwards.")
+def finalize(run, reason, force, runs_dir, no_leaderboard):
+    """End RUN (a run id or directory), left `running` or `evaluating` by a launcher that is gone, as `aborted`."""
+    from harness.launcher.finalize import FinalizeRefused, finalize_run
+    from harness.results.records import runs_root
+
+    try:
+        record, run_dir = finalize_run(runs_root(runs_dir), run, reason=reason, force=force)
+    except (OSError, ValueError, FinalizeRefused) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo(f"finalized {record.team}/{record.run_id} as aborted ({run_dir}): {record.reason}")
+    if not no_leaderboard:  # the tree the record is in, even when named by a path outside --runs-dir
+        _refresh_leaderboard(str(run_dir.resolve().parents[2]), record.track_name, _plain_reporter())
+
+
+
+@main.command("slurm")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
+@click.option("--track", "-t", default="paris2026", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--output", "-o", "script_path", default=None,
+              help="Where the sbatch script goes [default: slurm-<team>.sbatch, or slurm-queue.sbatch for a queue].")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The first seed of each team.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Seeds per submission: the queue is an array of one job per team x seed.")
+@click.option("--resume", is_flag=True, help="Only the team x seed runs not settled yet (as `harness run --resume`).")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
+              help="At most N runs of the queue at once [default: as many as the nodes allow].")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default="runs", show_default=True,
+              help="Records folder on the shared file system.")
+@click.option("--log-dir", default="slurm-logs", show_default=True, help="Folder for the per-node SLURM logs.")
+@click.option("--partition", default=None, help="SLURM partition.")
+@click.option("--account", default=None, help="SLURM account.")
+@click.option("--time", "time_limit", default=None, help="Wall time HH:MM:SS [default: computed from the track].")
+@click.option("--submit", is_flag=True, help="Hand the script to sbatch.")
+def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurrent, runs_dir, log_dir, partition,
+              account, time_limit, submit):
+    """Write an sbatch script that runs each SUBMISSION on the track's nodes (and submit it with --submit):
+    one job for one run, or, for several submissions or seeds, a job array of one run per team x seed."""
+    from pathlib import Path
+
+    from harness.submission.contract import SubmissionError, team_slug
+    from harness.launcher.slurm import SlurmOptions, render, render_queue
+    from harness.launcher.slurm import submit as sbatch_submit
+    from harness.tracks.spec import TrackError
+
+    opts = SlurmOptions(submission=submissions[0], track=track, runs_dir=runs_dir, log_dir=log_dir,
+                        partition=partition, account=account, time_limit=time_limit)
+    one_run = len(submissions) == 1 and repeat == 1 and not resume and seed == 1
+    try:
+        if one_run:
+            text, resolved, team = render(opts)
+        else:
+            from harness.launcher.queue import pending
+
+            queue = _queue(submissions, track, runs_dir, seed, repeat, {})
+            entries = pending(queue, lambda text: click.echo(text, err=True)) if resume else queue.entries
+            if not entries:  # done, not a usage error
+                click.echo("nothing left to run: every team x seed of the queue is settled or running "
+                           "(`harness queue` with the same arguments shows them)")
+                return
+            runs = [(e.folder, e.team, e.seed) for e in entries]
+            text, resolved = render_queue(opts, runs, max_concurrent)
+    except (SubmissionError, TrackError, ValueError, OSError) as exc:
+        raise SetupError(str(exc)) from None
+    path = Path(script_path or (f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"))
+    Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs
+    path.write_text(text)
+    path.chmod(0o755)
+    if one_run:
+        click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
+    else:
+        click.echo(f"wrote {path}: an array of {len(runs)} run(s), each on {resolved.nnodes} exclusive node(s), "
+                   "run id = <array job id>_<task>; `harness queue ...` shows where it stands")
+    if submit:
+        try:
+            click.echo(sbatch_submit(path))
+        except RuntimeError as exc:
+            raise SetupError(str(exc)) from None
