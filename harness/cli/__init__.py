@@ -70,16 +70,16 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
     reporter = ConsoleReporter()
     overrides = _overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
                            val_tokens=val_tokens, max_steps=max_steps)
-    from harness.cli.event import _pending_runs, _show_queue, _still_pending
+    from harness.cli.event import _pending_runs, _queue, _show_queue, _still_pending
 
     try:
         pending = _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter)
+        queue_now = _queue(submissions, track, runs_dir, seed, repeat, overrides) if resume else None  # hashed once
     except (TrackError, SubmissionError, ValueError, OSError, TimeoutError) as exc:
         raise SetupError(str(exc)) from None
     records, queue = [], len(pending) > 1
     for submission, run_seed in pending:
-        if resume and not _still_pending(submissions, track, runs_dir, seed, repeat, overrides, submission, run_seed,
-                                         reporter):
+        if queue_now is not None and not _still_pending(queue_now, submission, run_seed, reporter):
             continue  # another queue took it, or settled it, while this one ran others
         opts = RunOptions(
             submission=submission, track=track, runs_dir=runs_dir, seed=run_seed,

@@ -28,12 +28,11 @@ def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume,
                                                     reporter.info)]
 
 
-def _still_pending(submissions, track, runs_dir, seed, repeat, overrides, submission, run_seed, reporter) -> bool:
+def _still_pending(queue, submission, run_seed, reporter) -> bool:
     """Read the entry's records again just before it runs: the window in which two queues can both start
     one entry is one run's start, not the whole queue's."""
     from harness.launcher.queue import PENDING
 
-    queue = _queue(submissions, track, runs_dir, seed, repeat, overrides)
     entry = next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
     state = queue.state(entry)
     if state.state not in PENDING:

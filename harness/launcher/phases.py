@@ -88,7 +88,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
             os.close(box_write)
         sandbox.reset_log(log_path)
     report = _read_report(rep)
-    if report is not None and report.get("interim") and (timed_out or code != 0):
+    guessed = bool(open_division and open_division.get("config") is not None)  # only then is there an interim
+    if guessed and report is not None and report.get("interim") and (timed_out or code != 0):
         # An open-division check with a config the harness guessed, which never rejects: what was checked
         # before it stands, and its end is a warning (harness/ranks/open_checks.py writes this report first).
         how = f"did not finish within {timeout_s:.0f} s" if timed_out else f"ended the check process ({ended_how(code)})"

@@ -132,11 +132,6 @@ def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s:
     return EntryState(entry, QUEUED)
 
 
-def queue_states(entries: list[Entry], runs_root: Path, track_name: str,
-                 overrides: dict[str, Any]) -> list[EntryState]:
-    return [state_of(e, runs_root / track_name, overrides) for e in entries]
-
-
 @dataclass(frozen=True)
 class Queue:
     """A queue as its command line gives it: the entries, and where their records are."""
