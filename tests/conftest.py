@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_TRACK = FIXTURES / "tracks" / "tiny.toml"
+# The console script pip wrote beside this interpreter: what a user types, whatever their working folder holds.
+HARNESS_SCRIPT = Path(sys.executable).with_name("harness")
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +47,8 @@ class CliResult:
 
 @pytest.fixture
 def cli(cache_dir, tmp_path):
-    """Run `harness ...` exactly as a user does: a fresh process, the real entry point."""
+    """Run `harness ...` exactly as a user does: a fresh process, the installed console script."""
+    assert HARNESS_SCRIPT.is_file(), f"{HARNESS_SCRIPT} is missing: install the project (scripts/setup-venv)"
 
     def run(*args: str, timeout: float = 240, env: dict | None = None, runs_dir: Path | None = None,
             leaderboard: bool = False) -> CliResult:
@@ -56,7 +59,7 @@ def cli(cache_dir, tmp_path):
         full_env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir),
                     "HARNESS_RUNS_DIR": str(runs_dir or tmp_path / "runs"), **(env or {})}
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
+        proc = subprocess.run([str(HARNESS_SCRIPT), *args], capture_output=True, text=True,
                               timeout=timeout, env=full_env, cwd=tmp_path)
         return CliResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
 

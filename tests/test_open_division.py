@@ -137,6 +137,7 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
 @pytest.mark.parametrize("mode, status, reason", [
     ("crash", "crashed", "boom in train.py"),
     ("crash_in_model", "crashed", "boom in model.py"),
+    ("crash_recorded", "crashed", "boom in train.py under @record"),  # torch elastic's error file is writable
     ("hang", "timeout", "hard limit"),
     ("ignores_clock", "timeout", "hard limit"),
     ("claims_done", "timeout", "hard limit"),  # a reported end does not switch the limit off
@@ -150,7 +151,7 @@ def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode,
     limits = {"startup_allowance_s": KILLED_ALLOWANCE_S} if status == "timeout" else {}
     base = TINY_TRACK if status == "timeout" else ROOMY_TRACK
     # crashes and the hang are rank 1's: two ranks; the others on one
-    track = (tiny_track_with(tmp_path, base=base, **limits) if mode in ("crash", "crash_in_model", "hang")
+    track = (tiny_track_with(tmp_path, base=base, **limits) if mode in ("crash", "crash_in_model", "crash_recorded", "hang")
              else one_rank(tmp_path, base=base, **limits))
     result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(track))
     assert result.code == 1, result.text
@@ -158,7 +159,7 @@ def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode,
     assert (record["status"], record["division"]) == (status, "open"), record["reason"]
     assert reason in record["reason"]
     if mode.startswith("crash"):  # the team's own innermost line, in the file where it is
-        raised_in = {"crash": "train", "crash_in_model": "model"}[mode]
+        raised_in = {"crash": "train", "crash_in_model": "model", "crash_recorded": "train"}[mode]
         assert re.match(rf"rank 1: {raised_in}\.py:\d+: RuntimeError: boom in ", record["reason"]), record["reason"]
     assert record["val_loss"] is None
     if status == "timeout":  # killed on the launcher's clock, whatever the script's own limit or reports said

@@ -62,3 +62,11 @@ def test_a_forged_error_report_cannot_claim_success_over_a_kill():
     assert decide([msg("error", 1, rank=0, status="running", reason="", cause="rule")]).status == "crashed"
     # "aborted" means "run it again": a rank that says so before a bad ending must not get a free re-run
     assert decide([msg("error", 1, rank=0, status="aborted", reason="", cause="rule")]).status == "crashed"
+
+
+def test_a_rank_that_died_on_its_own_is_named_before_its_peers_echo():
+    """Rank 0 exited (7) before any report; rank 1's collective error is only the echo of it."""
+    messages = [msg("error", 1.0, rank=1, status="crashed", reason="Connection closed by peer", cause="collective")]
+    o = decide(messages, agent_failures={0: {"exitcode": 7}})
+    assert (o.status, o.failing_rank, o.cause) == ("crashed", 0, "death")
+    assert o.reason == "rank 0 died (exit code 7) without a report (then rank 1 failed in a collective)"

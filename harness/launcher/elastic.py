@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.launcher import process_tree
-from harness.launcher.workarea import patched_environ
+from harness.launcher.workarea import patched_environ, read_tail
+from harness.ranks import interpreter
 
 
 @dataclass(kw_only=True)
@@ -56,8 +57,10 @@ class LaunchSpec:
             raise ValueError("several nodes need --rdzv-endpoint HOST:PORT (node 0's address)")
 
     def torchrun_argv(self) -> list[str]:
+        # --redirects=3: what a rank prints before it opens its own log (an import that fails) goes to a
+        # file of the job's (ElasticJob.early_output), not to the launcher's terminal.
         argv = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
-                "--monitor-interval=0.1"]
+                "--monitor-interval=0.1", "--redirects=3"]
         register_rendezvous()
         if self.nnodes > 1:
             argv += [f"--rdzv-backend={NODES_RENDEZVOUS}", f"--rdzv-endpoint={self.rdzv_endpoint}",
@@ -65,7 +68,9 @@ class LaunchSpec:
                      f"--rdzv-conf=timeout={int(self.rendezvous_timeout_s)},rank={self.node_rank}"]
         else:  # one node: an in-memory store, no socket, no pickled state (module docstring)
             argv += [f"--rdzv-backend={LOCAL_RENDEZVOUS}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}"]
-        return argv + ["--module", self.module, *self.args]
+        # `--no-python` with this interpreter as the program: torchrun's own `--module` would run
+        # $PYTHON_EXEC (when set) with the working folder first on the ranks' path (interpreter.py).
+        return argv + ["--no-python", *interpreter.python_argv(self.module, *self.args)]
 
 
 LOCAL_RENDEZVOUS = "harness-local"
@@ -178,6 +183,7 @@ class ElasticJob:
         self._handler: logging.Handler | None = None
         self._env = None
         self._store_proc = None  # node 0 of several: the rendezvous store's process
+        self.early_output: dict[int, str] = {}  # local rank -> the end of what it printed before its own log
 
     def _run(self) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -204,7 +210,7 @@ class ElasticJob:
         # only what team code may see (sandbox.KEEP_ENV), then the job's own settings (a private TMPDIR).
         dropped = tuple(k for k in os.environ if k not in allowed_environment())
         self._env = patched_environ({"OMP_NUM_THREADS": str(self.spec.threads_per_rank), "TMPDIR": str(self._tmp),
-                                     **self.spec.env}, unset=dropped)
+                                     **interpreter.harness_path(), **self.spec.env}, unset=dropped)
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         if self.spec.nnodes > 1 and self.spec.node_rank == 0:
@@ -219,14 +225,14 @@ class ElasticJob:
         listens, else why not. It is the harness's, not the job's: left out of the job's process scope (the
         record never counts it among what a submission left running), ended in close()."""
         import subprocess
-        import sys
 
         from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
         _, port = parse_rendezvous_endpoint(self.spec.rdzv_endpoint, -1)
         self._store_proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.launcher.store_server", str(port), str(self.spec.nnodes),
-             str(int(self.spec.rendezvous_timeout_s)), str(os.getpid())],
+            interpreter.python_argv("harness.launcher.store_server", port, self.spec.nnodes,
+                                   int(self.spec.rendezvous_timeout_s), os.getpid()),
+            env=interpreter.child_environment(),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self._scope.before.add(self._store_proc.pid)
         line = process_tree.first_line(self._store_proc, ready_within_s) or ""
@@ -246,6 +252,15 @@ class ElasticJob:
         """End every process the job started (ranks and anything they spawned)."""
         return self._scope.close()
 
+    def _read_early_output(self) -> dict[int, str]:
+        """torch elastic's per-rank files (<tmp>/torchelastic_*/<run>/attempt_0/<local rank>/std{out,err}.log)."""
+        out: dict[int, str] = {}
+        for err in sorted(self._tmp.glob("torchelastic_*/*/attempt_*/*/stderr.log")):
+            if err.parent.name.isdigit():
+                both = read_tail(err.with_name("stdout.log"), 16 << 10) + read_tail(err, 48 << 10)
+                out[int(err.parent.name)] = both
+        return out
+
     def close(self, wait_s: float = 10.0) -> list[int]:
         """After the job: nothing of it may stay alive; returns pids that had to be killed."""
         self.wait(wait_s)
@@ -259,6 +274,7 @@ class ElasticJob:
         if self._env is not None:
             self._env.__exit__(None, None, None)
             self._env = None
+        self.early_output = self._read_early_output()
         shutil.rmtree(self._tmp, ignore_errors=True)
         if self._handler is not None:
             for name in ("torch.distributed", "torch.distributed.elastic"):

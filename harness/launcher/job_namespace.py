@@ -38,6 +38,7 @@ from pathlib import Path
 
 from harness.launcher.channel import peer_pid
 from harness.launcher.process_tree import descends_from, first_line
+from harness.ranks import interpreter
 from harness.ranks.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity
 from harness.ranks.rootfs import MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc, Refused
 
@@ -55,8 +56,9 @@ class JobNamespace:
         self.active, self.why = False, ""
         self.proc: subprocess.Popen | None = None
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "harness.launcher.job_namespace", self.socket_path,
-                                          str(os.getpid()), str(int(shm_bytes)), writable], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.job_namespace", self.socket_path, os.getpid(),
+                                                                  int(shm_bytes), writable),
+                                         env=interpreter.child_environment(), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = first_line(self.proc, READY_WITHIN_S)
             if line is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from harness.launcher.assemble import check_reports, flag_run, set_outcome, team
 from harness.launcher.phases import PhaseResult, run_preflight
 from harness.launcher.watch import Deadlines
 from harness.launcher.workarea import WorkArea
+from harness.ranks import interpreter
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
 from harness.ranks.process import ended_how
@@ -197,7 +197,7 @@ def normalize_in_own_process(src: Path, dst: Path, log_path: Path) -> dict:
 
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.ranks.checkpoint", str(src), str(dst)],
+            proc = subprocess.run(interpreter.python_argv("harness.ranks.checkpoint", src, dst), env=interpreter.child_environment(),
                                   stdout=subprocess.PIPE, stderr=log, text=True, timeout=NORMALIZE_TIMEOUT_S,
                                   start_new_session=True, preexec_fn=bounded)
         except subprocess.TimeoutExpired:

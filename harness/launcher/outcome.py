@@ -9,6 +9,7 @@ watchdog; then ranks that died without a word; then success, which needs every r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.launcher.channel import Message
@@ -35,6 +36,12 @@ def _silent_ranks(messages: list[Message], world_size: int, done_kind: str, loca
     if local is not None and len(local) < world_size:
         return [r for r in range(world_size) if r not in spoke and r not in local]  # the remote ranks
     return [r for r in range(world_size) if r not in spoke]
+
+
+def _died(rank: int, failure: dict, then: str = "") -> Outcome:
+    hint = ": by the system, out of memory?" if failure.get("signal") == "SIGKILL" else ""
+    return Outcome("crashed", f"rank {rank} died ({ended_how(failure.get('exitcode'))}{hint}) without a report{then}",
+                   rank, cause="death")
 
 
 def classify(
@@ -68,15 +75,17 @@ def classify(
         first = min(errors, key=lambda m: m.received_s)
         b = first.body
         silent = _silent_ranks(messages, world_size, done_kind, local_ranks)
+        # A silent rank the agent saw exit on its own died first: the peers' errors are its echo. (Ranks the
+        # agent tears down after the first failure are not among its failures.)
+        dead = [r for r in silent if r in agent_failures]
+        if dead:
+            return _died(dead[0], agent_failures[dead[0]], f" (then rank {b.get('rank')} failed in a collective)")
         who = f"rank(s) {', '.join(map(str, silent))} stopped responding; " if silent else ""
         return Outcome("crashed", f"{who}rank {b.get('rank')}: {b.get('reason', '')}",
                        silent[0] if silent else b.get("rank"), b.get("traceback"), cause="collective")
 
     if agent_failures:
-        rank, failure = min(agent_failures.items())
-        hint = ": by the system, out of memory?" if failure.get("signal") == "SIGKILL" else ""
-        return Outcome("crashed", f"rank {rank} died ({ended_how(failure.get('exitcode'))}{hint}) without a report",
-                       rank, cause="death")
+        return _died(*min(agent_failures.items()))
 
     if agent_error:  # the agent itself failed (a rendezvous that never completed: a node that never joined):
         return Outcome("aborted", f"launch failed: {agent_error}", cause="launch")  # the infrastructure's, re-run
@@ -89,3 +98,23 @@ def classify(
                                   "(did the submission call os._exit or exit early?)", missing[0] if missing else None,
                        cause="death")
     return Outcome("ok", cause="ok")
+
+
+# A Python error's last line ("PermissionError: [Errno 13] ...", "torch.OutOfMemoryError: ..."), a C++
+# abort ("terminate called after ...") or a fatal signal's report from faulthandler.
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*|terminate called.*|Fatal Python error.*"
+                         r"|.*(Error|error|ERROR)\b.*)$")
+
+
+def last_error_line(*texts: str) -> str:
+    """The line that says why a process died, from the ends of its logs (first text first): the last
+    error-looking line of the last 40 lines, else the last line that is not empty; "" when all are empty."""
+    for text in texts:
+        lines = [line.strip() for line in text.splitlines() if line.strip()][-40:]
+        for line in reversed(lines):
+            if _ERROR_LINE.match(line):
+                return line
+        if lines:
+            return lines[-1]
+    return ""
+

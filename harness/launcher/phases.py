@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -19,13 +18,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.launcher import process_tree
-from harness.ranks import sandbox
+from harness.ranks import interpreter, sandbox
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
 from harness.ranks.process import ended_how
 from harness.launcher.elastic import ElasticJob, LaunchSpec
-from harness.launcher.outcome import Outcome, classify
+from harness.launcher.outcome import Outcome, classify, last_error_line
+from harness.launcher.workarea import read_tail
+from harness.submission.printable import printable
 from harness.launcher.watch import AbortFlag, Deadlines, WatchResult, watch
 
 
@@ -65,8 +66,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     try:
         with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
             t_start = time.monotonic()
-            proc = subprocess.Popen([sys.executable, "-u", "-m", "harness.ranks.preflight", str(req), str(rep),
-                                     str(box_write)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(interpreter.python_argv("harness.ranks.preflight", req, rep, box_write), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=tmp, env=env, pass_fds=(box_write,))
             os.close(box_write)
             box_write = -1
@@ -198,7 +198,7 @@ class PhaseResult:
 
 
 def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
-             done_kind: str, on_tick: Callable[[WatchResult], None] | None) -> PhaseResult:
+             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path]) -> PhaseResult:
     job = ElasticJob(launch, log_path)
     try:
         job.start()
@@ -214,6 +214,11 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
         kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
     )
+    if outcome.cause == "death" and outcome.failing_rank in local:  # what its logs say, not only that it died
+        line = last_error_line(read_tail(rank_log(outcome.failing_rank)),
+                               job.early_output.get(outcome.failing_rank - local[0], ""))
+        if line:
+            outcome.reason += f"; its log ends: {printable(line, 300)}"
     return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
                        list(channel.malformed))
 
@@ -261,7 +266,8 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
                                         job.log_interval_s), key=key)
 
     try:
-        return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick)
+        return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
+                        lambda rank: Path(job.log_dir) / f"rank{rank}.log")
     finally:
         reporter.end_progress()
         channel.close()
@@ -285,7 +291,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
 
     try:
         return _run_job(launch, channel, log_path, Deadlines(startup_timeout_s=timeout_s, total_s=timeout_s),
-                        abort, "eval_result", on_tick)
+                        abort, "eval_result", on_tick, lambda rank: Path(job.log_dir) / f"eval-rank{rank}.log")
     finally:
         reporter.end_progress()
         channel.close()

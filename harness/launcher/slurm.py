@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.ranks import interpreter
 from harness.submission.contract import find_submission, read_team, team_slug
 from harness.tracks.resolve import track_option
 from harness.tracks.spec import Track, load_track
@@ -73,6 +74,16 @@ def _header(opts: SlurmOptions, track: Track, job_name: str, comment: str, outpu
     return lines
 
 
+def _pythonpath_lines() -> list[str]:
+    """Every node imports the harness this command imported: `-P` keeps the job's working folder off the
+    path (a `harness/` folder there would shadow it), and a harness outside the interpreter's site folders
+    (an editable install, a checkout) is named on PYTHONPATH (harness/ranks/interpreter.py)."""
+    root = interpreter.harness_path({}).get("PYTHONPATH")
+    if not root:
+        return []
+    return [f"export PYTHONPATH={shlex.quote(root)}\"${{PYTHONPATH:+:$PYTHONPATH}}\""]
+
+
 def _launch(opts: SlurmOptions, track: Track, node_log: str, seed_arg: str, run_id: str) -> list[str]:
     """The body: one `harness run` launcher per node through srun, node 0 the rendezvous endpoint."""
     logs = Path(opts.log_dir).resolve()
@@ -82,6 +93,7 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, seed_arg: str, run_
         f"export HARNESS_TRACK={shlex.quote(track_option(track))}",
         f"export HARNESS_RUNS_DIR={shlex.quote(str(Path(opts.runs_dir).resolve()))}",
         f"export HARNESS_PYTHON={shlex.quote(opts.python)}",
+        *_pythonpath_lines(),
         f"mkdir -p {shlex.quote(str(logs))} \"$HARNESS_RUNS_DIR\"",
         "",
         "# Node 0 of the allocation hosts the rendezvous (and global rank 0, which writes the record).",
@@ -94,7 +106,7 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, seed_arg: str, run_
         'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
         '--kill-on-bad-exit=0 \\',
         f"     --output={shlex.quote(str(logs))}/{node_log} \\",
-        "     bash -c 'exec \"$HARNESS_PYTHON\" -m harness run \"$HARNESS_SUBMISSION\" --track \"$HARNESS_TRACK\" "
+        "     bash -c 'exec \"$HARNESS_PYTHON\" -P -m harness run \"$HARNESS_SUBMISSION\" --track \"$HARNESS_TRACK\" "
         f"{seed_arg}--node-rank \"$SLURM_NODEID\" --rdzv-endpoint \"$HARNESS_RDZV_HOST:{opts.port}\" "
         f"--run-id \"{run_id}\"'",
         "",

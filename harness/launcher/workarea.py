@@ -63,6 +63,32 @@ def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None 
     return True
 
 
+def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
+    """The last `max_bytes` of a log team code could have written: its folder and the file are opened
+    without following a link, only a regular file is read, and never more than that; "" otherwise."""
+    path = Path(path)
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        return os.read(fd, max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
 def tree_usage(dir_fd: int, max_entries: int | None = None) -> tuple[int, int, int]:
     """(apparent bytes of regular files, bytes on disk, entries) under the folder open as dir_fd, without
     following a link: a log is capped by what it would copy into the record, the folder by what it holds

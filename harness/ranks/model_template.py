@@ -96,7 +96,6 @@ def _become_model_process(control: socket.socket, request: dict, fds: list[int])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in request["env"].items()})
-        sys.path[0] = request["cwd"]  # as `python -m` in that folder would have it
         import numpy.random
         import torch
 

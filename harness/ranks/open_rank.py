@@ -98,6 +98,11 @@ def main(argv: list[str]) -> None:
             raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
         if job.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
             raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
+        # torch elastic's error file (the starter kits' @record writes it when the script raises) is in the
+        # launcher's folder, which no rank may write: the write's own error would replace the team's. In the
+        # rank's temporary folder it is written and read by no one; the failure report carries the error.
+        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(os.environ.get("TMPDIR") or job["submission_dir"],
+                                                             f"torchelastic-error-rank{env.rank}.json")
         open_api._channel = channel
         channel.send("setup_start")  # the rank is up: the team's start-up allowance runs from here
         run_script(job)

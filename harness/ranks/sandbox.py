@@ -32,6 +32,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.ranks import interpreter
+
 SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 GPU_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
@@ -67,6 +69,7 @@ def allowed_environment(environ=None) -> dict[str, str]:
 def private_environment(private_dir: str | Path) -> dict[str, str]:
     d = Path(private_dir)
     env = allowed_environment()
+    env.update(interpreter.harness_path(env))  # the harness the parent imported, whatever the working folder holds
     env.update(HOME=str(d), TMPDIR=str(d), TORCHINDUCTOR_CACHE_DIR=str(d / "inductor"), TRITON_CACHE_DIR=str(d / "triton"),
                CUDA_CACHE_PATH=str(d / "cuda"), PYTHONDONTWRITEBYTECODE="1")
     return env

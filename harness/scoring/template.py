@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.ranks import sandbox
+from harness.ranks import interpreter, sandbox
 from harness.scoring.workers import WorkerFailed, remove_tree, descendants
 
 
@@ -115,8 +115,8 @@ class ModelTemplate:
         theirs = [t.fileno() for _, t in pairs]
         try:  # its output goes to the scorer's log; it prints only if it fails
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "harness.ranks.model_template", os.environ.get("HARNESS_RUN_ID", "-"),
-                 str(os.getpid()), *map(str, theirs)],
+                interpreter.python_argv("harness.ranks.model_template", os.environ.get("HARNESS_RUN_ID", "-"), os.getpid(),
+                                        *theirs),
                 pass_fds=theirs, stdin=subprocess.DEVNULL, cwd=self.dir, env=sandbox.private_environment(self.dir),
                 close_fds=True, start_new_session=True)
         except BaseException:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.ranks import sandbox
+from harness.ranks import interpreter, sandbox
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
 if TYPE_CHECKING:
@@ -196,8 +196,8 @@ class ModelWorker:
                                               logits_bytes=max(1, buffer_bytes), cwd=self.dir, env=env)
                 else:
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-u", "-m", "harness.ranks.model_worker", str(req_r), str(rep_w),
-                         str(self.buffer_fd), str(max(1, buffer_bytes))],
+                        interpreter.python_argv("harness.ranks.model_worker", req_r, rep_w, self.buffer_fd,
+                                                max(1, buffer_bytes)),
                         pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                         cwd=self.dir, env=env, close_fds=True, start_new_session=True)
         except BaseException:  # not started: nothing of it may stay (it is in no scorer's holders yet)
