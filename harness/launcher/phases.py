@@ -22,7 +22,7 @@ from harness.ranks import interpreter, sandbox
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
-from harness.ranks.process import ended_how
+from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
 from harness.launcher.elastic import ElasticJob, LaunchSpec
 from harness.launcher.outcome import Outcome, classify, last_error_line
 from harness.launcher.workarea import read_tail
@@ -59,7 +59,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         request.update(division="open", **open_division)
     req, rep = tmp / "request.json", tmp / "report.json"
     req.write_text(json.dumps(request))
-    env = sandbox.private_environment(tmp)
+    env = {**sandbox.private_environment(tmp), **MODEL_PROCESS_ENV}
     # The process's sandbox report comes over a pipe, sent before any team code runs: report.json is in
     # its writable folder, where the team's code could rewrite it.
     box_read, box_write = os.pipe()

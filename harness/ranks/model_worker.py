@@ -78,6 +78,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def pin_for_copies(buffer: mmap.mmap) -> bool:
+    """Page-lock the shared buffer for the GPU's copy engine (cudaHostRegister): the logits' copy out of
+    the device then runs at the bus's speed, without the driver's staging through its own pinned pages.
+    Where the driver refuses (a limit on locked memory), the copy still works, pageable; False then."""
+    import torch
+
+    base = torch.frombuffer(buffer, dtype=torch.uint8)
+    code = torch.cuda.cudart().cudaHostRegister(base.data_ptr(), len(buffer), 0)
+    return int(code) == 0
+
+
 def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     kind, *_, payload = receive(requests)
     if kind != SETUP:
@@ -100,10 +111,14 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
 
     from harness.submission.contract import check_forward_output
 
+    from harness.ranks.process import deterministic_compile
+
+    deterministic_compile()  # the scoring and the check process pick the same kernels (harness/ranks/process.py)
     torch.set_num_threads(max(1, int(setup["threads"])))
     device = torch.device(setup["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        pin_for_copies(buffer)
     model_file = setup.get("model_file", "submission.py")
     model = load_model(setup["checkpoint"], setup["submission_dir"], device, model_file)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
@@ -127,7 +142,7 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
         if n * logits.element_size() > len(buffer):
             raise RuntimeError(f"the logits of a batch ({n} values) do not fit the shared buffer")
         shared = torch.frombuffer(buffer, dtype=logits.dtype, count=n).view(logits.shape)
-        shared.copy_(logits.to("cpu", non_blocking=False))
+        shared.copy_(logits)  # from a GPU: one device-to-host copy, straight into the shared buffer
         send(replies, LOGITS, rows, seq_len, codes[name])
 
 

@@ -293,6 +293,9 @@ def main(argv: list[str]) -> None:
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
         import torch
 
+        from harness.ranks.process import deterministic_compile
+
+        deterministic_compile()  # as evaluation's model processes compile (harness/ranks/process.py)
         torch.set_num_threads(max(1, int(request.get("threads", 1))))
         if request.get("division") == "open":
             from harness.ranks.open_checks import run_open_checks

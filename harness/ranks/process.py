@@ -20,6 +20,21 @@ from dataclasses import dataclass
 # cannot slow the harness's own clock.
 perf_counter = time.perf_counter
 
+# The processes that run a team's model for a score or a check (evaluation's model processes, the check
+# process) compile it in Inductor's deterministic mode: each compiles on its own, and kernels picked by
+# timing them (autotuning) could sum a bf16 reduction in another order in the scoring process than in the
+# check process, a difference an honest model would be failed for (the causality tolerance is 1e-3).
+# Read by torch when Inductor's config is first imported, which a model that compiles does after this.
+MODEL_PROCESS_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
+
+
+def deterministic_compile() -> None:
+    """MODEL_PROCESS_ENV's setting, also where Inductor's config is already loaded (its value was read then)."""
+    os.environ.update(MODEL_PROCESS_ENV)
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.deterministic = True
+
 
 @dataclass(frozen=True)
 class RankEnv:

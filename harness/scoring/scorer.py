@@ -9,13 +9,19 @@ scoring model process first (forked from a clean template that imports torch mea
 checkpoint's sha256 against the record, reads the validation tokens, and draws a secret seed
 (shared by the scorer ranks, recorded only in the result). For each of its
 batches (harness/scoring/plan.py) it hands the inputs over, takes the logits back and computes the
-cross-entropy of the targets itself, in float32 on its own device, summed in float64; of the
+cross-entropy of the targets itself, in float32 on the CPU, summed in float64; of the
 batches drawn for the causality check it keeps the log-probabilities up to each row's cut. Then it
 kills that process and everything it started, waits until every scorer rank has done so (a
 barrier), and only then starts the check process, which gets the checked batches with every row's
 tokens after a secret cut replaced; the scorer compares its log-probabilities up to the cut with
 the kept ones. The two model processes never exist at the same time, on any rank: the scoring one
 cannot see whether a batch is being checked, nor talk to the one that checks.
+
+The scorer itself never touches a GPU, on any track: its collectives are gloo's, and its arithmetic is
+one cross-entropy per scored token on logits it must copy out of the shared buffer anyway. So a GPU
+holds one CUDA context during evaluation, the model process's (GPUs in EXCLUSIVE_PROCESS compute mode
+allow no second), and the logits cross the PCIe bus once, straight from the device into the shared
+buffer (harness/ranks/model_worker.py).
 """
 
 from __future__ import annotations
@@ -39,6 +45,19 @@ from harness.ranks.process import (
 
 
 KEEP_BYTES = 4 << 30  # per scorer rank: the scoring log-probabilities kept for the checked rows
+
+
+def one_visible_device(visible: str | None, local_rank: int) -> str:
+    """The CUDA_VISIBLE_DEVICES that shows a model process exactly the GPU `cuda:<local_rank>` names in
+    this process (an index, a UUID or a MIG instance, as the organiser wrote it): the same entry, read
+    under the same CUDA_DEVICE_ORDER, is the same device, and no CUDA call is needed to find it."""
+    if visible is None:
+        return str(local_rank)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if local_rank >= len(entries):
+        raise RuntimeError(f"evaluation rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible!r} lists "
+                           f"{len(entries)}; give `harness eval` --nproc {len(entries)} or fewer")
+    return entries[local_rank]
 
 
 def shared_seed(env: RankEnv, device) -> int:
@@ -68,7 +87,10 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         holders.append(template)
     V, T = job.vocab_out, job.seq_len
     setup = {"checkpoint": job.checkpoint, "submission_dir": job.submission_dir,
-             "device": f"cuda:{env.local_rank}" if job.device == "cuda" else "cpu",  # as setup_device picks it
+             # A GPU's model process sees only its rank's GPU: it cannot reach the other ranks' devices.
+             "device": "cuda:0" if job.device == "cuda" else "cpu",
+             "cuda_visible_devices": one_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), env.local_rank)
+             if job.device == "cuda" else None,
              "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox,
              "model_file": job.model_file}
     size = job.batch_size * T * V * 4
@@ -95,9 +117,9 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     from harness.ranks.checkpoint import file_sha256
     from harness.scoring import plan
 
-    device = setup_device(job.device, env, job.cpu_threads_per_rank)
+    device = setup_device("cpu", env, job.cpu_threads_per_rank)  # never CUDA: the module docstring
     if env.world_size > 1:
-        init_process_group(job.backend, device, job.collective_timeout_s)
+        init_process_group("gloo", device, job.collective_timeout_s)
     actual = file_sha256(job.checkpoint)
     if job.checkpoint_sha256 and actual != job.checkpoint_sha256:
         raise RuntimeError(f"{job.checkpoint}: sha256 {actual[:12]} differs from the record's "
@@ -137,10 +159,10 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         x, y = plan.window_batch(tokens, order[first:first + n], T)
         t_batch = perf_counter()
         scoring.submit(x)
-        logits = scoring.logits(V).to(device)
+        logits = scoring.logits(V)
         batch_s.append(perf_counter() - t_batch)
-        target = torch.from_numpy(y).to(device)
-        losses = F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), reduction="none")
+        target = torch.from_numpy(y)
+        losses = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), reduction="none")
         total += losses.double().sum()
         total_sq += losses.double().square().sum()
         count += losses.numel()
@@ -170,7 +192,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         xp, cuts = plan.perturb(x, tokens, seed, b)
         t_batch = perf_counter()
         checker.submit(xp)
-        answer = checker.logits(V).to(device)
+        answer = checker.logits(V)
         check_s.append(perf_counter() - t_batch)
         dev, row, pos = plan.deviation_kept(kept.pop(b), answer, cuts, window)
         checked += 1

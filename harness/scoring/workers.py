@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.ranks import interpreter, sandbox
+from harness.ranks.process import MODEL_PROCESS_ENV
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ class ModelWorker:
         self._live_log = live / f"eval-{secrets.token_hex(8)}.log"
         self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
+        self._private = None  # logits(): the private float32 copy, reused
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
         self.exposed = sandbox.check_protected(policy, protected)
@@ -183,7 +185,9 @@ class ModelWorker:
         self.buffer = mmap.mmap(self.buffer_fd, max(1, buffer_bytes))
         req_r, self.requests = os.pipe()
         self.replies, rep_w = os.pipe()
-        env = sandbox.private_environment(self.dir)
+        env = {**sandbox.private_environment(self.dir), **MODEL_PROCESS_ENV}
+        if setup.get("cuda_visible_devices") is not None:  # its rank's GPU only (scorer.one_visible_device)
+            env["CUDA_VISIBLE_DEVICES"] = setup["cuda_visible_devices"]
         log_dir.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self._template = template
@@ -235,8 +239,10 @@ class ModelWorker:
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
     def logits(self, vocab: int):
-        """This batch's logits, copied out of the shared buffer before anything reads them (the model
-        process could keep writing there; a private copy is one fixed answer)."""
+        """This batch's logits in float32, copied out of the shared buffer before anything reads them: the
+        model process could keep writing there (a softmax that read one value twice could see two), and a
+        private copy is one fixed answer. The copy is the one pass over the shared logits, converting as it
+        goes, into a buffer of this worker's reused from batch to batch: valid until the next call."""
         import torch
 
         (rows, seq_len, code), _ = self._expect(LOGITS)
@@ -247,7 +253,11 @@ class ModelWorker:
             raise WorkerFailed("crashed", f"the model process named an unknown logits dtype ({code})")
         dtype = getattr(torch, DTYPES[code])
         n = rows * seq_len * vocab
-        return torch.frombuffer(self.buffer, dtype=dtype, count=n).view(rows, seq_len, vocab).clone()
+        if self._private is None or self._private.numel() < n:
+            self._private = torch.empty(n, dtype=torch.float32)
+        out = self._private[:n].view(rows, seq_len, vocab)
+        out.copy_(torch.frombuffer(self.buffer, dtype=dtype, count=n).view(rows, seq_len, vocab))
+        return out
 
     def _expect(self, kind: int) -> tuple[tuple[int, int, int], dict]:
         try:
