@@ -212,3 +212,35 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
             click.echo(sbatch_submit(path))
         except RuntimeError as exc:
             raise SetupError(str(exc)) from None
+
+
+@main.command("doctor")
+@click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None,
+              help="The records folder whose locks and disk are checked [default: ./runs].")
+@click.option("--data-root", default=None, help="Folder the track's shard globs are relative to (or HARNESS_DATA_ROOT).")
+@click.option("--data-fingerprint", default=None,
+              help="The fingerprint the data must have (a rehearsal record's data_fingerprint): a mismatch fails.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="This node's rank, for the all-reduce between the track's nodes.")
+@click.option("--rdzv-endpoint", default="", help="HOST:PORT of node 0: measure between the nodes too.")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Leave a check out (repeatable): its table name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor_cmd(track, runs_dir, data_root, data_fingerprint, node_rank, rdzv_endpoint, skip, as_json):
+    """Check this node for the track: GPUs, driver, sandbox (Landlock, user namespaces), locks, disk, data,
+    all-reduce bandwidth, InfiniBand from inside the sandbox, clocks. One line per check with what to do; exit
+    1 when any check fails. `harness slurm --doctor` runs it on every node of the track's allocation."""
+    import sys
+
+    from harness.launcher.console import ConsoleReporter
+    from harness.launcher.doctor import DoctorOptions, render, run_doctor, to_json
+    from harness.tracks.spec import TrackError
+
+    try:
+        opts = DoctorOptions(track=track, runs_dir=runs_dir, data_root=data_root, data_fingerprint=data_fingerprint,
+                             node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, skip=tuple(skip))
+        report = run_doctor(opts, ConsoleReporter())
+    except (TrackError, ValueError) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo(to_json(report) if as_json else "\n".join(render(report)))
+    sys.exit(report.exit_code)
