@@ -8,9 +8,8 @@ import pytest
 
 from conftest import TINY_TRACK
 from harness.launcher.doctor import CHECKS, Check, DoctorOptions
+from harness.launcher.doctor_comm import BENCH_CHECKS
 from harness.tracks.spec import load_track
-
-BENCH_CHECKS = ("sandbox", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-skew")
 
 
 def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tmp_path):
@@ -102,6 +101,8 @@ def test_infiniband_from_inside_the_sandbox_is_read_from_nccls_own_log():
     assert ok.status == "ok" and "mlx5_0" in ok.measured and "via NET/IB" in ok.measured
     sockets = infiniband_check(track, Bench({}, "", NCCL_SOCKETS, {}), None)
     assert sockets.status == "fail" and "TCP sockets" in sockets.measured and "/dev/infiniband" in sockets.fix
+    chosen = infiniband_check(track, Bench({}, "", "NCCL INFO Using network IB\n", {}), None)  # NCCL 2.19+
+    assert chosen.status == "ok", chosen
     cpu = infiniband_check(load_track(str(TINY_TRACK)), Bench({}, "", "", {}), None)
     assert cpu.status == "skipped" and "gloo" in cpu.measured
 

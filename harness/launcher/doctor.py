@@ -122,14 +122,14 @@ def run_doctor(opts: DoctorOptions, reporter=None) -> DoctorReport:
         reporter.info(f"doctor: the data of track {track.name}...")
         data_check, data = doctor_host.data_check(track, opts)
         add([data_check])
-    bench_checks = ("sandbox", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-skew")
-    if any(name in wanted for name in bench_checks):
+    if any(name in wanted for name in doctor_comm.BENCH_CHECKS):
         add(doctor_comm.comm_checks(track, opts, runs, data, wanted, reporter))
     add(doctor_host.clock_checks(opts, wanted))
     order = {name: i for i, name in enumerate(CHECKS)}
+    done = {c.name for c in report.checks}
+    report.checks.extend(Check(name=name, status="skipped", measured="left out (--skip)" if name in opts.skip else
+                               "not measured: what measures it did not run here") for name in CHECKS if name not in done)
     report.checks.sort(key=lambda c: order[c.name])
-    report.checks.extend(Check(name=name, status="skipped", measured="left out (--skip)") for name in opts.skip
-                         if name not in {c.name for c in report.checks})
     report.seconds = time.monotonic() - t0
     return report
 

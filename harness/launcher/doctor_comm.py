@@ -32,6 +32,7 @@ BENCH = {"cpu": (4 << 20, 3, 10, 90.0), "cuda": (256 << 20, 5, 20, 300.0)}
 # describe a laptop or a busy VM (gloo over loopback, shared cores): only far below them is worth a warning.
 OK_SHARE, FAIL_SHARE, CPU_OK_SHARE = 0.7, 0.4, 0.25
 SKEW_WARN_S = 0.5
+BENCH_CHECKS = ("sandbox", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-skew")
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 LOG_TAIL_BYTES = 1 << 20
 
@@ -90,10 +91,12 @@ def run_bench(track: Track, *, nproc: int, nnodes: int, node_rank: int = 0, rdzv
         result = _read_json(area.dir / "result.json")
         if result is not None and result.get("error"):
             why = why or result["error"]
-        elif result is None:
+        logs = "".join(_tail(p) for p in sorted(area.logs.glob("rank*.log")))
+        if result is None:
+            last = [line for line in logs.splitlines() if line.strip()][-1:]
             why = why or "no result: " + (", ".join(f"rank {r} exited {f.get('exitcode')}" for r, f in
                                                   elastic.failures.items()) or "the ranks said nothing")
-        logs = "".join(_tail(p) for p in sorted(area.logs.glob("rank*.log")))
+            why += f" (last line of the ranks' logs: {last[0][:300]})" if last else ""
         return Bench(result, why, logs, namespace.report() if namespace is not None else {"active": False, "why": "off"})
     finally:
         if namespace is not None:
@@ -131,9 +134,8 @@ def comm_checks(track: Track, opts: DoctorOptions, runs: Path, data, wanted: lis
 
     try:
         nproc = resolve_nproc(track)
-    except RuntimeError as exc:
-        return [Check(name=name, status="skipped", measured=f"no ranks to start: {exc}")
-                for name in ("sandbox", "allreduce-node", "infiniband", "clock-skew")]
+    except RuntimeError as exc:  # a GPU track on a machine without GPUs: the gpus check says it
+        return [Check(name=name, status="skipped", measured=f"no ranks to start ({exc})") for name in BENCH_CHECKS]
     canaries, cleanup = _canaries(runs, data)
     try:
         reporter.info(f"doctor: an all-reduce on this node's {nproc} rank(s), inside the training sandbox...")
@@ -248,15 +250,17 @@ def data_nodes_check(bench: Bench) -> Check:
     return Check(name="data-nodes", status="ok", measured=f"{len(prints)} nodes, one fingerprint {next(iter(prints.values()))}")
 
 
-NET_USING = re.compile(r"NET/(IB|Socket|OFI|\w+) ?: ?Using (.*)")
+NET_USING = re.compile(r"NET/(\w+) ?: ?Using (.*)")
+NET_CHOSEN = re.compile(r"Using network (\w+)")
 NET_VIA = re.compile(r"via NET/(\w+)")
 
 
 def nccl_transports(log: str) -> dict:
     """What NCCL's INFO log says of the network: the transports it set up (`NET/IB : Using [0]mlx5_0:1/IB ...`),
-    those channels between nodes went through (`... via NET/IB/0`), and whether it found no IB device."""
+    the one it chose (`Using network IB`, NCCL 2.19 and later), and those channels between nodes went
+    through (`... via NET/IB/0`)."""
     using = {m.group(1): m.group(2).strip() for m in NET_USING.finditer(log)}
-    return {"using": using, "via": sorted(set(NET_VIA.findall(log))), "no_ib": "NET/IB : No device found" in log,
+    return {"using": using, "chosen": sorted(set(NET_CHOSEN.findall(log))), "via": sorted(set(NET_VIA.findall(log))),
             "said_anything": "NCCL INFO" in log}
 
 
@@ -271,12 +275,14 @@ def infiniband_check(track: Track, node: Bench, nodes: Bench | None) -> Check:
     if not seen["said_anything"]:
         return Check(name="infiniband", status="warn", measured=f"NCCL said nothing with NCCL_DEBUG=INFO ({node.why})",
                      fix="read the ranks' error: the all-reduce did not get as far as NCCL's start")
-    if "Socket" in seen["via"]:
-        return Check(name="infiniband", status="fail", measured="NCCL sent between nodes over TCP sockets (via NET/Socket) "
+    sockets = "Socket" in seen["via"] or (seen["chosen"] and "IB" not in seen["chosen"])
+    if sockets and track.nnodes > 1:
+        return Check(name="infiniband", status="fail", measured="NCCL chose TCP sockets between nodes (NET/Socket) "
                                                                 "from inside the sandbox", fix=fix)
-    if "IB" in seen["using"]:
+    if "IB" in seen["using"] or "IB" in seen["chosen"]:
         how = f", between nodes via NET/{'/'.join(seen['via'])}" if seen["via"] else ""
-        return Check(name="infiniband", status="ok", measured=f"NET/IB from inside the sandbox: {seen['using']['IB'][:200]}{how}")
+        return Check(name="infiniband", status="ok",
+                     measured=f"NET/IB from inside the sandbox: {seen['using'].get('IB', 'chosen')[:200]}{how}")
     measured = ("NCCL found no InfiniBand device from inside the sandbox" +
                 (f" (the host has /dev/infiniband: {', '.join(host_ib[:6])})" if host_ib else " (nor has the host)"))
     if track.nnodes == 1:

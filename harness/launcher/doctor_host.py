@@ -91,7 +91,7 @@ def _gpu_checks(track: Track) -> list[Check]:
     else:
         gpu = Check(name="gpus", status="ok", measured=f"{len(gpus)} x {names[0]} ({gpus[0]['memory_mib']} MiB)",
                     value=len(gpus))
-    driver = gpus[0]["driver"] if gpus else "?"
+    driver = gpus[0]["driver"] if gpus and gpus[0]["driver"] != "?" else _proc_driver_version()
     if not torch.cuda.is_available():
         drv = Check(name="driver", status="fail",
                     measured=f"driver {driver}; torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
@@ -101,6 +101,18 @@ def _gpu_checks(track: Track) -> list[Check]:
         drv = Check(name="driver", status="ok", measured=f"driver {driver}, torch {torch.__version__} built for CUDA "
                                                          f"{torch.version.cuda}")
     return [gpu, drv]
+
+
+def _proc_driver_version() -> str:
+    """The NVIDIA kernel module's version (/proc/driver/nvidia/version), or "not found"."""
+    import re
+
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return "not found"
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    return found.group(1) if found else "not found"
 
 
 def _memlock(track: Track) -> Check:
