@@ -235,3 +235,65 @@ def test_a_root_that_fails_half_built_leaves_nothing_writable_behind(tmp_path):
     got = run(HALF_BUILT.replace("sys.argv[1]", repr(json.dumps({"submission": str(team), "private": str(private)}))))
     assert got["why"].startswith("no root of its own") and "simulated" in got["why"], got
     assert got["wrote"] != "yes" and (team / "submission.py").read_text() == "# the team's code\n", got
+
+
+# --------------------------------------------------------------------------- a host that refuses them (issue 23, item 11)
+
+
+def _proc_sys(tmp_path, **values):
+    """A /proc/sys of the test's own: `kernel__apparmor_restrict_unprivileged_userns="1"` is that file."""
+    for name, value in values.items():
+        path = tmp_path / "proc_sys" / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n")
+    return str(tmp_path / "proc_sys")
+
+
+def test_ubuntus_apparmor_restriction_is_named_with_its_fix(tmp_path):
+    """Ubuntu 24.04's default (kernel.apparmor_restrict_unprivileged_userns = 1) lets unshare succeed and then
+    refuses the namespace every right: only the setting says why, and the words carry the fix."""
+    from harness.ranks.namespaces import refused, userns_restriction
+
+    restricted = _proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1")
+    text = userns_restriction(restricted)
+    assert "kernel.apparmor_restrict_unprivileged_userns = 1" in text
+    assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in text and "/etc/sysctl.d/" in text
+    assert "`userns,`" in text  # the other fix: an AppArmor profile for the harness's Python
+    why = refused("could not map the user into its namespace: [Errno 1] Operation not permitted", restricted)
+    assert why.startswith("could not map the user") and "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in why
+    assert userns_restriction(_proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="0")) == ""
+    assert "sysctl -w user.max_user_namespaces=" in userns_restriction(_proc_sys(tmp_path, user__max_user_namespaces="0"))
+
+
+def _weakened_record(sandbox="auto"):
+    from harness.results.records import RunRecord
+
+    refused_why = ("no namespace of the job's own: could not map the user into its namespace: Operation not "
+                   "permitted (unprivileged user namespaces restricted here?)")
+    model = {"active": True, "why": "Landlock ABI 6", "namespaces": {"active": False, "why": "unshare failed"},
+             "filesystem": {"active": False, "why": "no namespaces, so no root of its own"}}
+    return RunRecord(run_id="r1", team="t", track_name="tiny", status="ok", track={"name": "tiny", "sandbox": sandbox},
+                     extra={"job_namespace": {"active": False, "why": refused_why}},
+                     sandbox={"training": {"active": True, "why": "Landlock ABI 6",
+                                           "namespaces": {"active": False, "why": "the launcher made no namespace"}},
+                              "evaluation": {"score": model, "check": model}})
+
+
+def test_a_run_on_a_host_that_refuses_user_namespaces_says_so_loudly_with_the_fix(tmp_path):
+    """The sandbox silently weakened to Landlock alone: the record's first warning, and the summary, say so
+    and name the host's setting and its fix."""
+    from harness.launcher.assemble import sandbox_warnings, summary_lines
+
+    record = _weakened_record()
+    sandbox_warnings(record, proc_sys=_proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1"))
+    loud = record.warnings[0]
+    assert loud.startswith("SANDBOX WEAKENED: ") and "Landlock alone" in loud
+    assert "training ranks" in loud and "evaluation's model processes (score)" in loud
+    assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in loud
+    assert f"WARNING    {loud}" in summary_lines(record, tmp_path)
+    other = _weakened_record()  # no known setting: the refusal's own words, and where else to look
+    sandbox_warnings(other, proc_sys=_proc_sys(tmp_path / "none"))
+    assert other.warnings[0].startswith("SANDBOX WEAKENED: ") and "seccomp" in other.warnings[0]
+    off = _weakened_record(sandbox="off")  # the track turned the sandbox off: nothing was weakened
+    sandbox_warnings(off, proc_sys=_proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1"))
+    assert not any(w.startswith("SANDBOX WEAKENED") for w in off.warnings)

@@ -86,3 +86,31 @@ def test_threads_are_sized_to_the_cpus_this_process_may_use_not_the_machines(mon
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert process_tree.usable_cpus() == 4
     assert threads_per_rank(load_track("local"), 2) == 2  # 4 usable CPUs / 2 ranks, not 64 / 2
+
+
+def test_the_doctor_job_runs_harness_doctor_on_every_node_of_the_allocation(cli, tmp_path):
+    """`harness slurm --doctor`: the track's allocation (its nodes, exclusive, its GPUs), one `harness doctor` per
+    node with the all-reduce between the nodes through the first; valid bash that shellcheck passes."""
+    from conftest import run_as_slurm
+
+    result = cli("slurm", "--doctor", "--track", "paris2026", "--partition", "gpu", "-o", "doctor.sbatch")
+    assert result.code == 0, result.err
+    assert "`harness doctor` on each of 4 node(s)" in result.out
+    path = tmp_path / "doctor.sbatch"
+    text = path.read_text()
+    for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
+                 "#SBATCH --job-name=harness-doctor"):
+        assert line in text.splitlines(), line
+    assert "node_allreduce 300 s + nodes_allreduce 900 s + margin 60 s" in text  # the rendezvous' 600 s included
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    proc = subprocess.run(["shellcheck", "--severity=info", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    argv = run_as_slurm(path, tmp_path, SLURM_JOB_NUM_NODES="4", SLURM_JOB_ID="99")
+    assert argv == ["-m", "harness", "doctor", "--track", "paris2026", "--node-rank", "0", "--rdzv-endpoint",
+                    "node0:29500"], argv
+
+
+def test_slurm_wants_submissions_or_the_doctor_never_both(cli):
+    for args in ((), ("--doctor", str(ROOT / "submissions" / "baseline"))):
+        result = cli("slurm", *args)
+        assert result.code == 2 and "or --doctor" in result.err, result.err

@@ -1,5 +1,5 @@
-"""The event's commands: a queue of runs and its view, the SLURM job array, flags, finalize. They add
-themselves to the `harness` group (harness/cli/__init__.py imports this module once `main` exists)."""
+"""The event's commands: a queue of runs and its view, the SLURM job array, flags, finalize, the nodes' doctor.
+They add themselves to the `harness` group (harness/cli/__init__.py imports this module once `main` exists)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def finalize(run, reason, force, runs_dir, no_leaderboard):
 
 
 @main.command("slurm")
-@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
+@click.argument("submissions", nargs=-1, metavar="SUBMISSION...")
 @click.option("--track", "-t", default="paris2026", show_default=True, help="Track name or path to a track TOML file.")
 @click.option("--output", "-o", "script_path", default=None,
               help="Where the sbatch script goes [default: slurm-<team>.sbatch, or slurm-queue.sbatch for a queue].")
@@ -168,22 +168,29 @@ def finalize(run, reason, force, runs_dir, no_leaderboard):
 @click.option("--account", default=None, help="SLURM account.")
 @click.option("--time", "time_limit", default=None, help="Wall time HH:MM:SS [default: computed from the track].")
 @click.option("--submit", is_flag=True, help="Hand the script to sbatch.")
+@click.option("--doctor", is_flag=True,
+              help="Instead of runs: `harness doctor` on every node of the track's allocation (no SUBMISSION).")
 def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurrent, runs_dir, log_dir, partition,
-              account, time_limit, submit):
+              account, time_limit, submit, doctor):
     """Write an sbatch script that runs each SUBMISSION on the track's nodes (and submit it with --submit):
-    one job for one run, or, for several submissions or seeds, a job array of one run per team x seed."""
+    one job for one run, or, for several submissions or seeds, a job array of one run per team x seed.
+    With --doctor, a job that runs `harness doctor` on every node of one run's allocation."""
     from pathlib import Path
 
     from harness.submission.contract import SubmissionError, team_slug
-    from harness.launcher.slurm import SlurmOptions, render, render_queue
+    from harness.launcher.slurm import SlurmOptions, render, render_doctor, render_queue
     from harness.launcher.slurm import submit as sbatch_submit
     from harness.tracks.spec import TrackError
 
-    opts = SlurmOptions(submission=submissions[0], track=track, runs_dir=runs_dir, log_dir=log_dir,
-                        partition=partition, account=account, time_limit=time_limit)
+    if doctor == bool(submissions):
+        raise SetupError("give the SUBMISSION folder(s) to run, or --doctor (and no submission) for the nodes' doctor")
+    opts = SlurmOptions(submission=submissions[0] if submissions else "", track=track, runs_dir=runs_dir,
+                        log_dir=log_dir, partition=partition, account=account, time_limit=time_limit)
     one_run = len(submissions) == 1 and repeat == 1 and not resume and seed == 1
     try:
-        if one_run:
+        if doctor:
+            text, resolved = render_doctor(opts)
+        elif one_run:
             text, resolved, team = render(opts)
         else:
             from harness.launcher.queue import pending
@@ -198,11 +205,16 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
             text, resolved = render_queue(opts, runs, max_concurrent)
     except (SubmissionError, TrackError, ValueError, OSError) as exc:
         raise SetupError(str(exc)) from None
-    path = Path(script_path or (f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"))
+    default = "slurm-doctor.sbatch" if doctor else f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"
+    path = Path(script_path or default)
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs
     path.write_text(text)
     path.chmod(0o755)
-    if one_run:
+    if doctor:
+        click.echo(f"wrote {path}: `harness doctor` on each of {resolved.nnodes} node(s), the all-reduce between them "
+                   f"through the first; each node's table in {Path(log_dir).resolve()}/harness-doctor-<job>-node<N>.out, "
+                   "and the job fails when a node fails a check")
+    elif one_run:
         click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
     else:
         click.echo(f"wrote {path}: an array of {len(runs)} run(s), each on {resolved.nnodes} exclusive node(s), "
@@ -212,3 +224,35 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
             click.echo(sbatch_submit(path))
         except RuntimeError as exc:
             raise SetupError(str(exc)) from None
+
+
+@main.command("doctor")
+@click.option("--track", "-t", default="local", show_default=True, help="Track name or path to a track TOML file.")
+@click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None,
+              help="The records folder whose locks and disk are checked [default: ./runs].")
+@click.option("--data-root", default=None, help="Folder the track's shard globs are relative to (or HARNESS_DATA_ROOT).")
+@click.option("--data-fingerprint", default=None,
+              help="The fingerprint the data must have (a rehearsal record's data_fingerprint): a mismatch fails.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="This node's rank, for the all-reduce between the track's nodes.")
+@click.option("--rdzv-endpoint", default="", help="HOST:PORT of node 0: measure between the nodes too.")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Leave a check out (repeatable): its table name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor_cmd(track, runs_dir, data_root, data_fingerprint, node_rank, rdzv_endpoint, skip, as_json):
+    """Check this node for the track: GPUs, driver, sandbox (Landlock, user namespaces), locks, disk, data,
+    all-reduce bandwidth, InfiniBand from inside the sandbox, clocks. One line per check with what to do; exit
+    1 when any check fails. `harness slurm --doctor` runs it on every node of the track's allocation."""
+    import sys
+
+    from harness.launcher.console import ConsoleReporter
+    from harness.launcher.doctor import DoctorOptions, render, run_doctor, to_json
+    from harness.tracks.spec import TrackError
+
+    try:
+        opts = DoctorOptions(track=track, runs_dir=runs_dir, data_root=data_root, data_fingerprint=data_fingerprint,
+                             node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, skip=tuple(skip))
+        report = run_doctor(opts, ConsoleReporter())
+    except (TrackError, ValueError) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo(to_json(report) if as_json else "\n".join(render(report)))
+    sys.exit(report.exit_code)

@@ -13,6 +13,7 @@ from typing import Any
 from harness.launcher.console import fmt_rate
 from harness.results.metrics import mfu, peak_flops_per_device
 from harness.launcher.phases import PhaseResult
+from harness.ranks.namespaces import PROC_SYS, USERNS_OTHER_CAUSES, userns_restriction
 from harness.results.records import RunRecord
 from harness.submission.contract import relative_paths
 from harness.submission.printable import REASON_MAX_CHARS, indented, printable
@@ -238,8 +239,13 @@ def metrics_rows(phase: PhaseResult) -> list[dict[str, Any]]:
     return [m.body for m in phase.messages if m.kind == "progress" and m.body.get("rank") == 0]
 
 
-def sandbox_warnings(record: RunRecord) -> None:
-    """Every process that ran the team's code without the sandbox, named in the record's warnings."""
+def sandbox_warnings(record: RunRecord, proc_sys: str = PROC_SYS) -> None:
+    """Every process that ran the team's code without the sandbox, named in the record's warnings; first, where
+    the host refused the namespaces beside Landlock, one loud line with the host's setting and its fix."""
+    loud = weakened_sandbox(record, proc_sys)
+    if loud and loud not in record.warnings:
+        record.warnings.insert(0, loud)
+
     def walk(where: str, report) -> None:
         if isinstance(report, dict) and "active" in report:
             if not report["active"]:
@@ -263,6 +269,37 @@ def sandbox_warnings(record: RunRecord) -> None:
     names = {"check": "check before the run", "training": "training ranks", "evaluation": "evaluation"}
     for phase, report in record.sandbox.items():
         walk(names.get(phase, phase), report)
+
+
+def weakened_sandbox(record: RunRecord, proc_sys: str = PROC_SYS) -> str:
+    """One line, "" unless a process that ran team code lacked the namespaces its sandbox asks for (the track's
+    sandbox not "off"): the user namespaces the host refused leave Landlock alone, and nothing else says why
+    (harness/ranks/namespaces.py userns_restriction: Ubuntu 24.04's AppArmor default, and the fix)."""
+    if record.track.get("sandbox") == "off":
+        return ""
+    missing: dict[str, str] = {}
+    job = record.extra.get("job_namespace")
+    if isinstance(job, dict) and job.get("active") is False and job.get("why") != "off":
+        missing["training ranks"] = str(job.get("why") or "")
+
+    def walk(where: str, report) -> None:
+        if isinstance(report, dict) and "active" in report:
+            sub = report.get("namespaces")
+            if isinstance(sub, dict) and sub.get("active") is False:
+                missing.setdefault(where, str(sub.get("why") or ""))
+        elif isinstance(report, dict):
+            for name, sub in report.items():
+                walk(f"{where} ({name})", sub)
+
+    for phase in ("check", "evaluation"):  # training's own account is the job namespace's, above
+        walk({"check": "the check process", "evaluation": "evaluation's model processes"}[phase],
+             record.sandbox.get(phase))
+    if not missing:
+        return ""
+    cause = userns_restriction(proc_sys) or f"{next(iter(missing.values()))}; {USERNS_OTHER_CAUSES}"
+    return (f"SANDBOX WEAKENED: this host refused the user namespaces of {', '.join(missing)}, so team code ran "
+            "with Landlock alone (no /dev/shm and IPC of the job's own, file modes and times changeable, no PID, "
+            f"IPC or network namespace and no root of its own). {cause}")
 
 
 def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:

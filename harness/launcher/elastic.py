@@ -245,6 +245,8 @@ class ElasticJob:
         return self._thread.is_alive()
 
     def wait(self, timeout_s: float) -> bool:
+        if self._thread.ident is None:  # never started (node 0's rendezvous store did not start): nothing to wait for
+            return True
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 

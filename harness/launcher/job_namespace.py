@@ -39,7 +39,7 @@ from pathlib import Path
 from harness.launcher.channel import peer_pid
 from harness.launcher.process_tree import descends_from, first_line
 from harness.ranks import interpreter
-from harness.ranks.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity, refused
 from harness.ranks.rootfs import MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc, Refused
 
 PR_SET_PDEATHSIG = 1
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> None:
     try:
         make_namespaces(shm_bytes, writable)
     except (OSError, Refused) as exc:
-        print(f"{getattr(exc, 'strerror', None) or exc} (unprivileged user namespaces restricted here?)", flush=True)
+        print(refused(str(getattr(exc, "strerror", None) or exc)), flush=True)  # one line: the record's why
         sys.exit(1)
     serve(server, launcher)
 

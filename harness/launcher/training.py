@@ -105,6 +105,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
             sweep = ShmSweep()
             if track.sandbox == "required":  # the machine, not the team: the run cannot be held to the rules here
                 raise JobNamespaceMissing(namespace.why if namespace is not None else "")
+            if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
+                reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
         with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,

@@ -14,7 +14,8 @@ process therefore moves into new user, PID, IPC and network namespaces before an
   every process in the namespace at once, however fast they fork.
 
 Unprivileged user namespaces are allowed on most Linux hosts; where they are not (some distributions
-restrict them), the model process runs without them and its sandbox report says so.
+restrict them: Ubuntu 24.04's AppArmor default), the model process runs without them, its sandbox
+report says so, and `userns_restriction` names the host's setting that refused them and its fix.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (0x00020000, 0x08000000, 0x10000000,
@@ -41,16 +43,64 @@ def isolate() -> str:
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) != 0:
-        return f"unshare failed: {os.strerror(ctypes.get_errno())} (unprivileged user namespaces restricted here?)"
+        return refused(f"unshare failed: {os.strerror(ctypes.get_errno())}")
     try:
         map_identity(uid, gid)
-    except OSError as exc:
-        return f"could not map the user into its namespace: {exc}"
+    except OSError as exc:  # AppArmor's restriction lets unshare succeed, then refuses the map (EPERM)
+        return refused(f"could not map the user into its namespace: {exc}")
     child = os.fork()
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
         return ""
     _wait_and_end_as(child, libc)
+
+
+PROC_SYS = "/proc/sys"
+# The host settings known to refuse (or cripple) unprivileged user namespaces, as (file under /proc/sys, the
+# value that restricts, the sysctl's name, what it is, the value that allows them).
+USERNS_SYSCTLS = (
+    ("kernel/apparmor_restrict_unprivileged_userns", "1", "kernel.apparmor_restrict_unprivileged_userns",
+     "AppArmor restricts unprivileged user namespaces (Ubuntu 24.04's default)", "0"),
+    ("kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone",
+     "unprivileged user namespaces are switched off (Debian's switch)", "1"),
+    ("user/max_user_namespaces", "0", "user.max_user_namespaces", "user namespaces are switched off", "15000"),
+)
+USERNS_OTHER_CAUSES = ("no sysctl of this host restricts them: a container's seccomp profile (Docker's default "
+                       "refuses unshare) or a security module's policy may; check with `unshare -U -r true` as the "
+                       "harness's user")
+
+
+def userns_restriction_parts(proc_sys: str = PROC_SYS) -> tuple[str, str]:
+    """(what on this host refuses or cripples unprivileged user namespaces, its fix); ("", "") when none of
+    USERNS_SYSCTLS does. `proc_sys`: where /proc/sys is (tests give a folder of their own). With AppArmor's
+    restriction unshare(CLONE_NEWUSER) succeeds and the namespace then has no rights (writing the uid map
+    fails with EPERM): only the setting tells the cause."""
+    for rel, restricting, name, what, allowing in USERNS_SYSCTLS:
+        try:
+            value = Path(proc_sys, rel).read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if value != restricting:
+            continue
+        fix = (f"as root on every node, `sysctl -w {name}={allowing}` (and the line `{name} = {allowing}` in a file "
+               "of /etc/sysctl.d/ to keep it after a reboot)")
+        if rel.startswith("kernel/apparmor"):
+            fix += (f", or an AppArmor profile that grants `userns,` to the harness's Python "
+                    f"({os.path.realpath(sys.executable)}), loaded with `apparmor_parser -r`")
+        return f"{what}: sysctl {name} = {value}", fix
+    return "", ""
+
+
+def userns_restriction(proc_sys: str = PROC_SYS) -> str:
+    """userns_restriction_parts in one sentence: what, then "Fix: ..."; "" when no known setting restricts."""
+    what, fix = userns_restriction_parts(proc_sys)
+    return f"{what}. Fix: {fix}" if what else ""
+
+
+def refused(why: str, proc_sys: str = PROC_SYS) -> str:
+    """A refused namespace's reason, with the host's restriction and its fix when one is known."""
+    cause = userns_restriction(proc_sys)
+    return f"{why}; {cause}" if cause else f"{why} (unprivileged user namespaces restricted here? {USERNS_OTHER_CAUSES})"
 
 
 def map_identity(uid: int, gid: int) -> None:

@@ -1,0 +1,161 @@
+"""`harness doctor [--track T]`: is this node ready for the event? One line per check, and an exit code.
+
+What an organiser runs on every event node the day before (on the whole allocation through
+`harness slurm --doctor`): each check measures one thing a run depends on and says what to do
+when it is not right. The checks, in the order of the table:
+
+- the machine (harness/launcher/doctor_host.py): the GPUs and their model against the track, the
+  driver and torch's CUDA, the CPUs this process may use, the locked-memory limit InfiniBand needs;
+- the sandbox: the harness's user (never root, owning nothing it reads), the user namespaces the
+  training job and evaluation's model processes need (and the distribution's setting that refuses
+  them: Ubuntu 24.04's AppArmor default), and, from inside a training rank, Landlock applied with
+  the runs folder and a validation shard out of reach;
+- the files: flock on the runs folder's file system, free disk for the records and the ranks'
+  scratch, the track's data found, checked and fingerprinted;
+- the links (harness/launcher/doctor_comm.py): an all-reduce inside the node, and between the nodes
+  when the track has several, through the harness's own launcher and inside the training sandbox,
+  its bus bandwidth against the track's declared [interconnect]; NCCL's transport from inside the
+  sandbox (`NET/IB`, not a fall-back to sockets);
+- the clocks: the kernel's NTP synchronisation, and the ranks' wall clocks side by side.
+
+A check is `ok`, `warn` (the run goes on, weaker or slower: read it), `fail` (fix it before the
+event) or `skipped` (it does not apply here, and the line says why: a CPU machine skips the GPU's).
+The exit code is 1 when any check fails, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+
+from harness.launcher.console import NullReporter
+from harness.ranks.namespaces import PROC_SYS
+from harness.tracks.spec import load_track
+
+STATUSES = ("ok", "warn", "fail", "skipped")
+# Every check's name, in the table's order: what `--skip` takes.
+CHECKS = ("gpus", "driver", "cpus", "memlock", "user", "namespaces", "sandbox", "locks", "disk-runs", "disk-scratch",
+          "data", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-sync", "clock-skew")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One line of the table: what was measured, and what to do when it is not ok."""
+
+    name: str  # one of CHECKS
+    status: str  # one of STATUSES
+    measured: str = ""  # the figure or the finding, in words
+    fix: str = ""  # what to do; empty when there is nothing to do
+    value: float | None = None  # the figure itself, for --json (its unit in `unit`)
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name}: status {self.status!r} is not one of {STATUSES}")
+        if self.name not in CHECKS:
+            raise ValueError(f"check {self.name!r} is not one of {CHECKS}")
+
+
+@dataclass(kw_only=True)
+class DoctorOptions:
+    track: str = "local"
+    runs_dir: str | None = None
+    data_root: str | None = None
+    data_fingerprint: str | None = None  # the fingerprint the data must have (a rehearsal record's data_fingerprint)
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # HOST:PORT of node 0: the all-reduce between the nodes (harness slurm --doctor)
+    skip: tuple[str, ...] = ()
+    proc_sys: str = PROC_SYS  # where /proc/sys is read (tests point it at a folder of their own)
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.skip if name not in CHECKS]
+        if unknown:
+            raise ValueError(f"unknown check(s) to skip: {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+
+
+@dataclass
+class DoctorReport:
+    track: str
+    host: str
+    node_rank: int
+    nnodes: int
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def to_dict(self) -> dict:
+        return {"track": self.track, "host": self.host, "node_rank": self.node_rank, "nnodes": self.nnodes,
+                "seconds": round(self.seconds, 2), "exit_code": self.exit_code,
+                "counts": {s: sum(c.status == s for c in self.checks) for s in STATUSES},
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def run_doctor(opts: DoctorOptions, reporter=None) -> DoctorReport:
+    """Every check of the module docstring that applies here, in the table's order (raises TrackError for a
+    track that cannot be loaded: nothing was checked)."""
+    from harness.launcher import doctor_comm, doctor_host
+
+    reporter = reporter or NullReporter()
+    t0 = time.monotonic()
+    track = load_track(opts.track)
+    report = DoctorReport(track=track.name, host=socket.gethostname(), node_rank=opts.node_rank, nnodes=track.nnodes)
+    wanted = [name for name in CHECKS if name not in opts.skip]
+
+    def add(found: list[Check]) -> None:
+        report.checks.extend(c for c in found if c.name in wanted)
+
+    add(doctor_host.machine_checks(track, wanted))
+    add(doctor_host.sandbox_host_checks(track, opts, wanted))
+    runs = doctor_host.runs_root_of(opts)
+    add(doctor_host.file_checks(track, opts, runs, wanted))
+    data = None
+    if "data" in wanted or "sandbox" in wanted:  # the sandbox's canary is a validation shard
+        reporter.info(f"doctor: the data of track {track.name}...")
+        data_check, data = doctor_host.data_check(track, opts)
+        add([data_check])
+    if any(name in wanted for name in doctor_comm.BENCH_CHECKS):
+        add(doctor_comm.comm_checks(track, opts, runs, data, wanted, reporter))
+    add(doctor_host.clock_checks(opts, wanted))
+    order = {name: i for i, name in enumerate(CHECKS)}
+    done = {c.name for c in report.checks}
+    report.checks.extend(Check(name=name, status="skipped", measured="left out (--skip)" if name in opts.skip else
+                               "not measured: what measures it did not run here") for name in CHECKS if name not in done)
+    report.checks.sort(key=lambda c: order[c.name])
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def render(report: DoctorReport) -> list[str]:
+    """The table: one line per check (name, status, what was measured, what to do), then the verdict."""
+    rows = [("CHECK", "STATUS", "MEASURED", "WHAT TO DO")]
+    rows += [(c.name, c.status.upper() if c.status in ("warn", "fail") else c.status, c.measured or "-",
+              c.fix if c.status in ("warn", "fail") else "") for c in report.checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    measured_w = min(72, max(len(r[2]) for r in rows))
+    lines = [f"harness doctor: track {report.track} on {report.host} (node {report.node_rank} of {report.nnodes}), "
+             f"{report.seconds:.1f} s"]
+    for name, status, measured, fix in rows:
+        line = f"{name:<{widths[0]}}  {status:<{widths[1]}}  {measured:<{measured_w}}"
+        lines.append((f"{line}  {fix}" if fix else line).rstrip())
+    counts = {s: sum(c.status == s for c in report.checks) for s in STATUSES}
+    verdict = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    if report.failed:
+        state = (f"NOT READY ({', '.join(c.name for c in report.failed)} failed: fix them, then run `harness doctor` "
+                 "again)")
+    else:
+        state = "ready, with warnings to read" if counts["warn"] else "ready"
+    lines.append(f"{verdict}: {state}")
+    return lines
+
+
+def to_json(report: DoctorReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)

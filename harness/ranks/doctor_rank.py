@@ -1,0 +1,117 @@
+"""One rank of `harness doctor`'s all-reduce benchmark, started by torch elastic, never by hand:
+
+    python -u -m harness.ranks.doctor_rank <doctor_job.json>
+
+It enters the training ranks' sandbox as a training rank does (harness/ranks/train.py: the job's
+namespaces, its private folder, then Landlock, while it has one thread), so that what it sees is what
+a team's ranks will see: files it must not read (the canaries: a file in the runs folder, a
+validation shard), the transports NCCL finds from inside (InfiniBand, or its silent fall-back to
+sockets: NCCL_DEBUG=INFO goes to this rank's log), the bus bandwidth of an all-reduce measured the
+nccl-tests way (busbw = algbw x 2(n-1)/n, algbw = bytes / time, the slowest rank's time), and the
+ranks' wall clocks read together after a barrier. No team code runs here. Local rank 0 of each node
+writes the node's result (JSON) into the private folder, where the node's `harness doctor` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from harness.ranks.process import (RankEnv, die_with_launcher, enter_job, init_process_group, perf_counter,
+                                   redirect_output, release_and_exit, setup_device)
+
+
+def canaries_readable(paths: list[str]) -> list[str]:
+    """The canaries this process can open: none, in a working sandbox."""
+    readable = []
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+            readable.append(path)
+        except OSError:
+            pass
+    return readable
+
+
+def bench(job: dict, env: RankEnv) -> dict:
+    """All-reduce `size_bytes` of float32 `iters` times after `warmup`; the slowest rank's mean time."""
+    import torch
+    import torch.distributed as dist
+
+    device = setup_device(job["device"], env, job["threads"])
+    init_process_group(job["backend"], device, job["timeout_s"])
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    x = torch.zeros(max(1, job["size_bytes"] // 4), dtype=torch.float32, device=device)  # zeros: no overflow
+    for _ in range(job["warmup"]):
+        dist.all_reduce(x)
+    sync()
+    dist.barrier()
+    t0 = perf_counter()
+    for _ in range(job["iters"]):
+        dist.all_reduce(x)
+    sync()
+    mine = torch.tensor([(perf_counter() - t0) / job["iters"]], dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the collective ends when its slowest rank does
+    check = torch.full((8,), float(env.rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(check)  # a sum that must come out right: a transport that corrupts is worse than a slow one
+    n = env.world_size
+    correct = bool(torch.all(check == n * (n + 1) / 2).item())
+    dist.barrier()
+    now = time.time()  # read right after the barrier: the ranks' wall clocks at (nearly) one instant
+    seen: list = [None] * n
+    dist.all_gather_object(seen, {"rank": env.rank, "node": env.group_rank, "host": socket.gethostname(),
+                                  "time_unix": now, "data_fingerprint": job.get("data_fingerprint", "")})
+    time_s = float(mine.item())
+    algbw = job["size_bytes"] / time_s if time_s > 0 else 0.0
+    out = {"world_size": n, "size_bytes": job["size_bytes"], "iters": job["iters"], "time_s": time_s,
+           "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+           "correct": correct, "ranks": seen, "device_name": "cpu"}
+    if device.type == "cuda":
+        out["device_name"] = torch.cuda.get_device_name(device)
+        try:
+            out["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a build without NCCL says so by leaving it out
+            pass
+    return out
+
+
+def main(argv: list[str]) -> None:
+    from harness.ranks import sandbox
+
+    job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
+    env = RankEnv.from_environ()
+    die_with_launcher()
+    job_ns = enter_job(job.get("job_namespace"), job["work_dir"])  # single-threaded, before anything else
+    os.chdir(job["work_dir"])
+    redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
+    box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
+        sandbox.SandboxReport(False, "the track turns the sandbox off")
+    box.namespaces = job_ns
+    result: dict = {"node": env.group_rank, "sandbox": {**box.to_dict(), "policy": {}},
+                    "canaries_readable": canaries_readable(job.get("canaries", []))}
+    code = 0
+    try:
+        result.update(bench(job, env))
+    except BaseException as exc:  # the doctor reads it as the check's failure
+        traceback.print_exc()
+        result["error"] = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        code = 1
+    if env.local_rank == 0:
+        tmp = Path(job["result_path"] + ".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, job["result_path"])
+    release_and_exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,130 @@
+"""`harness doctor`: one line per check with what to do, an exit code, a real all-reduce through the launcher
+(harness/launcher/doctor.py, doctor_host.py, doctor_comm.py; harness/ranks/doctor_rank.py)."""
+
+import errno
+import json
+
+import pytest
+
+from conftest import TINY_TRACK
+from harness.launcher.doctor import CHECKS, Check, DoctorOptions
+from harness.launcher.doctor_comm import BENCH_CHECKS
+from harness.tracks.spec import load_track
+
+
+def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tmp_path):
+    """Through the real entry point on the test track (2 CPU ranks): every check once, in the table's order, an
+    exit code that is 1 exactly when one failed, and the all-reduce's bus bandwidth measured in 2 ranks."""
+    result = cli("doctor", "--track", str(TINY_TRACK), "--json", timeout=120)
+    report = json.loads(result.out)
+    assert [c["name"] for c in report["checks"]] == list(CHECKS), result.err
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert result.code == report["exit_code"] == (1 if failed else 0), failed
+    assert all(c["fix"] for c in report["checks"] if c["status"] in ("warn", "fail"))  # what to do, always
+    by_name = {c["name"]: c for c in report["checks"]}
+    bench = by_name["allreduce-node"]
+    assert bench["status"] in ("ok", "warn"), bench
+    assert bench["value"] > 0 and bench["unit"] == "GB/s" and "2 x cpu" in bench["measured"], bench
+    assert by_name["clock-skew"]["status"] == "ok" and "2 ranks" in by_name["clock-skew"]["measured"]
+    for name in ("gpus", "driver", "memlock", "infiniband", "allreduce-nodes"):  # a CPU machine, a one-node track
+        assert by_name[name]["status"] == "skipped" and by_name[name]["measured"], by_name[name]
+    assert report["seconds"] < 60
+    assert not list((tmp_path / "runs").glob(".doctor-*"))  # its lock file and canary are gone
+
+
+def test_a_failing_check_gives_exit_code_1_and_its_fix_in_the_table(cli):
+    """A node whose data differs from the fingerprint the organiser expects: the table's line says FAIL and what
+    to do, the verdict names it, the exit code is 1."""
+    skips = [arg for name in BENCH_CHECKS for arg in ("--skip", name)]
+    result = cli("doctor", "--track", str(TINY_TRACK), "--data-fingerprint", "0" * 16, *skips, timeout=120)
+    assert result.code == 1, result.text
+    lines = result.out.splitlines()
+    assert lines[0].startswith("harness doctor: track tiny on ") and lines[1].split() == ["CHECK", "STATUS",
+                                                                                         "MEASURED", "WHAT", "TO", "DO"]
+    data = next(line for line in lines if line.startswith("data "))
+    assert data.split()[1] == "FAIL" and f"expected {'0' * 16}" in data and "stage it again" in data, data
+    assert {line.split()[0] for line in lines[2:-1]} == set(CHECKS)  # one line per check, skipped ones included
+    assert "NOT READY (data failed" in lines[-1]
+
+
+def test_skipping_an_unknown_check_is_a_usage_error(cli):
+    result = cli("doctor", "--skip", "gpu")
+    assert result.code == 2 and "unknown check(s) to skip: gpu" in result.err and "gpus" in result.err
+
+
+def test_the_doctor_fails_a_host_whose_apparmor_refuses_user_namespaces(tmp_path):
+    """Issue 23, item 11: Ubuntu 24.04's AppArmor default weakens the sandbox to Landlock alone; the doctor says
+    it is a failure, and gives the fix."""
+    from harness.launcher.doctor_host import namespaces_check
+
+    proc_sys = tmp_path / "kernel"
+    proc_sys.mkdir()
+    (proc_sys / "apparmor_restrict_unprivileged_userns").write_text("1\n")
+    check = namespaces_check(load_track(str(TINY_TRACK)), str(tmp_path))
+    assert check.status == "fail" and "kernel.apparmor_restrict_unprivileged_userns = 1" in check.measured
+    assert "Landlock alone" in check.measured
+    assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in check.fix and "`userns,`" in check.fix
+
+
+def test_a_file_system_without_flock_is_a_warning_with_the_mount_option(tmp_path, monkeypatch):
+    """Lustre without -o flock, NFS mounted nolock: the records run unlocked (harness/results/locks.py), and the
+    doctor says how to mount them."""
+    import fcntl
+
+    from harness.launcher.doctor_host import locks_check
+
+    def no_locks(*_args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    check = locks_check(tmp_path / "runs")
+    assert check.status == "warn" and "runs go on unlocked" in check.measured and "-o flock" in check.fix
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+NCCL_IB = """NCCL INFO Bootstrap : Using ib0:10.0.0.1<0>
+NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>
+NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/IB/0/GDRDMA
+"""
+NCCL_SOCKETS = """NCCL INFO NET/IB : No device found.
+NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
+NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Socket/0
+"""
+
+
+def test_infiniband_from_inside_the_sandbox_is_read_from_nccls_own_log():
+    """NET/IB in NCCL's INFO log is the proof; a fall-back to sockets between nodes is a failure, said plainly."""
+    from harness.launcher.doctor_comm import Bench, infiniband_check
+
+    track = load_track("paris2026")
+    ok = infiniband_check(track, Bench({}, "", NCCL_IB, {}), None)
+    assert ok.status == "ok" and "mlx5_0" in ok.measured and "via NET/IB" in ok.measured
+    sockets = infiniband_check(track, Bench({}, "", NCCL_SOCKETS, {}), None)
+    assert sockets.status == "fail" and "TCP sockets" in sockets.measured and "/dev/infiniband" in sockets.fix
+    chosen = infiniband_check(track, Bench({}, "", "NCCL INFO Using network IB\n", {}), None)  # NCCL 2.19+
+    assert chosen.status == "ok", chosen
+    cpu = infiniband_check(load_track(str(TINY_TRACK)), Bench({}, "", "", {}), None)
+    assert cpu.status == "skipped" and "gloo" in cpu.measured
+
+
+@pytest.mark.parametrize("share, status", [(0.9, "ok"), (0.5, "warn"), (0.1, "fail")])
+def test_the_bus_bandwidth_is_judged_against_the_tracks_declared_links(share, status):
+    """busbw against comm_model's figure for the same size and ranks (NVLink's, on paris2026)."""
+    from harness.launcher.doctor_comm import Bench, bandwidth_check, expected_busbw
+
+    track = load_track("paris2026")
+    size = 256 << 20
+    want = expected_busbw(track, size, 8, 8)
+    assert 400e9 < want < 720e9  # 900 GB/s x 0.8 less the latency terms
+    result = {"world_size": 8, "size_bytes": size, "time_s": 1e-3, "busbw_bytes_per_s": share * want,
+              "device_name": "NVIDIA B300", "correct": True}
+    check = bandwidth_check("allreduce-node", track, Bench(result, "", "", {}), 8, 1)
+    assert check.status == status and f"{share:.0%}" in check.measured, check
+    assert check.value == pytest.approx(share * want / 1e9)
+
+
+def test_a_check_is_typed():
+    with pytest.raises(ValueError, match="status"):
+        Check(name="gpus", status="fine")
+    with pytest.raises(ValueError, match="unknown check"):
+        DoctorOptions(skip=("gpu",))
