@@ -106,7 +106,7 @@ def test_the_doctor_job_runs_harness_doctor_on_every_node_of_the_allocation(cli,
     proc = subprocess.run(["shellcheck", "--severity=info", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
     argv = run_as_slurm(path, tmp_path, SLURM_JOB_NUM_NODES="4", SLURM_JOB_ID="99")
-    assert argv == ["-m", "harness", "doctor", "--track", "paris2026", "--node-rank", "0", "--rdzv-endpoint",
+    assert argv == ["-P", "-m", "harness", "doctor", "--track", "paris2026", "--node-rank", "0", "--rdzv-endpoint",
                     "node0:29500"], argv
 
 

@@ -93,10 +93,12 @@ def run_bench(track: Track, *, nproc: int, nnodes: int, node_rank: int = 0, rdzv
             why = why or result["error"]
         logs = "".join(_tail(p) for p in sorted(area.logs.glob("rank*.log")))
         if result is None:
-            last = [line for line in logs.splitlines() if line.strip()][-1:]
+            from harness.launcher.outcome import last_error_line
+
+            last = last_error_line(logs, "".join(elastic.early_output.values()))
             why = why or "no result: " + (", ".join(f"rank {r} exited {f.get('exitcode')}" for r, f in
                                                   elastic.failures.items()) or "the ranks said nothing")
-            why += f" (last line of the ranks' logs: {last[0][:300]})" if last else ""
+            why += f" (the ranks' logs end: {last[:300]})" if last else ""
         return Bench(result, why, logs, namespace.report() if namespace is not None else {"active": False, "why": "off"})
     finally:
         if namespace is not None:
