@@ -141,3 +141,81 @@ def test_every_process_that_scores_or_checks_a_model_compiles_deterministically(
     _, record = only_record(tmp_path / "runs")
     assert (result.code, record["status"]) == (0, "ok"), record["reason"]
     assert record["eval"]["causality"]["checked_batches"] >= 1  # the check's model process ran forward too
+
+
+def _slow_to_die(monkeypatch, dying: bool, gone_after_s: float):
+    """A killed model process that the kernel takes `gone_after_s` to remove (a GPU driver's teardown)."""
+    import time
+
+    import harness.scoring.workers as workers
+
+    t0 = time.monotonic()
+    monkeypatch.setattr(workers, "descendants", lambda root: {})
+    monkeypatch.setattr(workers, "_proc_stat", lambda pid: None)
+    monkeypatch.setattr(workers, "_kill_if_still", lambda pid, parents: time.monotonic() - t0 < gone_after_s)
+    monkeypatch.setattr(workers, "_dying", lambda pid: dying)
+    return workers
+
+
+def test_a_model_process_still_tearing_its_gpu_down_is_waited_for(monkeypatch):
+    """Past the kill's 10 s, a process that is only exiting (it runs nothing of its own) is given its teardown;
+    on the old code the evaluation failed (issue 23, item 19)."""
+    workers = _slow_to_die(monkeypatch, dying=True, gone_after_s=0.5)
+    workers.kill_tree(999_999_999, timeout_s=0.1, teardown_s=5.0)
+
+
+def test_a_process_that_still_runs_after_the_kill_fails_the_evaluation_at_once(monkeypatch):
+    workers = _slow_to_die(monkeypatch, dying=False, gone_after_s=60)
+    with pytest.raises(RuntimeError, match="could not be ended"):
+        workers.kill_tree(999_999_999, timeout_s=0.1, teardown_s=5.0)
+
+
+def test_a_teardown_that_never_ends_is_bounded(monkeypatch):
+    workers = _slow_to_die(monkeypatch, dying=True, gone_after_s=60)
+    with pytest.raises(RuntimeError, match="still exiting"):
+        workers.kill_tree(999_999_999, timeout_s=0.1, teardown_s=0.3)
+
+
+def test_a_sleeping_process_is_not_dying_and_a_finished_one_is():
+    import subprocess
+
+    from harness.scoring.workers import _dying
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not _dying(proc.pid)
+        proc.kill()
+        import time
+
+        for _ in range(200):  # killed and not yet reaped: a zombie, past the kernel's exit path
+            if open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert _dying(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("given, runs, device, gpus, expected", [
+    (None, 8, "cuda", 2, 2),  # the run's 8 ranks per node, rescored on a 2-GPU box: 2 (the old code asked for 8)
+    (None, 8, "cuda", 8, 8),
+    (1, 8, "cuda", 2, 1),
+    (None, 2, "cpu", None, 2),
+    (3, 2, "cpu", None, 3),
+])
+def test_harness_eval_uses_at_most_the_gpus_the_machine_shows(given, runs, device, gpus, expected):
+    from harness.launcher.rescore import eval_ranks
+
+    nproc, note = eval_ranks(given, runs, device, gpus)
+    assert nproc == expected
+    assert ("the figure does not depend on it" in note) == (expected < runs and given is None)
+
+
+def test_harness_eval_refuses_more_ranks_than_gpus_with_the_number_there_is():
+    from harness.launcher.rescore import eval_ranks
+
+    with pytest.raises(ValueError, match=r"shows 2 GPU\(s\); give 2 or fewer"):
+        eval_ranks(4, 8, "cuda", 2)
+    with pytest.raises(ValueError, match="shows none"):
+        eval_ranks(None, 8, "cuda", 0)

@@ -176,7 +176,8 @@ def _refresh_leaderboard(runs_dir, track: str, reporter) -> None:
 @main.command("eval")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Ranks to evaluate with [default: the run's ranks per node]. The figure does not depend on it.")
+              help="Ranks to evaluate with [default: the run's ranks per node, on a GPU at most the GPUs this "
+                   "machine shows]. The figure does not depend on it.")
 @click.option("--data-root", default=None, help="Where the run's data lives, if not where the track says.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def eval_cmd(run_dir, nproc_per_node, data_root, as_json):

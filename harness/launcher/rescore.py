@@ -35,6 +35,31 @@ class Rescore:
     sandbox: dict | None = None
 
 
+def eval_ranks(given: int | None, runs: int, device: str, visible_gpus: int | None) -> tuple[int, str]:
+    """(ranks to evaluate with, a note when that is not the run's): `--nproc-per-node` when given, else the
+    run's ranks per node, on a GPU as many as this machine shows (every token is scored once whatever the
+    ranks: the figure is the same). More ranks than GPUs is refused with the number there is."""
+    if device != "cuda" or visible_gpus is None:
+        return given or runs, ""
+    if visible_gpus == 0:
+        raise ValueError("the run was scored on CUDA GPUs and this machine shows none")
+    if given is not None:
+        if given > visible_gpus:
+            raise ValueError(f"--nproc-per-node {given}: this machine shows {visible_gpus} GPU(s); give "
+                             f"{visible_gpus} or fewer")
+        return given, ""
+    if runs > visible_gpus:
+        return visible_gpus, (f"this machine shows {visible_gpus} GPU(s): evaluating with {visible_gpus} rank(s), not "
+                              f"the run's {runs} (the figure does not depend on it)")
+    return runs, ""
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # NVML's count where it can: no CUDA context in the launcher
+
+
 def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None = None, reporter=None) -> Rescore:
     reporter = reporter or NullReporter()
     run_dir = Path(run_dir).expanduser().absolute()  # evaluation's model processes work in folders of their own
@@ -49,7 +74,10 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
                  if track.data.source == "synthetic" else "point --data-root at the run's data")
         raise DataError(f"the data found ({data.location}, fingerprint {data.fingerprint}) is not the data this run "
                         f"used (fingerprint {record.data_fingerprint}); {where}")
-    nproc = nproc or track.eval.nproc_per_node or record.nproc_per_node or 1
+    nproc, note = eval_ranks(nproc, track.eval.nproc_per_node or record.nproc_per_node or 1, track.device,
+                             _visible_gpus() if track.device == "cuda" else None)
+    if note:
+        reporter.info(note)
     # The run's own precision, even on another machine: the figure must be computed the same way.
     precision = record.precision or resolve_precision(track.dtype, track.device)[0]
     protected = [str(run_dir.resolve().parent.parent.parent), *(s.path for s in data.val)]  # the runs tree, the val data

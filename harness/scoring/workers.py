@@ -57,6 +57,26 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[3])
 
 
+PF_EXITING = 0x4  # /proc/<pid>/stat's flags: the process is in the kernel's exit path
+SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # its bit in /proc/<pid>/status's SigPnd and ShdPnd masks
+
+
+def _dying(pid: int) -> bool:
+    """True when the process can never again run code of its own: it is exiting, or a SIGKILL waits for it
+    (delivered as soon as it leaves the kernel). A GPU's driver can take many seconds to tear a large
+    CUDA context down in that state."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            flags = int(f.read().rsplit(")", 1)[1].split()[6])
+        if flags & PF_EXITING:
+            return True
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, IndexError, ValueError):
+        return False  # gone (the next scan says so) or unreadable: not known to be dying
+    return any(m & SIGKILL_PENDING for m in masks)
+
+
 def descendants(root: int) -> dict[int, int]:
     """Every live (not zombie) process below `root`, found by parent pid in /proc: {pid: parent pid}."""
     children: dict[int, list[int]] = {}
@@ -120,10 +140,13 @@ def _reap() -> None:
             return
 
 
-def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = frozenset(), timeout_s: float = 10.0) -> None:
+def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = frozenset(), timeout_s: float = 10.0,
+              teardown_s: float = 120.0) -> None:
     """SIGKILL the process `leader`, its session, and every descendant of this process except `keep`,
     until none is left (a process forking as fast as it can is killed in later rounds); raises
-    RuntimeError if some survive `timeout_s`. Children are reaped, so none lingers as a zombie."""
+    RuntimeError if some survive `timeout_s`, except processes that are only dying (_dying: a GPU's
+    context torn down by its driver), which are given `teardown_s` more: they run nothing, and the next
+    model process may need the GPU they still hold. Children are reaped, so none lingers as a zombie."""
     me = os.getpid()
     deadline = time.monotonic() + timeout_s
     first = True
@@ -147,7 +170,12 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
         if not alive:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes the model started could not be ended: {sorted(alive)}")
+            living = sorted(pid for pid in alive if not _dying(pid))
+            if living:
+                raise RuntimeError(f"processes the model started could not be ended: {living}")
+            if time.monotonic() > deadline + teardown_s:
+                raise RuntimeError(f"processes the model started were still exiting {timeout_s + teardown_s:.0f} s "
+                                   f"after SIGKILL (a driver's teardown that never ends): {sorted(alive)}")
         time.sleep(0.02)
 
 
