@@ -19,11 +19,11 @@ def free_port() -> int:
 
 
 def launch(node_rank: int, port: int, run_id: str, tmp_path, cache_dir, *extra: str,
-           submission=FIXTURES / "ok_bigram") -> subprocess.Popen:
+           submission=FIXTURES / "ok_bigram", track=TINY_TRACK) -> subprocess.Popen:
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs"),
            "OMP_NUM_THREADS": "1"}  # one rank per "node", two nodes on two cores
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(submission), "--track", str(TINY_TRACK),
+        [sys.executable, "-m", "harness", "run", str(submission), "--track", str(track),
          "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
          "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-id", run_id, *extra],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -70,10 +70,58 @@ def test_a_node_that_dies_ends_the_job_with_a_clear_record(tmp_path, cache_dir):
     ended_s = time.monotonic() - killed
     node1.communicate(timeout=10)
     record = json.loads((run_dir / "run.json").read_text())
-    assert node0.returncode == 1 and record["status"] == "crashed"
-    assert "node(s) 1 gave no account" in record["reason"] and "rank(s) 1 stopped responding" in record["reason"]
+    # The infrastructure's failure (a queue runs it again), not the team's crash: node 1 gave no account.
+    assert node0.returncode == 1 and record["status"] == "aborted", record["reason"]
+    assert record["reason"].startswith("node(s) 1 lost: gave no account within 8 s (the infrastructure's failure")
+    assert "rank(s) 1 stopped responding" in record["reason"]  # what node 0 saw
     assert ended_s < 25.0  # peer loss seen at once, up to 8 s waiting for node 1's account, teardown
     assert processes_of_run("lost-node") == []
+
+
+def _freeze(proc: subprocess.Popen) -> list:
+    """SIGSTOP a launcher and everything under it: nothing closes a socket, as when a node loses its power
+    or its network (a killed process's sockets are closed by its kernel, and its peers learn at once)."""
+    import psutil
+
+    frozen = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in frozen:
+        p.send_signal(signal.SIGSTOP)
+    return frozen
+
+
+def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastructure(tmp_path, cache_dir):
+    """Node 1 frozen mid-training: node 0's rank would wait in a collective until its timeout (300 s at Paris);
+    the heartbeat ends the job after half of it here (6 s of 12), and the record says the node was lost. On the
+    old code: `crashed` at the collective timeout, charged to the team."""
+    from conftest import tiny_track_with
+
+    track = tiny_track_with(tmp_path, collective_timeout_s=12.0)
+    port = free_port()
+    node1 = launch(1, port, "silent-node", tmp_path, cache_dir, "--budget-s", "60", track=track)
+    node0 = launch(0, port, "silent-node", tmp_path, cache_dir, "--budget-s", "60", track=track)
+    run_dir = tmp_path / "runs" / "tiny" / "ok_bigram" / "silent-node"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "training starts" not in _read(run_dir / "logs" / "rank1.log"):
+        time.sleep(0.2)
+    time.sleep(3.0)  # both ranks training
+    frozen = _freeze(node1)
+    stopped = time.monotonic()
+    try:
+        node0.communicate(timeout=120)
+        ended_s = time.monotonic() - stopped
+    finally:
+        for p in frozen:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except Exception:  # noqa: BLE001  (gone already)
+                pass
+        node1.communicate(timeout=30)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert node0.returncode == 1 and record["status"] == "aborted", record["reason"]
+    assert record["reason"].startswith("node(s) 1 lost: stopped its heartbeat and gave no account"), record["reason"]
+    assert record["lost_nodes"] == [1]
+    assert ended_s < 12.0 + 8.0 + 4.0  # heartbeat (6 s and a beat) + 8 s for an account + teardown, < timeout's path
+    assert processes_of_run("silent-node") == []
 
 
 def test_several_nodes_need_a_shared_run_id(cli):

@@ -94,13 +94,25 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     if missing and outcome.status == "ok":
         record.notes.append(f"node(s) {', '.join(map(str, missing))} gave no account within "
                             f"{WAIT_FOR_NODES_OK_S:.0f} s: their flags, if any, are not in this record")
-    if outcome.cause in ("own", "kill") or outcome.status == "ok":
+    lost = [int(r) for r in record.extra.get("lost_nodes") or []]  # by the heartbeat (harness/launcher/heartbeat.py)
+    if outcome.cause == "own" or outcome.status == "ok" or (outcome.cause == "kill" and not lost):
         return
     remote = [rep for rep in reports.values() if rep.get("cause") == "own"]
+    answered = [r for r in lost if r in reports]
+    silent = [r for r in (lost or missing) if r not in reports]
     if remote:
         rep = min(remote, key=lambda x: x["node_rank"])
         record.status, record.failing_rank = rep["status"], rep.get("failing_rank")
         record.reason = f"node {rep['node_rank']}: {rep['reason']}"
         record.traceback = rep.get("traceback")
-    elif missing:
-        record.reason = f"node(s) {', '.join(map(str, missing))} gave no account (lost?); " + record.reason
+    elif silent:  # a node that neither answered the heartbeat nor gave an account: gone, the infrastructure's
+        record.status, record.failing_rank, record.traceback = "aborted", None, None
+        heard = "stopped its heartbeat and " if lost else ""
+        record.reason = (f"node(s) {', '.join(map(str, silent))} lost: {heard}gave no account within "
+                         f"{WAIT_FOR_NODES_S:.0f} s (the infrastructure's failure, not the team's: run it again); "
+                         f"node 0 saw: {outcome.reason}")
+    elif answered:  # silent on the heartbeat, yet its launcher wrote an account: not lost, so not the infrastructure's
+        rep = reports[answered[0]]
+        record.status = "crashed"
+        record.reason = (f"node {answered[0]} stopped its heartbeat, yet its launcher gave an account: "
+                         f"{rep.get('status')}: {rep.get('reason') or 'no reason'}")

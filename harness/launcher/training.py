@@ -18,6 +18,7 @@ from pathlib import Path
 from harness.data.prepare import PreparedData
 from harness.launcher import process_tree
 from harness.launcher.assemble import flag_run
+from harness.launcher.heartbeat import NodeHeartbeat, lost_after_s
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.guard import GuardReport, RecordGuard
 from harness.launcher.job_namespace import JobNamespace, ShmSweep
@@ -86,12 +87,21 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
 
+    heartbeat = None
+    if track.nnodes > 1:  # a node lost is seen in seconds, not after the collective timeout
+        host, _, port = opts.rdzv_endpoint.rpartition(":")
+        heartbeat = NodeHeartbeat(host, int(port), opts.node_rank, track.nnodes, lost_after_s(track.collective_timeout_s))
+
     def poll(watched) -> None:
         if guard:
             guard.refresh()
         if taker:
             taker.poll(watched)
         watched.violation = watched.violation or caps.violation
+        if heartbeat is not None and not watched.infra and watched.setup_start_s is not None:
+            watched.infra = heartbeat.lost_why()
+            if watched.infra:
+                record.extra["lost_nodes"] = heartbeat.lost_nodes()
 
     # A /dev/shm and System V IPC of the job's own (harness/launcher/job_namespace.py); without one, what the
     # job leaves in /dev/shm and System V IPC is removed after it.
@@ -107,6 +117,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                 raise JobNamespaceMissing(namespace.why if namespace is not None else "")
             if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
                 reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
+        if heartbeat is not None:
+            heartbeat.start()
         with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
@@ -116,6 +128,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
             record.warnings.append(f"the records' lock was not taken ({guard.lock.unavailable}): an organiser's "
                                    "`harness flag` during this run could not be told from a change by the run")
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         if namespace is not None:
             namespace.close()
         swept = sweep.sweep() if sweep is not None else []

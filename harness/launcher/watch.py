@@ -80,6 +80,7 @@ class WatchResult:
     all_gone_s: float | None = None  # when every process of the job was gone after a kill
     agent_abandoned: bool = False  # the agent thread did not return after the kill
     violation: str | None = None  # a cap the job broke, seen by a tick's callback (logs, scratch, checkpoint)
+    infra: str | None = None  # the infrastructure failed (a node lost), seen by a tick's callback
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
@@ -225,6 +226,8 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
         expired = _expired(result, deadlines, launched, now, lead=lead_rank == 0)
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
+        elif result.infra:  # a node lost (harness/launcher/heartbeat.py): not the team's, run again
+            _kill(job, result, "aborted", result.infra)
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
         elif channel.violation or result.violation:  # a cap broken (reports, logs, scratch, checkpoint): the
