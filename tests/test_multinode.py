@@ -42,8 +42,12 @@ def test_two_nodes_give_the_same_kind_of_record_as_one(tmp_path, cache_dir):
     assert (record["world_size"], record["nnodes"], record["nproc_per_node"]) == (2, 2, 1)
     node1 = json.loads((run_dir / "nodes" / "node1.json").read_text())
     assert node1["status"] == "ok" and record["nodes"]["1"]["status"] == "ok"
-    for log in ("rank0.log", "rank1.log", "launcher.log", "launcher-node1.log", "preflight-node1.log"):
+    for log in ("rank0.log", "rank1.log", "launcher.log", "launcher-node1.log", "preflight-node1.log",
+                "eval-launcher-node1.log", "eval-node1/eval-rank1.log"):
         assert (run_dir / "logs" / log).is_file(), log
+    # Scored on both nodes' devices (issue 23, item 3): one scorer job over the two nodes' ranks.
+    assert record["eval"]["eval_world_size"] == 2, record["eval"]
+    assert json.loads((run_dir / "nodes" / "node1-eval.json").read_text())["status"] == "ok"
     assert "node report" in outs[0][0] and "record" in outs[1][0]  # the summaries, on stdout
     assert processes_of_run("two-nodes") == []
 
@@ -161,3 +165,43 @@ def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cl
     assert record["status"] == "aborted" and "no rank got through the process group" in record["reason"], \
         record["reason"]
     assert processes_of_run("alone") == []
+
+
+def test_node_0_evaluates_alone_when_a_node_does_not_answer_and_with_every_node_when_all_do(tmp_path):
+    import threading
+
+    from harness.launcher.evaluation import EvalPlan, join, offer, remote_failure, save_account
+    from harness.launcher.nodes import NodePaths
+
+    plan = EvalPlan(checkpoint_sha256="ab" * 32, nproc=1, precision="float32", vocab_out=256, model_file="submission.py")
+    lone = tmp_path / "lone"
+    assert offer(NodePaths(lone, 0), plan, nnodes=2, within_s=0.5) == 1
+    assert join(NodePaths(lone, 1), deadline_s=2.0) is None  # too late: node 0 went on alone, and said so
+
+    both = tmp_path / "both"
+    joined = []
+    thread = threading.Thread(target=lambda: joined.append(join(NodePaths(both, 1), deadline_s=10.0)))
+    thread.start()
+    assert offer(NodePaths(both, 0), plan, nnodes=2, within_s=10.0) == 2
+    thread.join()
+    assert joined == [plan]
+
+    class Ev:  # what save_account reads of a phase's result
+        outcome = type("O", (), {"status": "crashed", "reason": "rank 1: the model process died", "cause": "own",
+                                 "failing_rank": 1, "traceback": None})()
+
+        def reports(self, kind):
+            return {}
+
+    save_account(NodePaths(both, 1), Ev(), False, "")
+    found = remote_failure(NodePaths(both, 0), 2, within_s=1.0)
+    assert (found["node_rank"], found["status"], found["reason"]) == (1, "crashed", "rank 1: the model process died")
+
+
+def test_a_node_waiting_to_evaluate_stops_when_node_0s_run_ends_without_evaluating(tmp_path):
+    from harness.launcher.evaluation import join
+    from harness.launcher.nodes import NodePaths
+
+    (tmp_path / "run.json").write_text(json.dumps({"status": "crashed"}))
+    t0 = time.monotonic()
+    assert join(NodePaths(tmp_path, 1), deadline_s=30.0) is None and time.monotonic() - t0 < 5.0

@@ -322,7 +322,9 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
                 problem[key] = printable(relative_paths(problem[key], copies), REASON_MAX_CHARS, one_line=key == "file")
 
 
-def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
+def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = ()) -> None:
+    """The evaluation's outcome and figures into the record; `other_nodes_compute`: the model processes'
+    times of the scorers on the other nodes (harness/launcher/evaluation.py), checked with this node's."""
     o = ev.outcome
     if o.status != "ok":
         prefix = "evaluation: " if o.status != "aborted" else ""
@@ -332,7 +334,8 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult) -> None:
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
                                           "causality", "scorer_clean", "model_processes", "model_compute")}
     # every scorer's model processes, not rank 0's alone
-    check_model_compute(record, [result.get("model_compute") for result in ev.reports("eval_result").values()])
+    check_model_compute(record, [*(result.get("model_compute") for result in ev.reports("eval_result").values()),
+                                 *other_nodes_compute])
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
     exposed = r0.get("sandbox_exposed") or []
     if exposed:

@@ -274,19 +274,23 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
 
 def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeout_s: float, log_path: Path,
-                   abort: AbortFlag, reporter=None) -> PhaseResult:
+                   abort: AbortFlag, reporter=None, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "",
+                   rdzv_id: str = "", rendezvous_timeout_s: float = 300.0) -> PhaseResult:
+    """This node's scorer ranks; with nnodes > 1, one evaluation over every node's ranks (harness/launcher/evaluation.py)."""
     reporter = reporter or NullReporter()
-    channel = ChannelServer(expected_ranks=list(range(nproc)))
+    launch = LaunchSpec(module="harness.scoring.scorer", args=[], nproc_per_node=nproc, nnodes=nnodes,
+                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                        rendezvous_timeout_s=rendezvous_timeout_s, shutdown_timeout_s=shutdown_timeout_s,
+                        threads_per_rank=job.cpu_threads_per_rank)
+    channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
     job_file = channel.dir / "eval_job.json"
     job.save(job_file)
-    launch = LaunchSpec(module="harness.scoring.scorer", args=[str(job_file)], nproc_per_node=nproc,
-                        shutdown_timeout_s=shutdown_timeout_s,
-                        threads_per_rank=job.cpu_threads_per_rank)
+    launch.args = [str(job_file)]
     started = time.monotonic()
 
     def on_tick(_: WatchResult) -> None:
-        reporter.progress(f"evaluating on {job.val_tokens} held-out tokens with {nproc} rank(s)... "
+        reporter.progress(f"evaluating on {job.val_tokens} held-out tokens with {nproc * nnodes} rank(s)... "
                           f"{time.monotonic() - started:.0f}s", key="evaluating")
 
     try:

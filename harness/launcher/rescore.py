@@ -17,7 +17,7 @@ from harness.data.shards import DataError
 from harness.launcher.phases import run_evaluation
 from harness.launcher.precision import resolve_precision
 from harness.results.records import load_record
-from harness.launcher.runner import build_eval_job
+from harness.launcher.evaluation import build_eval_job
 from harness.tracks.spec import track_from_record
 from harness.launcher.watch import abort_on_signals
 

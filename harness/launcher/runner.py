@@ -22,9 +22,7 @@ from harness import __version__
 from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.launcher import process_tree
 from harness.launcher.assemble import (
-    apply_evaluation,
     apply_training,
-    check_reports,
     check_window,
     flag_run,
     metrics_rows,
@@ -40,16 +38,15 @@ from harness.results.locks import RunLock
 from harness.launcher.identity import name_clash
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.open_run import apply_open_training, check_open, finish_open_training
-from harness.launcher.phases import run_evaluation, run_preflight
+from harness.launcher.evaluation import EvalPlan, evaluate_run, join_run
+from harness.launcher.phases import run_preflight
 from harness.launcher.precision import resolve_precision
 from harness.launcher.takeback import CheckpointTaker
-from harness.launcher.training import JobNamespaceMissing, protected_paths, threads_per_rank, train
+from harness.launcher.training import JobNamespaceMissing, protected_paths, train
 from harness.launcher.watch import AbortFlag, abort_on_signals
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks.checkpoint import file_sha256
-from harness.ranks.jobs import EvalJob
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
-from harness.scoring.plan import rows_to_detect
 from harness.submission.contract import (
     SubmissionError,
     TeamInfo,
@@ -327,6 +324,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if record.status != "ok" or not node.lead:
             if record.status != "ok":  # taken when rank 0 saved it, but nothing is scored: the record holds no weights
                 checkpoint.unlink(missing_ok=True)
+            elif track.nnodes > 1:
+                join_run(opts, track, data, node, record, abort, reporter)
             return
         if spec is not None:  # the script's own file, normalised by a sandboxed check of its model
             if not finish_open_training(record, node.snapshot, spec, track, area, checkpoint, node.log("check-after.log"),
@@ -365,17 +364,13 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     save_record(run_dir, record)
 
     eval_nproc = opts.eval_nproc or track.eval.nproc_per_node or nproc
-    eval_job = build_eval_job(track, data, run_dir, record.checkpoint_sha256, eval_nproc, record.precision,
-                              int(record.config.get("vocab_size") or track.data.vocab_size),
-                              protected_paths(opts.runs_dir, data), model_file=spec.model if spec else "submission.py")
+    plan = EvalPlan(checkpoint_sha256=record.checkpoint_sha256, nproc=eval_nproc, precision=record.precision,
+                    vocab_out=int(record.config.get("vocab_size") or track.data.vocab_size),
+                    model_file=spec.model if spec else "submission.py")
     t_eval = time.monotonic()
-    ev = run_evaluation(eval_job, eval_nproc, timeout_s=track.eval.timeout_s,
-                        shutdown_timeout_s=track.shutdown_timeout_s, log_path=run_dir / "logs" / "eval-launcher.log",
-                        abort=abort, reporter=reporter)
+    evaluate_run(opts, track, data, node, record, plan, abort, reporter)
     record.timings["eval_s"] = time.monotonic() - t_eval
     record.timings["total_s"] = time.monotonic() - t_begin
-    apply_evaluation(record, ev)
-    check_reports(record, ev, "evaluation")
 
 
 def _sha256_or_none(folder: Path) -> str | None:
@@ -385,21 +380,3 @@ def _sha256_or_none(folder: Path) -> str | None:
         return submission_sha256(folder)
     except SubmissionError:
         return None
-
-
-def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_sha256: str, nproc: int,
-                   precision: str, vocab_out: int, protected: list[str], model_file: str = "submission.py") -> EvalJob:
-    return EvalJob(
-        checkpoint=str(run_dir / "checkpoint.pt"), checkpoint_sha256=checkpoint_sha256,
-        submission_dir=str(run_dir / "submission"), model_file=model_file, val_shards=data.val, val_tokens=track.data.val_tokens,
-        seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
-        vocab_out=vocab_out, backend=track.backend, device=track.device, dtype=precision,
-        collective_timeout_s=max(track.collective_timeout_s, 60.0),
-        cpu_threads_per_rank=threads_per_rank(track, nproc),
-        causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
-        causality_min_rows=rows_to_detect(track.eval.causality_detect_fraction),
-        causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,
-        log_dir=str(run_dir / "logs"),
-    )
-
-
