@@ -9,7 +9,9 @@ What a process may touch is a `Policy`, decided by the harness process that star
 - read (and execute): the Python installation, the harness package, the system's libraries and
   tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files), the submission's own folder,
   and exactly the files the phase needs (the train shards one by one, or the checkpoint);
-- write: its own private folder (and /dev/shm for training, where NCCL needs it);
+- write: its own private folder (and /dev/shm for training, where NCCL needs it); in the private
+  folder only, files may also be renamed and linked from one folder to another (Landlock's REFER:
+  Triton's cache moves each file it builds into place so);
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -77,6 +79,7 @@ class Policy:
     read_dirs: tuple[str, ...] = ()  # read and execute beneath
     read_files: tuple[str, ...] = ()  # read, one file each
     write_dirs: tuple[str, ...] = ()  # read, write, create, remove beneath (no sockets, no fifos)
+    private_dir: str = ""  # the one of write_dirs that is the process's own: renames and links across its folders
     device_files: tuple[str, ...] = ()  # read, write and ioctl (GPUs need ioctl)
     network: bool = False  # TCP bind and connect
     abstract_unix: bool = False  # abstract Unix sockets across processes (NCCL)
@@ -168,8 +171,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
     return Policy(read_dirs=tuple(read_dirs), read_files=tuple(read_files), write_dirs=tuple(write_dirs),
-                  device_files=tuple(devices), network=training, abstract_unix=training and gpu,
-                  hidden=tuple(hidden_paths(read_dirs)))
+                  private_dir=private_dir, device_files=tuple(devices), network=training,
+                  abstract_unix=training and gpu, hidden=tuple(hidden_paths(read_dirs)))
 
 
 def check_protected(policy: Policy, protected: list[str]) -> list[str]:
@@ -227,6 +230,10 @@ def apply(policy: Policy) -> SandboxReport:
           | AccessFs.REMOVE_DIR | AccessFs.MAKE_SYM)
     if abi >= 3:
         rw |= AccessFs.TRUNCATE
+    # The private folder's rule alone grants REFER (ABI 2 on; before it every rename across folders fails):
+    # Landlock then lets a file move or link only between folders whose rules both grant it, and never to
+    # where it would gain rights, so nothing moves in from a read-only folder or out to /dev/shm.
+    own = rw | (AccessFs.REFER if abi >= 2 else AccessFs(0))
     device = AccessFs.READ_FILE | AccessFs.WRITE_FILE | (AccessFs.IOCTL_DEV if abi >= 5 else AccessFs(0))
     if abi >= 3:
         device |= AccessFs.TRUNCATE
@@ -243,9 +250,10 @@ def apply(policy: Policy) -> SandboxReport:
     for f in policy.read_files:
         if os.path.isfile(f):
             ll.add_path_rule(f, access=AccessFs.READ_FILE)
+    private = os.path.realpath(policy.private_dir) if policy.private_dir else None
     for d in policy.write_dirs:
         if os.path.isdir(d):
-            ll.add_path_rule(d, access=rw)
+            ll.add_path_rule(d, access=own if os.path.realpath(d) == private else rw)
     for f in policy.device_files:
         if os.path.exists(f):
             ll.add_path_rule(f, access=device)
