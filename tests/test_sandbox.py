@@ -88,3 +88,94 @@ def test_a_file_moves_between_folders_of_the_private_folder_and_never_in_or_out_
         assert got[name] in ("EXDEV", "EACCES", "EROFS"), (name, got)
     assert (tmp_path / "submission" / "submission.py").read_text() == "# the team's code\n"
     assert not (tmp_path / "submission" / "planted.py").exists() and not (tmp_path / "private" / "stolen.py").exists()
+
+
+# ----------------------------------------------------------------------------- sockets and FIFOs
+
+
+SOCKETS = """
+import socket
+def bind(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+attempt("socket_private", lambda: bind(f"{P}/tmp/s.sock"))
+attempt("fifo_private", lambda: os.mkfifo(f"{P}/tmp/f.fifo"))
+if os.path.isdir("/dev/shm") and args["kind"] == "training":
+    attempt("socket_shm", lambda: bind(f"/dev/shm/harness-test-{os.getpid()}.sock"))
+"""
+
+
+def test_training_ranks_make_sockets_and_fifos_in_their_private_folder_only(tmp_path):
+    """Python's multiprocessing binds a Unix socket under the temporary folder for every tensor a DataLoader
+    worker hands back (its resource sharer): training ranks may make sockets and FIFOs in their private
+    folder, nowhere else; the check and model processes need none and get none."""
+    (tmp_path / "t").mkdir()
+    got = sandboxed(tmp_path / "t", "training", "os.makedirs(f'{P}/tmp')\n" + SOCKETS)
+    assert got["socket_private"] == "done" and got["fifo_private"] == "done", got
+    assert got.get("socket_shm", "EACCES") == "EACCES", got
+    (tmp_path / "c").mkdir()
+    got = sandboxed(tmp_path / "c", "check", "os.makedirs(f'{P}/tmp')\n" + SOCKETS)
+    assert got["socket_private"] == "EACCES" and got["fifo_private"] == "EACCES", got
+
+
+DATALOADER = """
+os.makedirs(f"{P}/tmp")
+import tempfile; tempfile.tempdir = None  # TMPDIR, set before the process started, is the private folder's
+import torch
+from torch.utils.data import DataLoader, Dataset
+class Numbers(Dataset):
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+loader = DataLoader(Numbers(), batch_size=2, num_workers=1, timeout=20)  # a hang is a failure, not a wait
+try:
+    out["sums"] = [float(b.sum()) for b in loader]
+except RuntimeError as exc:
+    out["sums"] = str(exc)
+"""
+
+
+def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path):
+    """What an open-division script with num_workers > 0 does: each batch a worker returns travels as a
+    shared-memory file descriptor, handed over through a Unix socket bound in the temporary folder. Without
+    the socket the batch never arrives and the rank hangs to the hard limit."""
+    private = tmp_path / "private"
+    got = sandboxed(tmp_path, "training", DATALOADER, env={"TMPDIR": str(private / "tmp"), "OMP_NUM_THREADS": "1"})
+    assert got["sums"] == [4.0, 20.0, 36.0], got
+
+
+SPOOF = """
+import socket
+os.makedirs(f"{P}/tmp")
+def bind(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+for i, path in enumerate(HARNESS_SOCKETS):
+    attempt(f"unlink {i}", lambda: os.unlink(path))  # to bind its own in its place
+    attempt(f"bind beside {i}", lambda: bind(path + ".2"))
+    bind(f"{P}/tmp/fake{i}.sock")
+    attempt(f"move in {i}", lambda: os.replace(f"{P}/tmp/fake{i}.sock", path))
+"""
+
+
+def test_a_training_rank_can_neither_replace_nor_imitate_the_harness_sockets(tmp_path):
+    """The harness's own sockets (the control channel, the job's namespace holder) live in folders of their
+    own, outside the private folder: a rank that may make sockets there still cannot remove one of the
+    harness's, bind another beside it, or move its own into its place."""
+    from harness.launcher.channel import ChannelServer
+    from harness.launcher.job_namespace import JobNamespace
+
+    channel, holder = ChannelServer(expected_ranks=[0]), JobNamespace()
+    try:
+        paths = [channel.path, holder.socket_path]
+        got = sandboxed(tmp_path, "training", SPOOF.replace("HARNESS_SOCKETS", repr(paths)))
+        for path in paths:
+            assert not os.path.commonpath([path, str(tmp_path / "private")]) == str(tmp_path / "private")
+            assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        attempts = {k: v for k, v in got.items() if k[:-2] in ("unlink", "bind beside", "move in")}
+        assert len(attempts) == 6 and set(attempts.values()) <= {"EACCES", "EXDEV"}, got
+        assert all(os.path.exists(p) for p in [channel.path] + ([holder.socket_path] if holder.active else []))
+    finally:
+        channel.close()
+        holder.close()

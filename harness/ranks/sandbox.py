@@ -11,7 +11,9 @@ What a process may touch is a `Policy`, decided by the harness process that star
   and exactly the files the phase needs (the train shards one by one, or the checkpoint);
 - write: its own private folder (and /dev/shm for training, where NCCL needs it); in the private
   folder only, files may also be renamed and linked from one folder to another (Landlock's REFER:
-  Triton's cache moves each file it builds into place so);
+  Triton's cache moves each file it builds into place so), and training ranks may make Unix sockets
+  and FIFOs there (Python's multiprocessing hands every tensor a DataLoader worker returns over a
+  socket it binds in the temporary folder: the private folder's tmp/);
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -80,6 +82,7 @@ class Policy:
     read_files: tuple[str, ...] = ()  # read, one file each
     write_dirs: tuple[str, ...] = ()  # read, write, create, remove beneath (no sockets, no fifos)
     private_dir: str = ""  # the one of write_dirs that is the process's own: renames and links across its folders
+    sockets: bool = False  # Unix sockets and FIFOs may be made in private_dir (training ranks' DataLoader workers)
     device_files: tuple[str, ...] = ()  # read, write and ioctl (GPUs need ioctl)
     network: bool = False  # TCP bind and connect
     abstract_unix: bool = False  # abstract Unix sockets across processes (NCCL)
@@ -171,7 +174,7 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
     return Policy(read_dirs=tuple(read_dirs), read_files=tuple(read_files), write_dirs=tuple(write_dirs),
-                  private_dir=private_dir, device_files=tuple(devices), network=training,
+                  private_dir=private_dir, sockets=training, device_files=tuple(devices), network=training,
                   abstract_unix=training and gpu, hidden=tuple(hidden_paths(read_dirs)))
 
 
@@ -234,6 +237,8 @@ def apply(policy: Policy) -> SandboxReport:
     # Landlock then lets a file move or link only between folders whose rules both grant it, and never to
     # where it would gain rights, so nothing moves in from a read-only folder or out to /dev/shm.
     own = rw | (AccessFs.REFER if abi >= 2 else AccessFs(0))
+    if policy.sockets:
+        own |= AccessFs.MAKE_SOCK | AccessFs.MAKE_FIFO
     device = AccessFs.READ_FILE | AccessFs.WRITE_FILE | (AccessFs.IOCTL_DEV if abi >= 5 else AccessFs(0))
     if abi >= 3:
         device |= AccessFs.TRUNCATE
