@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT, TINY_TRACK
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock and namespaces are Linux's")
 
@@ -88,6 +88,80 @@ def test_a_file_moves_between_folders_of_the_private_folder_and_never_in_or_out_
         assert got[name] in ("EXDEV", "EACCES", "EROFS"), (name, got)
     assert (tmp_path / "submission" / "submission.py").read_text() == "# the team's code\n"
     assert not (tmp_path / "submission" / "planted.py").exists() and not (tmp_path / "private" / "stolen.py").exists()
+
+
+# ----------------------------------------------------------------------------- a /dev/shm of its own
+
+
+SHARED_MEMORY = """
+import multiprocessing
+def locks():
+    lock = multiprocessing.Lock()  # sem_open: a file in /dev/shm
+    with lock:
+        pass
+def pool():
+    with multiprocessing.Pool(1) as p:  # its queues hold locks too; Inductor's compile pool is one
+        out["pool_sum"] = sum(p.map(abs, [-1, -2, -3]))
+attempt("lock", locks)
+attempt("pool", pool)
+attempt("shm_write", lambda: open(f"/dev/shm/{args['mark']}", "w").write("x"))
+st = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+out["shm_bytes"] = st and st.f_blocks * st.f_frsize
+"""
+
+
+def test_the_check_and_model_processes_have_a_private_dev_shm(tmp_path):
+    """multiprocessing.Lock() (sem_open) and a Pool need /dev/shm; the check's and evaluation's model
+    processes' own root had none, so locks failed and Inductor's compile pool died unseen. They get a
+    fresh tmpfs there, capped, never the host's /dev/shm (another process could use that as a channel)."""
+    mark = f"harness-test-shm-{os.getpid()}-{tmp_path.name}"
+    try:
+        got = sandboxed(tmp_path, "check", SHARED_MEMORY.replace("args['mark']", repr(mark)))
+    finally:
+        leaked = os.path.exists(f"/dev/shm/{mark}")
+        if leaked:
+            os.unlink(f"/dev/shm/{mark}")
+    assert got["filesystem"]["active"], got  # a root of its own on this machine
+    assert got["lock"] == "done" and got["pool"] == "done" and got["pool_sum"] == 6, got
+    assert got["shm_write"] == "done" and not leaked, got  # its own: nothing of it reaches the host's
+    assert got["shm_bytes"] and got["shm_bytes"] <= 1 << 30, got
+
+
+def test_a_get_model_that_takes_a_lock_and_runs_a_pool_passes_the_check(cli):
+    """The check process, through `harness check`: shared_memory's get_model takes a multiprocessing lock
+    and maps over a pool of one, as Inductor's compile pool does."""
+    result = cli("check", str(FIXTURES / "shared_memory"), "--track", str(TINY_TRACK), "--json")
+    assert result.code == 0, result.text
+    report = json.loads(result.out)
+    assert report["accepted"] and report["sandbox"]["active"] and report["sandbox"]["filesystem"]["active"], report
+
+
+def test_a_get_model_that_takes_a_lock_and_runs_a_pool_loads_in_a_model_process(tmp_path):
+    """Evaluation's model process, started as the scorer starts it (harness/scoring/workers.py), with the
+    same submission and a checkpoint of its model: it loads and says it is ready, in its own root."""
+    import torch
+
+    from harness.scoring.workers import ModelWorker
+
+    folder = FIXTURES / "shared_memory"
+    sys.path.insert(0, str(folder))
+    try:
+        from submission import Bigram
+    finally:
+        sys.path.remove(str(folder))
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save({"config": {"vocab_size": 16}, "model": Bigram(16).state_dict(), "step": 0, "tokens": 0}, checkpoint)
+    setup = {"checkpoint": str(checkpoint), "submission_dir": str(folder), "device": "cpu", "precision": "float32",
+             "threads": 1, "vocab_out": 16, "sandbox": "auto", "model_file": "submission.py"}
+    worker = ModelWorker(setup=setup, buffer_bytes=4 * 16 * 16, log_dir=tmp_path / "logs", protected=[])
+    try:
+        ready = worker.wait_ready()
+    finally:
+        worker.close()
+        worker.name_log()
+    log = (tmp_path / "logs" / worker.log_path.name).read_text()
+    assert ready["params"] == 16 * 16 and "SHARED-MEMORY lock and pool ok" in log, log
+    assert ready["sandbox"]["active"] and ready["sandbox"]["filesystem"]["active"], ready["sandbox"]
 
 
 # ----------------------------------------------------------------------------- sockets and FIFOs

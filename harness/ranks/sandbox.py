@@ -9,11 +9,13 @@ What a process may touch is a `Policy`, decided by the harness process that star
 - read (and execute): the Python installation, the harness package, the system's libraries and
   tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files), the submission's own folder,
   and exactly the files the phase needs (the train shards one by one, or the checkpoint);
-- write: its own private folder (and /dev/shm for training, where NCCL needs it); in the private
-  folder only, files may also be renamed and linked from one folder to another (Landlock's REFER:
-  Triton's cache moves each file it builds into place so), and training ranks may make Unix sockets
-  and FIFOs there (Python's multiprocessing hands every tensor a DataLoader worker returns over a
-  socket it binds in the temporary folder: the private folder's tmp/);
+- write: its own private folder, and /dev/shm: training ranks their job's (NCCL needs it; the host's,
+  swept after the job, where the host refuses the job a namespace), the check and model processes
+  one of their own (harness/ranks/rootfs.py; none where they have no root of their own, never the
+  host's). In the private folder only, files may also be renamed and linked from one folder to
+  another (Landlock's REFER: Triton's cache moves each file it builds into place so), and training
+  ranks may make Unix sockets and FIFOs there (Python's multiprocessing hands every tensor a
+  DataLoader worker returns over a socket it binds in the temporary folder: the private folder's tmp/);
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -33,7 +35,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys")
@@ -356,6 +358,8 @@ def enter(policy: Policy | None, off_why: str) -> SandboxReport:
     dropped = rootfs.drop_capabilities()  # whatever happened above
     root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
     cap_file_size(FILE_CAP_BYTES)  # its log included: no file it writes outgrows the cap (EFBIG past it)
+    if not root:  # its own root holds a /dev/shm of its own: writable like the private folder
+        policy = replace(policy, write_dirs=(*policy.write_dirs, rootfs.SHM))
     report = apply(policy)
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
