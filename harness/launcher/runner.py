@@ -48,6 +48,7 @@ from harness.launcher.watch import AbortFlag, abort_on_signals
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import EvalJob
+from harness.ranks.scratch import refuse_unusable, scratch_root
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.scoring.plan import rows_to_detect
 from harness.submission.contract import (
@@ -133,6 +134,7 @@ def _provenance(record: RunRecord) -> None:
 
 def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData, Path, int]:
     """Everything that can fail before a run directory exists (usage and setup errors)."""
+    refuse_unusable()  # a noexec scratch root: nothing Triton or Inductor builds in a private folder would load
     resolved = apply_overrides(load_track(opts.track), **opts.overrides)
     folder = find_submission(opts.submission)
     nproc = resolve_nproc(resolved.track)
@@ -399,7 +401,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
         causality_min_rows=rows_to_detect(track.eval.causality_detect_fraction),
         causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,
-        log_dir=str(run_dir / "logs"),
+        log_dir=str(run_dir / "logs"), scratch_dir=str(scratch_root()),  # the scorers see no HARNESS_* variable
     )
 
 
