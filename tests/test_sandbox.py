@@ -39,14 +39,15 @@ def attempt(name, fn):
 """
 
 
-def sandboxed(tmp_path, kind: str, body: str, env: dict | None = None, timeout_s: float = 120) -> dict:
-    """Run SANDBOXED then `body` as a process of `kind` ("training", "check"); returns its `out`."""
+def sandboxed(tmp_path, kind: str, body: str, env: dict | None = None, timeout_s: float = 120,
+              prelude: str = "") -> dict:
+    """Run `prelude`, SANDBOXED, then `body` as a process of `kind` ("training", "check"); returns its `out`."""
     private, submission = tmp_path / "private", tmp_path / "submission"
     private.mkdir()
     submission.mkdir()
     (submission / "submission.py").write_text("# the team's code\n")
     args = {"private": str(private), "submission": str(submission), "kind": kind}
-    code = SANDBOXED + body + "\nprint('OUT ' + json.dumps(out), flush=True)\n"
+    code = prelude + SANDBOXED + body + "\nprint('OUT ' + json.dumps(out), flush=True)\n"
     ran = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
                          timeout=timeout_s, cwd=private, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     lines = [line for line in ran.stdout.splitlines() if line.startswith("OUT ")]
@@ -88,6 +89,22 @@ def test_a_file_moves_between_folders_of_the_private_folder_and_never_in_or_out_
         assert got[name] in ("EXDEV", "EACCES", "EROFS"), (name, got)
     assert (tmp_path / "submission" / "submission.py").read_text() == "# the team's code\n"
     assert not (tmp_path / "submission" / "planted.py").exists() and not (tmp_path / "private" / "stolen.py").exists()
+
+
+OLD_KERNEL = """
+import py_landlock, py_landlock.landlock
+py_landlock.get_abi_version = py_landlock.landlock.get_abi_version = lambda: 1  # Linux 5.13 to 5.18
+"""
+
+
+def test_on_a_kernel_without_refer_the_sandbox_applies_as_before(tmp_path):
+    """Landlock ABI 1 has no REFER: every rename across folders is refused whatever the rules say. The
+    sandbox still applies there, with every other right of the private folder, and says its ABI."""
+    body = RENAMES + "open(f'{P}/tmp/b', 'w').write('b')\n" \
+                     "attempt('rename_in_one_folder', lambda: os.replace(f'{P}/tmp/b', f'{P}/tmp/c'))\n"
+    got = sandboxed(tmp_path, "training", body, prelude=OLD_KERNEL)
+    assert got["why"] == "Landlock ABI 1" and got["rename_in_one_folder"] == "done", got
+    assert got["rename_across_folders"] == "EXDEV" and got["link_in_from_read_only"] == "EXDEV", got
 
 
 # ----------------------------------------------------------------------------- a /dev/shm of its own
