@@ -134,6 +134,19 @@ def test_an_honest_script_is_clocked_and_scored_like_a_fixed_loop_run(cli, tmp_p
     assert f"{record['val_loss']:.6f}"[:6] in rescore.out
 
 
+def test_a_script_whose_batches_come_from_a_dataloader_worker_trains_and_is_scored(cli, tmp_path):
+    """num_workers > 0: each batch a worker returns crosses to the rank through a Unix socket Python's
+    multiprocessing binds in the rank's temporary folder (its private folder's tmp/). Without sockets
+    there the batch never arrives and the rank waits to the hard limit; with them it trains, on one rank,
+    a few steps."""
+    track = one_rank(tmp_path, base=ROOMY_TRACK)
+    result = cli("run", str(open_submission(tmp_path, "dataloader")), "--track", str(track), "--max-steps", "5")
+    _, record = only_record(tmp_path / "runs")
+    assert result.code == 0 and record["status"] == "ok", record["reason"]
+    assert record["steps"] == 5 and record["val_loss"] is not None
+    assert processes_of_run(record["run_id"]) == [], "the DataLoader's worker outlived the run"
+
+
 @pytest.mark.parametrize("mode, status, reason", [
     ("crash", "crashed", "boom in train.py"),
     ("crash_in_model", "crashed", "boom in model.py"),

@@ -358,12 +358,13 @@ def check_cmd(submission, track, as_json, runs_dir):
     import json
 
     from harness.launcher.check import check, render
+    from harness.ranks.scratch import ScratchError
     from harness.submission.contract import SubmissionError
     from harness.tracks.spec import TrackError
 
     try:
         result = check(submission, track, runs_dir=runs_dir)
-    except (SubmissionError, TrackError) as exc:
+    except (SubmissionError, TrackError, ScratchError) as exc:
         raise SetupError(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"accepted": result.accepted, "team": result.team, "command": result.command,

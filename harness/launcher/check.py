@@ -18,6 +18,7 @@ from pathlib import Path
 from harness.launcher.identity import name_clash
 from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
 from harness.launcher.phases import run_preflight
+from harness.ranks.scratch import refuse_unusable
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
 from harness.submission.printable import printable
@@ -50,6 +51,7 @@ def _open_division(folder: Path, track: Track) -> dict | None:
 
 
 def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None) -> CheckResult:
+    refuse_unusable()  # where the check process's private folder goes: noexec is refused before anything runs
     folder = find_submission(submission)
     track = load_track(track_name)
     open_division = _open_division(folder, track)

@@ -31,6 +31,7 @@ from harness.launcher.nodes import NodePaths
 from harness.launcher.phases import PREFLIGHT_TIMEOUT_S, PhaseResult, run_evaluation
 from harness.launcher.training import protected_paths, threads_per_rank
 from harness.ranks.jobs import EvalJob
+from harness.ranks.scratch import scratch_root
 from harness.results.records import RunRecord, read_record_json, write_atomic
 from harness.scoring.plan import rows_to_detect
 from harness.tracks.spec import Track
@@ -167,7 +168,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,
         causality_min_rows=rows_to_detect(track.eval.causality_detect_fraction),
         causality_tolerance=track.eval.causality_tolerance, sandbox=track.sandbox, protected=protected,
-        log_dir=str(run_dir / "logs"),
+        log_dir=str(run_dir / "logs"), scratch_dir=str(scratch_root()),  # the scorers see no HARNESS_* variable
     )
 
 

@@ -171,7 +171,7 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     uid, gid = os.getuid(), os.getgid()
     if writable and os.path.realpath(writable).startswith("/dev/shm/"):
         raise OSError(errno.EINVAL, "the ranks' private folder is under /dev/shm, which the job's own tmpfs hides "
-                                    "(set TMPDIR elsewhere for the launcher)")
+                                    "(set HARNESS_SCRATCH_DIR elsewhere)")
     libc.unshare(CLONE_NEWUSER | CLONE_NEWNS, "unshare of the first user and mount namespaces")
     map_identity(uid, gid)
     libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves of the host's")

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.launcher import process_tree
-from harness.ranks import interpreter, sandbox
+from harness.ranks import interpreter, sandbox, scratch
 from harness.launcher.channel import ChannelServer, Message
 from harness.launcher.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -47,7 +46,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     `meanwhile` is the launcher's own work, done while the process runs (its import of torch: on a
     small CPU, seconds the check would otherwise wait for). Nothing the process writes is kept: it ran
     team code."""
-    tmp = Path(tempfile.mkdtemp(prefix="harness-preflight-"))  # private: nodes may share the run folder
+    tmp = scratch.private_folder("harness-preflight-")  # not in the run folder: nodes may share it
     policy = None
     if sandbox_mode != "off":
         policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda",

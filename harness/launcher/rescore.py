@@ -16,6 +16,7 @@ from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
 from harness.launcher.phases import run_evaluation
 from harness.launcher.precision import resolve_precision
+from harness.ranks.scratch import refuse_unusable
 from harness.results.records import load_record
 from harness.launcher.evaluation import build_eval_job
 from harness.tracks.spec import track_from_record
@@ -62,6 +63,7 @@ def _visible_gpus() -> int:
 
 def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None = None, reporter=None) -> Rescore:
     reporter = reporter or NullReporter()
+    refuse_unusable()  # the model processes' private folders go there
     run_dir = Path(run_dir).expanduser().absolute()  # evaluation's model processes work in folders of their own
     record = load_record(run_dir)
     if not (run_dir / "checkpoint.pt").is_file():

@@ -46,6 +46,7 @@ from harness.launcher.training import JobNamespaceMissing, protected_paths, trai
 from harness.launcher.watch import AbortFlag, abort_on_signals
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks.checkpoint import file_sha256
+from harness.ranks.scratch import refuse_unusable
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.submission.contract import (
     SubmissionError,
@@ -130,6 +131,7 @@ def _provenance(record: RunRecord) -> None:
 
 def prepare_run(opts: RunOptions, reporter) -> tuple[ResolvedTrack, PreparedData, Path, int]:
     """Everything that can fail before a run directory exists (usage and setup errors)."""
+    refuse_unusable()  # a noexec scratch root: nothing Triton or Inductor builds in a private folder would load
     resolved = apply_overrides(load_track(opts.track), **opts.overrides)
     folder = find_submission(opts.submission)
     nproc = resolve_nproc(resolved.track)

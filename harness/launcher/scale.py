@@ -27,6 +27,7 @@ from harness.launcher.console import NullReporter
 from harness.submission.contract import find_submission, read_team, snapshot_submission, team_slug
 from harness.data.prepare import prepare_data
 from harness.ranks.jobs import TrainJob
+from harness.ranks.scratch import refuse_unusable
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.phases import run_preflight, run_training
 from harness.launcher.precision import resolve_precision
@@ -68,6 +69,7 @@ class ScaleOptions:
 
 def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     reporter = reporter or NullReporter()
+    refuse_unusable()  # the check process's private folder goes there
     track = load_track(opts.track)
     nproc = resolve_nproc(track)  # the track's own ranks per node: where the prediction matters
     folder = find_submission(opts.submission)

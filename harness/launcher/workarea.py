@@ -1,10 +1,11 @@
 """The training processes' private working folder, and an environment that does not point at results.
 
-The ranks get a folder of their own (mode 0700, outside runs/): a copy of the submission to
-import, a logs folder and a staging folder for the checkpoint, and it is their working
-directory. While they run, the launcher's environment loses the variables that name the
-runs, leaderboard, data and cache locations, so the ranks inherit none of them. After the
-job the launcher copies the logs into the record and takes the checkpoint over.
+The ranks get a folder of their own (mode 0700, outside runs/, under the scratch root of
+harness/ranks/scratch.py): a copy of the submission to import, a logs folder and a staging folder
+for the checkpoint, and it is their working directory. While they run, the launcher's environment
+loses the variables that name the runs, leaderboard, data and cache locations, so the ranks inherit
+none of them. After the job the launcher copies the logs into the record and takes the checkpoint
+over.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.ranks import sandbox
+from harness.ranks import sandbox, scratch
 from harness.results.records import atomic_path
 
 @contextmanager
@@ -119,8 +119,7 @@ HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR"
 
 class WorkArea:
     def __init__(self, snapshot: Path):
-        self.dir = Path(tempfile.mkdtemp(prefix="harness-train-"))
-        os.chmod(self.dir, 0o700)
+        self.dir = scratch.private_folder("harness-train-")  # under HARNESS_SCRATCH_DIR, else tempfile's folder
         self.submission = self.dir / "submission"
         self.logs = self.dir / "logs"
         self.staging = self.dir / "staging"

@@ -94,6 +94,7 @@ class EvalJob:
     protected: list[str] = field(default_factory=list)  # paths no model process may be able to read
     channel_path: str = ""
     log_dir: str = ""
+    scratch_dir: str = ""  # where the model processes' private folders are made (harness/ranks/scratch.py)
 
     def __post_init__(self) -> None:
         if not self.vocab_out:

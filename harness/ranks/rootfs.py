@@ -11,7 +11,10 @@ also moves into its own mount namespace and a new root that holds exactly the po
   checkpoint) and every device file, bound read-only, recursively: chmod, utime and setxattr fail
   with EROFS whatever the files' owner; the policy's hidden folders (the Python test suites) under
   an empty read-only tmpfs each;
-- its private folder, bound read-write: the only place it can change anything;
+- its private folder, bound read-write, and a /dev/shm of its own (a fresh tmpfs of at most
+  SHM_BYTES, never the host's, where other processes could leave or find what it writes:
+  multiprocessing's locks and pools, so Inductor's compile pool, need one, sem_open makes its
+  semaphores there): the only places it can change anything;
 - a /proc of its own PID namespace (its own processes only; no /proc/<pid>/root into another
   process's files), or, where the kernel refuses a new one, the old /proc read-only;
 - nothing else: /tmp, /run, /var and the home folders, with the sockets daemons listen on there, the
@@ -38,6 +41,12 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64 (a syscall newer than the unified table)
+
+
+SHM = "/dev/shm"
+# Its /dev/shm: semaphores take a page each, a DataLoader's shared batches what they hold; every file
+# it writes is capped anyway (sandbox.FILE_CAP_BYTES). Pages are charged to the process's memory.
+SHM_BYTES, SHM_INODES = 1 << 30, 10_000
 
 
 class _MountAttr(ctypes.Structure):
@@ -166,6 +175,10 @@ def _build_and_enter(libc: Libc, policy, root: str) -> str:
         if os.path.isdir(root + hidden):
             libc.mount("tmpfs", root + hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                        f"hiding {hidden}")
+    shm = root + SHM  # over whatever was bound there: the host's is never this process's
+    os.makedirs(shm, exist_ok=True)
+    libc.mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, f"a {SHM} of its own",
+               f"mode=1777,size={SHM_BYTES},nr_inodes={SHM_INODES}")
     proc = root + "/proc"
     os.makedirs(proc, exist_ok=True)
     try:
@@ -233,4 +246,5 @@ def _drop(libc: Libc) -> None:
 
 
 def describe(proc_note: str) -> str:
-    return f"a root of the policy's paths only, read-only but the private folder; {proc_note}; no capabilities"
+    return (f"a root of the policy's paths only, read-only but the private folder and a {SHM} of its own; "
+            f"{proc_note}; no capabilities")

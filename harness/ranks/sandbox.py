@@ -9,7 +9,13 @@ What a process may touch is a `Policy`, decided by the harness process that star
 - read (and execute): the Python installation, the harness package, the system's libraries and
   tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files), the submission's own folder,
   and exactly the files the phase needs (the train shards one by one, or the checkpoint);
-- write: its own private folder (and /dev/shm for training, where NCCL needs it);
+- write: its own private folder, and /dev/shm: training ranks their job's (NCCL needs it; the host's,
+  swept after the job, where the host refuses the job a namespace), the check and model processes
+  one of their own (harness/ranks/rootfs.py; none where they have no root of their own, never the
+  host's). In the private folder only, files may also be renamed and linked from one folder to
+  another (Landlock's REFER: Triton's cache moves each file it builds into place so), and training
+  ranks may make Unix sockets and FIFOs there (Python's multiprocessing hands every tensor a
+  DataLoader worker returns over a socket it binds in the temporary folder: the private folder's tmp/);
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -29,7 +35,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from harness.ranks import interpreter
@@ -80,6 +86,8 @@ class Policy:
     read_dirs: tuple[str, ...] = ()  # read and execute beneath
     read_files: tuple[str, ...] = ()  # read, one file each
     write_dirs: tuple[str, ...] = ()  # read, write, create, remove beneath (no sockets, no fifos)
+    private_dir: str = ""  # the one of write_dirs that is the process's own: renames and links across its folders
+    sockets: bool = False  # Unix sockets and FIFOs may be made in private_dir (training ranks' DataLoader workers)
     device_files: tuple[str, ...] = ()  # read, write and ioctl (GPUs need ioctl)
     network: bool = False  # TCP bind and connect
     abstract_unix: bool = False  # abstract Unix sockets across processes (NCCL)
@@ -171,8 +179,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
     if training and os.path.isdir("/dev/shm"):
         write_dirs.append("/dev/shm")
     return Policy(read_dirs=tuple(read_dirs), read_files=tuple(read_files), write_dirs=tuple(write_dirs),
-                  device_files=tuple(devices), network=training, abstract_unix=training and gpu,
-                  hidden=tuple(hidden_paths(read_dirs)))
+                  private_dir=private_dir, sockets=training, device_files=tuple(devices), network=training,
+                  abstract_unix=training and gpu, hidden=tuple(hidden_paths(read_dirs)))
 
 
 def check_protected(policy: Policy, protected: list[str]) -> list[str]:
@@ -230,6 +238,12 @@ def apply(policy: Policy) -> SandboxReport:
           | AccessFs.REMOVE_DIR | AccessFs.MAKE_SYM)
     if abi >= 3:
         rw |= AccessFs.TRUNCATE
+    # The private folder's rule alone grants REFER (ABI 2 on; before it every rename across folders fails):
+    # Landlock then lets a file move or link only between folders whose rules both grant it, and never to
+    # where it would gain rights, so nothing moves in from a read-only folder or out to /dev/shm.
+    own = rw | (AccessFs.REFER if abi >= 2 else AccessFs(0))
+    if policy.sockets:
+        own |= AccessFs.MAKE_SOCK | AccessFs.MAKE_FIFO
     device = AccessFs.READ_FILE | AccessFs.WRITE_FILE | (AccessFs.IOCTL_DEV if abi >= 5 else AccessFs(0))
     if abi >= 3:
         device |= AccessFs.TRUNCATE
@@ -246,9 +260,10 @@ def apply(policy: Policy) -> SandboxReport:
     for f in policy.read_files:
         if os.path.isfile(f):
             ll.add_path_rule(f, access=AccessFs.READ_FILE)
+    private = os.path.realpath(policy.private_dir) if policy.private_dir else None
     for d in policy.write_dirs:
         if os.path.isdir(d):
-            ll.add_path_rule(d, access=rw)
+            ll.add_path_rule(d, access=own if os.path.realpath(d) == private else rw)
     for f in policy.device_files:
         if os.path.exists(f):
             ll.add_path_rule(f, access=device)
@@ -346,6 +361,8 @@ def enter(policy: Policy | None, off_why: str) -> SandboxReport:
     dropped = rootfs.drop_capabilities()  # whatever happened above
     root = root or (f"its capabilities could not be dropped ({dropped})" if dropped else "")
     cap_file_size(FILE_CAP_BYTES)  # its log included: no file it writes outgrows the cap (EFBIG past it)
+    if not root:  # its own root holds a /dev/shm of its own: writable like the private folder
+        policy = replace(policy, write_dirs=(*policy.write_dirs, rootfs.SHM))
     report = apply(policy)
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),

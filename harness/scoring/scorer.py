@@ -97,7 +97,8 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     logs = Path(job.log_dir)
 
     def start() -> ModelWorker:  # the one way a model process is started, on every rank
-        worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected, template=template)
+        worker = ModelWorker(setup=setup, buffer_bytes=size, log_dir=logs, protected=job.protected, template=template,
+                             scratch_dir=job.scratch_dir or None)
         holders.append(worker)
         started.append(worker)
         return worker

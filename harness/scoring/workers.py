@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.ranks import interpreter, sandbox
+from harness.ranks import interpreter, sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV
 from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
@@ -189,9 +189,8 @@ class WorkerFailed(RuntimeError):
 
 class ModelWorker:
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
-                 template: ModelTemplate | None = None):
-        self.dir = Path(tempfile.mkdtemp(prefix="harness-model-"))
-        os.chmod(self.dir, 0o700)
+                 template: ModelTemplate | None = None, scratch_dir: str | None = None):
+        self.dir = scratch.private_folder("harness-model-", scratch_dir)  # the launcher's scratch root
         # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
         # it gives the process a role) only when every model process of the scorer is dead (name_log):
         # its stdout's path (/proc/self/fd/1) must not tell a model process whether it is the check.

@@ -1,0 +1,77 @@
+"""Where the private folders of the processes that run team code are made: the scratch root.
+
+Every process that runs team code works in a private folder of its own (the training ranks', the
+check process's, each of evaluation's model processes'): its home, temporary folder and compiler
+caches (harness/ranks/sandbox.py `private_environment`). Triton and Inductor build shared objects
+there and load them, so the folder's file system must allow executing: on a `noexec` /tmp (common on
+hardened clusters) Triton fails with "failed to map segment from shared object". The root is
+HARNESS_SCRATCH_DIR where it is set, else tempfile's folder (TMPDIR, else /tmp); `harness check`, every
+run, `harness eval` and `harness scale` refuse a root they cannot use (`refuse_unusable`), naming it
+and the fix, before anything starts.
+
+The harness's own Unix sockets (the control channel, the job's namespace holder) are not made here:
+they stay in tempfile's folder, in folders of mode 0700 outside every folder team code may write, and
+short enough for a socket's path. (Keep the scratch root's path short too, under about 45
+characters: the ranks' multiprocessing sockets, <root>/harness-train-XXXXXXXX/tmp/pymp-XXXXXXXX/
+listener-XXXXXXXX, must fit a socket path's 107 bytes.)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+SCRATCH_ENV = "HARNESS_SCRATCH_DIR"
+
+
+class ScratchError(ValueError):
+    """The scratch root cannot hold the private folders (missing, not a folder, or mounted noexec)."""
+
+
+def scratch_root(value: str | os.PathLike | None = None) -> Path:
+    """`value`, else HARNESS_SCRATCH_DIR, else tempfile's folder; absolute, because the folders made under
+    it are handed to processes that start elsewhere."""
+    chosen = value or os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()
+    return Path(chosen).expanduser().absolute()
+
+
+def mount_flags(path: str | os.PathLike) -> int:
+    """The flags of the file system `path` is on (statvfs f_flag: ST_RDONLY, ST_NOEXEC...)."""
+    return os.statvfs(path).f_flag
+
+
+def noexec(path: str | os.PathLike) -> bool:
+    """Is `path` on a file system mounted noexec (Linux; never elsewhere, where statvfs does not say)?"""
+    return bool(mount_flags(path) & getattr(os, "ST_NOEXEC", 0))
+
+
+def unusable(root: Path | None = None) -> str:
+    """"" when private folders can be made under `root` (default: scratch_root()) and the libraries
+    built there loaded; else one sentence naming the folder and the fix."""
+    root = root or scratch_root()
+    chosen_by = SCRATCH_ENV if os.environ.get(SCRATCH_ENV) else f"tempfile's folder: {SCRATCH_ENV} is not set"
+    where = f"the scratch folder {root} ({chosen_by})"
+    fix = f"set {SCRATCH_ENV} to a folder on a local file system mounted with exec"
+    if not root.is_dir():
+        return f"{where} is not a folder. Fix: create it, or {fix}"
+    if noexec(root):
+        return (f"{where} is on a file system mounted noexec: Triton and Inductor could not load the libraries "
+                f"they build there (\"failed to map segment from shared object\"). Fix: {fix}, or remount it "
+                "with exec")
+    return ""
+
+
+def refuse_unusable(root: Path | None = None) -> None:
+    """Raise ScratchError with `unusable`'s sentence, if there is one."""
+    problem = unusable(root)
+    if problem:
+        raise ScratchError(problem)
+
+
+def private_folder(prefix: str, root: str | os.PathLike | None = None) -> Path:
+    """A new folder of mode 0700 under `root` (default: scratch_root()): one process's (or one job's)
+    private folder."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_root(root)))
+    os.chmod(folder, 0o700)
+    return folder

@@ -1,0 +1,272 @@
+"""What the sandbox lets a process do in its own folders (harness/ranks/sandbox.py, rootfs.py): what
+compilers and data loaders need there, and nothing that reaches past them.
+
+Each test runs a small script in a fresh process: the sandbox, once applied, is for life.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, ROOT, TINY_TRACK
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock and namespaces are Linux's")
+
+# The process's sandbox as the harness builds it: a training rank's (sandbox.apply; the job's namespace is
+# not part of this), or the check's and evaluation's model processes' (sandbox.enter: namespaces, a root
+# of its own, Landlock). Then `body`, which fills `out`; `attempt` records "done" or the errno's name.
+SANDBOXED = """
+import errno, json, os, sys
+from harness.ranks import sandbox
+args = json.loads(sys.argv[1])
+policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"],
+                              training=args["kind"] == "training")
+box = sandbox.apply(policy) if args["kind"] == "training" else sandbox.enter(policy, "")
+out = {"active": box.active, "why": box.why, "filesystem": box.filesystem}
+P, S = args["private"], args["submission"]
+
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+"""
+
+
+def sandboxed(tmp_path, kind: str, body: str, env: dict | None = None, timeout_s: float = 120,
+              prelude: str = "") -> dict:
+    """Run `prelude`, SANDBOXED, then `body` as a process of `kind` ("training", "check"); returns its `out`."""
+    private, submission = tmp_path / "private", tmp_path / "submission"
+    private.mkdir()
+    submission.mkdir()
+    (submission / "submission.py").write_text("# the team's code\n")
+    args = {"private": str(private), "submission": str(submission), "kind": kind}
+    code = prelude + SANDBOXED + body + "\nprint('OUT ' + json.dumps(out), flush=True)\n"
+    ran = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                         timeout=timeout_s, cwd=private, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    lines = [line for line in ran.stdout.splitlines() if line.startswith("OUT ")]
+    assert ran.returncode == 0 and lines, ran.stdout + ran.stderr
+    out = json.loads(lines[-1][4:])
+    assert out["active"], out  # Landlock on this machine: what follows is the sandbox's doing
+    return out
+
+
+# ----------------------------------------------------------------------------- renames across folders (REFER)
+
+
+RENAMES = """
+os.makedirs(f"{P}/tmp/build"); os.makedirs(f"{P}/triton/KEY")
+open(f"{P}/tmp/build/kernel.so", "w").write("built")
+attempt("rename_across_folders", lambda: os.replace(f"{P}/tmp/build/kernel.so", f"{P}/triton/KEY/kernel.so"))
+open(f"{P}/tmp/a", "w").write("a")
+attempt("link_across_folders", lambda: os.link(f"{P}/tmp/a", f"{P}/triton/KEY/a"))
+attempt("rename_folder", lambda: os.rename(f"{P}/tmp/build", f"{P}/triton/build"))
+attempt("link_in_from_read_only", lambda: os.link(f"{S}/submission.py", f"{P}/stolen.py"))
+attempt("rename_in_from_read_only", lambda: os.rename(f"{S}/submission.py", f"{P}/stolen.py"))
+attempt("rename_out_to_read_only", lambda: os.rename(f"{P}/tmp/a", f"{S}/planted.py"))
+attempt("link_out_to_read_only", lambda: os.link(f"{P}/tmp/a", f"{S}/planted.py"))
+out["moved"] = open(f"{P}/triton/KEY/kernel.so").read() if os.path.exists(f"{P}/triton/KEY/kernel.so") else None
+"""
+
+
+@pytest.mark.parametrize("kind", ["training", "check"])
+def test_a_file_moves_between_folders_of_the_private_folder_and_never_in_or_out_of_it(tmp_path, kind):
+    """Triton's cache writes each file in a temporary folder and renames it into <cache>/<key>/: a rename
+    across folders, which Landlock refuses (EXDEV) unless the rule grants REFER. Granted on the private
+    folder alone: a file moves or links between its folders, never in from a folder the process may only
+    read (a link to a file it may not write, under a name it may) nor out into one."""
+    got = sandboxed(tmp_path, kind, RENAMES)
+    assert got["rename_across_folders"] == "done" and got["moved"] == "built", got
+    assert got["link_across_folders"] == "done" and got["rename_folder"] == "done", got
+    for name in ("link_in_from_read_only", "rename_in_from_read_only", "rename_out_to_read_only",
+                 "link_out_to_read_only"):
+        assert got[name] in ("EXDEV", "EACCES", "EROFS"), (name, got)
+    assert (tmp_path / "submission" / "submission.py").read_text() == "# the team's code\n"
+    assert not (tmp_path / "submission" / "planted.py").exists() and not (tmp_path / "private" / "stolen.py").exists()
+
+
+OLD_KERNEL = """
+import py_landlock, py_landlock.landlock
+py_landlock.get_abi_version = py_landlock.landlock.get_abi_version = lambda: 1  # Linux 5.13 to 5.18
+"""
+
+
+def test_on_a_kernel_without_refer_the_sandbox_applies_as_before(tmp_path):
+    """Landlock ABI 1 has no REFER: every rename across folders is refused whatever the rules say. The
+    sandbox still applies there, with every other right of the private folder, and says its ABI."""
+    body = RENAMES + "open(f'{P}/tmp/b', 'w').write('b')\n" \
+                     "attempt('rename_in_one_folder', lambda: os.replace(f'{P}/tmp/b', f'{P}/tmp/c'))\n"
+    got = sandboxed(tmp_path, "training", body, prelude=OLD_KERNEL)
+    assert got["why"] == "Landlock ABI 1" and got["rename_in_one_folder"] == "done", got
+    assert got["rename_across_folders"] == "EXDEV" and got["link_in_from_read_only"] == "EXDEV", got
+
+
+# ----------------------------------------------------------------------------- a /dev/shm of its own
+
+
+SHARED_MEMORY = """
+import multiprocessing
+def locks():
+    lock = multiprocessing.Lock()  # sem_open: a file in /dev/shm
+    with lock:
+        pass
+def pool():
+    with multiprocessing.Pool(1) as p:  # its queues hold locks too; Inductor's compile pool is one
+        out["pool_sum"] = sum(p.map(abs, [-1, -2, -3]))
+attempt("lock", locks)
+attempt("pool", pool)
+attempt("shm_write", lambda: open(f"/dev/shm/{args['mark']}", "w").write("x"))
+st = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+out["shm_bytes"] = st and st.f_blocks * st.f_frsize
+"""
+
+
+def test_the_check_and_model_processes_have_a_private_dev_shm(tmp_path):
+    """multiprocessing.Lock() (sem_open) and a Pool need /dev/shm; the check's and evaluation's model
+    processes' own root had none, so locks failed and Inductor's compile pool died unseen. They get a
+    fresh tmpfs there, capped, never the host's /dev/shm (another process could use that as a channel)."""
+    mark = f"harness-test-shm-{os.getpid()}-{tmp_path.name}"
+    try:
+        got = sandboxed(tmp_path, "check", SHARED_MEMORY.replace("args['mark']", repr(mark)))
+    finally:
+        leaked = os.path.exists(f"/dev/shm/{mark}")
+        if leaked:
+            os.unlink(f"/dev/shm/{mark}")
+    assert got["filesystem"]["active"], got  # a root of its own on this machine
+    assert got["lock"] == "done" and got["pool"] == "done" and got["pool_sum"] == 6, got
+    assert got["shm_write"] == "done" and not leaked, got  # its own: nothing of it reaches the host's
+    assert got["shm_bytes"] and got["shm_bytes"] <= 1 << 30, got
+
+
+def test_a_get_model_that_takes_a_lock_and_runs_a_pool_passes_the_check(cli):
+    """The check process, through `harness check`: shared_memory's get_model takes a multiprocessing lock
+    and maps over a pool of one, as Inductor's compile pool does."""
+    result = cli("check", str(FIXTURES / "shared_memory"), "--track", str(TINY_TRACK), "--json")
+    assert result.code == 0, result.text
+    report = json.loads(result.out)
+    assert report["accepted"] and report["sandbox"]["active"] and report["sandbox"]["filesystem"]["active"], report
+
+
+def test_a_get_model_that_takes_a_lock_and_runs_a_pool_loads_in_a_model_process(tmp_path):
+    """Evaluation's model process, started as the scorer starts it (harness/scoring/workers.py), with the
+    same submission and a checkpoint of its model: it loads and says it is ready, in its own root."""
+    import torch
+
+    from harness.scoring.workers import ModelWorker
+
+    folder = FIXTURES / "shared_memory"
+    sys.path.insert(0, str(folder))
+    try:
+        from submission import Bigram
+    finally:
+        sys.path.remove(str(folder))
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save({"config": {"vocab_size": 16}, "model": Bigram(16).state_dict(), "step": 0, "tokens": 0}, checkpoint)
+    setup = {"checkpoint": str(checkpoint), "submission_dir": str(folder), "device": "cpu", "precision": "float32",
+             "threads": 1, "vocab_out": 16, "sandbox": "auto", "model_file": "submission.py"}
+    worker = ModelWorker(setup=setup, buffer_bytes=4 * 16 * 16, log_dir=tmp_path / "logs", protected=[])
+    try:
+        ready = worker.wait_ready()
+    finally:
+        worker.close()
+        worker.name_log()
+    log = (tmp_path / "logs" / worker.log_path.name).read_text()
+    assert ready["params"] == 16 * 16 and "SHARED-MEMORY lock and pool ok" in log, log
+    assert ready["sandbox"]["active"] and ready["sandbox"]["filesystem"]["active"], ready["sandbox"]
+
+
+# ----------------------------------------------------------------------------- sockets and FIFOs
+
+
+SOCKETS = """
+import socket
+def bind(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+attempt("socket_private", lambda: bind(f"{P}/tmp/s.sock"))
+attempt("fifo_private", lambda: os.mkfifo(f"{P}/tmp/f.fifo"))
+if os.path.isdir("/dev/shm") and args["kind"] == "training":
+    attempt("socket_shm", lambda: bind(f"/dev/shm/harness-test-{os.getpid()}.sock"))
+"""
+
+
+def test_training_ranks_make_sockets_and_fifos_in_their_private_folder_only(tmp_path):
+    """Python's multiprocessing binds a Unix socket under the temporary folder for every tensor a DataLoader
+    worker hands back (its resource sharer): training ranks may make sockets and FIFOs in their private
+    folder, nowhere else; the check and model processes need none and get none."""
+    (tmp_path / "t").mkdir()
+    got = sandboxed(tmp_path / "t", "training", "os.makedirs(f'{P}/tmp')\n" + SOCKETS)
+    assert got["socket_private"] == "done" and got["fifo_private"] == "done", got
+    assert got.get("socket_shm", "EACCES") == "EACCES", got
+    (tmp_path / "c").mkdir()
+    got = sandboxed(tmp_path / "c", "check", "os.makedirs(f'{P}/tmp')\n" + SOCKETS)
+    assert got["socket_private"] == "EACCES" and got["fifo_private"] == "EACCES", got
+
+
+DATALOADER = """
+os.makedirs(f"{P}/tmp")
+import tempfile; tempfile.tempdir = None  # TMPDIR, set before the process started, is the private folder's
+import torch
+from torch.utils.data import DataLoader, Dataset
+class Numbers(Dataset):
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+loader = DataLoader(Numbers(), batch_size=2, num_workers=1, timeout=20)  # a hang is a failure, not a wait
+try:
+    out["sums"] = [float(b.sum()) for b in loader]
+except RuntimeError as exc:
+    out["sums"] = str(exc)
+"""
+
+
+def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path):
+    """What an open-division script with num_workers > 0 does: each batch a worker returns travels as a
+    shared-memory file descriptor, handed over through a Unix socket bound in the temporary folder. Without
+    the socket the batch never arrives and the rank hangs to the hard limit."""
+    private = tmp_path / "private"
+    got = sandboxed(tmp_path, "training", DATALOADER, env={"TMPDIR": str(private / "tmp"), "OMP_NUM_THREADS": "1"})
+    assert got["sums"] == [4.0, 20.0, 36.0], got
+
+
+SPOOF = """
+import socket
+os.makedirs(f"{P}/tmp")
+def bind(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+for i, path in enumerate(HARNESS_SOCKETS):
+    attempt(f"unlink {i}", lambda: os.unlink(path))  # to bind its own in its place
+    attempt(f"bind beside {i}", lambda: bind(path + ".2"))
+    bind(f"{P}/tmp/fake{i}.sock")
+    attempt(f"move in {i}", lambda: os.replace(f"{P}/tmp/fake{i}.sock", path))
+"""
+
+
+def test_a_training_rank_can_neither_replace_nor_imitate_the_harness_sockets(tmp_path):
+    """The harness's own sockets (the control channel, the job's namespace holder) live in folders of their
+    own, outside the private folder: a rank that may make sockets there still cannot remove one of the
+    harness's, bind another beside it, or move its own into its place."""
+    from harness.launcher.channel import ChannelServer
+    from harness.launcher.job_namespace import JobNamespace
+
+    channel, holder = ChannelServer(expected_ranks=[0]), JobNamespace()
+    try:
+        paths = [channel.path, holder.socket_path]
+        got = sandboxed(tmp_path, "training", SPOOF.replace("HARNESS_SOCKETS", repr(paths)))
+        for path in paths:
+            assert not os.path.commonpath([path, str(tmp_path / "private")]) == str(tmp_path / "private")
+            assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        attempts = {k: v for k, v in got.items() if k[:-2] in ("unlink", "bind beside", "move in")}
+        assert len(attempts) == 6 and set(attempts.values()) <= {"EACCES", "EXDEV"}, got
+        assert all(os.path.exists(p) for p in [channel.path] + ([holder.socket_path] if holder.active else []))
+    finally:
+        channel.close()
+        holder.close()

@@ -1,0 +1,124 @@
+"""The scratch root (harness/ranks/scratch.py): where every private folder of a process that runs team
+code is made (HARNESS_SCRATCH_DIR, else tempfile's folder), and a root mounted noexec refused before
+anything starts, naming the folder and the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, ROOT, TINY_TRACK, only_record, quick_track
+from harness.ranks import scratch
+
+
+@pytest.fixture
+def short_root():
+    """A scratch root with a short path (the ranks' multiprocessing sockets are made under it)."""
+    root = Path(tempfile.mkdtemp(prefix="hs-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    yield root
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_scratch_root_is_the_variable_else_tempfiles_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(scratch.SCRATCH_ENV, raising=False)
+    assert scratch.scratch_root() == Path(tempfile.gettempdir()).absolute()
+    monkeypatch.setenv(scratch.SCRATCH_ENV, str(tmp_path))
+    assert scratch.scratch_root() == tmp_path
+    folder = scratch.private_folder("harness-x-")
+    assert folder.parent == tmp_path and folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_noexec_scratch_root_is_refused_by_check_and_by_a_run_with_the_folder_and_the_fix(monkeypatch, tmp_path):
+    """statvfs's ST_NOEXEC (read through scratch.mount_flags, faked here) stops `harness check` and a run
+    before any process starts; a missing root is refused too."""
+    from harness.launcher.check import check
+    from harness.launcher.console import NullReporter
+    from harness.launcher.runner import RunOptions, prepare_run
+
+    monkeypatch.setenv(scratch.SCRATCH_ENV, str(tmp_path))
+    assert scratch.unusable() == ""
+    monkeypatch.setattr(scratch, "mount_flags", lambda path: os.ST_NOEXEC)
+    with pytest.raises(scratch.ScratchError) as caught:
+        check(str(FIXTURES / "ok_bigram"), str(TINY_TRACK))
+    said = str(caught.value)
+    assert f"the scratch folder {tmp_path} (HARNESS_SCRATCH_DIR) is on a file system mounted noexec" in said
+    assert "failed to map segment" in said and "Fix: set HARNESS_SCRATCH_DIR to a folder" in said
+    with pytest.raises(scratch.ScratchError, match="mounted noexec"):
+        prepare_run(RunOptions(submission=str(FIXTURES / "ok_bigram"), track=str(TINY_TRACK)), NullReporter())
+    monkeypatch.setenv(scratch.SCRATCH_ENV, str(tmp_path / "missing"))
+    assert "is not a folder. Fix: create it" in scratch.unusable()
+
+
+def _faking_noexec(folder: Path) -> dict:
+    """The environment of a harness process whose scratch root reads as mounted noexec: a sitecustomize
+    (run at every interpreter's start) replaces the flag reader, as the test above does in-process."""
+    site = folder / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nfrom harness.ranks import scratch\n"
+                                           "scratch.mount_flags = lambda path: os.ST_NOEXEC\n")
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_harness_check_and_run_refuse_a_noexec_scratch_root(cli, tmp_path, short_root, command):
+    """Through the CLI: a setup error (exit 2), one sentence naming the folder and the fix, no record."""
+    env = {**_faking_noexec(tmp_path), scratch.SCRATCH_ENV: str(short_root)}
+    args = ("--track", str(TINY_TRACK)) if command == "check" else ("--track", str(quick_track(tmp_path)))
+    result = cli(command, str(FIXTURES / "ok_bigram"), *args, env=env, timeout=120)
+    assert result.code == 2, result.text
+    assert f"the scratch folder {short_root} (HARNESS_SCRATCH_DIR) is on a file system mounted noexec" in result.err
+    assert "Fix: set HARNESS_SCRATCH_DIR" in result.err
+    assert not (tmp_path / "runs").exists() and list(short_root.iterdir()) == []
+
+
+REAL_NOEXEC = """
+import os, sys
+from harness.ranks.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.rootfs import MS_NOEXEC, MS_NOSUID, MS_NODEV, Libc, Refused
+uid, gid = os.getuid(), os.getgid()
+try:
+    Libc().unshare(CLONE_NEWUSER | CLONE_NEWNS, "unshare")
+    map_identity(uid, gid)
+    Libc().mount("tmpfs", sys.argv[1], "tmpfs", MS_NOEXEC | MS_NOSUID | MS_NODEV, "a noexec tmpfs")
+except (OSError, Refused) as exc:
+    print(f"SKIP {exc}", flush=True)
+    sys.exit(0)
+os.environ["HARNESS_SCRATCH_DIR"] = sys.argv[1]
+os.execv(sys.executable, [sys.executable, "-m", "harness", "check", *sys.argv[2:]])
+"""
+
+
+def test_a_real_noexec_mount_is_refused_by_harness_check(tmp_path, short_root, cache_dir):
+    """The same with a real `noexec` tmpfs over the scratch root, in a user and mount namespace of the
+    test's own (no root needed; skipped where the host refuses them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_CACHE_DIR": str(cache_dir)}
+    ran = subprocess.run([sys.executable, "-c", REAL_NOEXEC, str(short_root), str(FIXTURES / "ok_bigram"),
+                          "--track", str(TINY_TRACK)], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    if ran.stdout.startswith("SKIP"):
+        pytest.skip(f"no user and mount namespace here: {ran.stdout.strip()}")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert f"the scratch folder {short_root} (HARNESS_SCRATCH_DIR) is on a file system mounted noexec" in ran.stderr
+
+
+def test_every_private_folder_of_a_run_is_made_under_the_scratch_root_and_removed(cli, tmp_path, short_root):
+    """A run with HARNESS_SCRATCH_DIR: the check process's, the training ranks' and the model processes'
+    private folders are all under it (their sandbox reports name them), and none is left there after."""
+    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(quick_track(tmp_path)),
+                 env={scratch.SCRATCH_ENV: str(short_root)})
+    _, record = only_record(tmp_path / "runs")
+    assert result.code == 0 and record["status"] == "ok", record["reason"]
+    box = record["sandbox"]
+    for phase, report in (("check", box["check"]), ("training", box["training"]),
+                          ("scoring model process", box["evaluation"]["model"]),
+                          ("check model process", box["evaluation"]["check"])):
+        private = Path(report["policy"]["private_dir"])
+        assert private.parent == short_root, (phase, private)
+    assert list(short_root.iterdir()) == [], "a private folder outlived the run"
