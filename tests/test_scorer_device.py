@@ -28,7 +28,7 @@ class StandIn:
 
     made: list["StandIn"] = []
 
-    def __init__(self, *, setup, buffer_bytes, log_dir, protected, template=None):
+    def __init__(self, *, setup, buffer_bytes, log_dir, protected, template=None, scratch_dir=None):
         self.setup, self.exposed, self.log_path, self.rows = setup, [], None, 0
         self.returned: list[torch.Tensor] = []
         StandIn.made.append(self)
