@@ -26,7 +26,6 @@ honest last step can end).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import statistics
 from dataclasses import dataclass
@@ -35,21 +34,16 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
 from harness.ranks.after_clock import Diverged, finish
 from harness.ranks.checkpoint import unwrap
+from harness.ranks import ddp as ddp_setup
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
 from harness.ranks.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
 
-
-# torch >= 2.13 names it forward_sync_buffers (and deprecates broadcast_buffers); older versions only know the latter.
-NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
-                       if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
 
 
 def _print0(env: RankEnv, *args) -> None:
@@ -93,6 +87,7 @@ class Training:
     first_step_relabeled_loss: float | None = None
     first_step_relabeled_spread: float | None = None
     compiled: bool = False  # torch.compile'd (COMPILE, or get_model's own): the first step compiles
+    static_graph: bool = False  # the track's DDP static graph: its first step synchronises every micro-step
 
     @property
     def file(self) -> str:
@@ -140,10 +135,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     params = sum(p.numel() for p in raw_model.parameters())
     if sub.compile and model is raw_model:  # never compile twice
         model = torch.compile(model)
-    # The harness owns the loop: buffers are synced from rank 0 once, at construction, not before
-    # every forward (a causal mask buffer would cost every team a broadcast per micro-step).
-    ddp = DDP(model, device_ids=[env.local_rank] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, **NO_BUFFER_BROADCAST)
+    ddp = ddp_setup.wrap(model, device, env.local_rank, job.ddp)  # the track's [ddp] settings, the same for every team
     optimizers = sub.build_optimizers(raw_model, ctx) if sub.build_optimizers else default_optimizers(raw_model, ctx, sub.config)
     if isinstance(optimizers, torch.optim.Optimizer):
         optimizers = [optimizers]
@@ -169,6 +161,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
         loss_sum=torch.zeros((), dtype=torch.float32, device=device), compiled=model is not raw_model,
+        static_graph=bool(ddp.static_graph),
     )
 
 
@@ -246,7 +239,10 @@ def train_step(tr: Training, step: int, progress: float) -> None:
             group["lr"] = group["initial_lr"] * scale
     for micro in range(accum):
         x, y = split_inputs_targets(tr.prefetch.next().to(tr.device, non_blocking=True))
-        sync_ctx = tr.ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
+        # DDP's static graph records its graph on the first step's backward and cannot start under no_sync: there
+        # every micro-step synchronises (the sum of averages is the average of the sums: the same gradients).
+        skip_sync = micro < accum - 1 and not (tr.static_graph and step == 0)
+        sync_ctx = tr.ddp.no_sync() if skip_sync else contextlib.nullcontext()
         with sync_ctx:
             if step == 0 and micro == 0:  # before any optimizer step, on every rank (before its activations exist)
                 tr.first_loss, tr.first_relabeled, tr.first_spread = relabel_probe(tr, x, y)
@@ -339,6 +335,6 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
             "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
             "last_step_start_s": last_step_start_s, "first_step_s": step_s[0] if step_s else None,  # none when no step ran
-            "compiled": tr.compiled,
+            "compiled": tr.compiled, "ddp": ddp_setup.applied(tr.ddp),
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_relabeled_spread": tr.first_step_relabeled_spread}
