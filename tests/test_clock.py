@@ -1,6 +1,6 @@
 import pytest
 
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, StopRule
+from harness.ranks.clock import CONTINUE, STOP_BUDGET, StopRule, schedule_progress
 
 
 def cpu_run(rule: StopRule, step_s: list[float]) -> list[float]:
@@ -107,6 +107,16 @@ def test_bad_configuration_is_refused(kwargs):
         StopRule(**kwargs)
 
 
+
+def test_the_schedules_clock_starts_when_the_first_step_has_ended():
+    """The lr schedule's progress is the share of the budget after the first step (which compiles): 0 until the
+    ranks agree the first step ended, then from 0 at that moment to 1 at the budget."""
+    assert schedule_progress(40.0, None, 600.0) == 0.0  # before the first step's end is agreed
+    assert schedule_progress(40.0, 40.0, 600.0) == 0.0
+    assert schedule_progress(40.0 + 0.02 * 560.0, 40.0, 600.0) == pytest.approx(0.02)
+    assert schedule_progress(600.0, 40.0, 600.0) == 1.0 and schedule_progress(700.0, 40.0, 600.0) == 1.0
+    assert schedule_progress(650.0, 650.0, 600.0) == 1.0  # a first step longer than the budget: nothing left
+
 # ------------------------------------------------------------------ the real loop, on a clock the test drives
 # Each rank runs harness.ranks.loop.train in its own process (real gloo), with the loop's clock replaced by one
 # that moves only when a step runs: the first step "compiles" for FIRST_S, each later step takes this rank's
@@ -181,3 +191,16 @@ def test_ranks_with_different_clocks_stop_at_the_same_step_within_the_budget():
     assert ranks[0]["steps"] == ranks[1]["steps"] == 17, ranks  # 5 + 16 x 1.5 = 29 s; one more would end at 30.5
     assert ranks[1]["train_time_s"] == pytest.approx(29.0)
     assert ranks[0]["lr"] == ranks[1]["lr"] and ranks[0]["weights"] == ranks[1]["weights"]
+
+
+def test_warm_up_is_not_spent_on_the_first_steps_compilation():
+    """The first step takes 30 of a 100 s budget (torch.compile's share of a short track), then 0.5 s steps:
+    the default schedule still warms up over the steps after it (2% of the 70 s left: about three steps),
+    reaches the full lr, and decays to about zero at the budget. Counted from the clock's start, step 1
+    would already run at the full lr (progress 0.3, past the 2% warm-up). The budget's clock is unchanged:
+    the run still ends within 100 s."""
+    (rank,) = fake_clock_run(100.0, 30.0, [0.5])
+    lr = rank["lr"]
+    assert lr[0] == lr[1] == lr[2] == pytest.approx(0.01), lr[:6]  # before the schedule's clock starts, and at its start
+    assert lr[3] < 1.0 and lr[4] < 1.0 and max(lr) == pytest.approx(1.0), lr[:8]
+    assert lr[-1] < 0.1 and 99.0 <= rank["train_time_s"] <= 100.0, (lr[-3:], rank["train_time_s"])

@@ -41,7 +41,7 @@ from harness.ranks.after_clock import Diverged, finish
 from harness.ranks.checkpoint import unwrap
 from harness.ranks import ddp as ddp_setup
 from harness.ranks.agree import Agreed, Agreement
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
+from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
 from harness.ranks.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
@@ -268,6 +268,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
     votes = Agreement(tr.device, env.world_size, clips=bool(tr.grad_clip))
     step = tokens = 0
     last_step_start_s = warm_s = 0.0
+    schedule_start_s: float | None = None  # the schedule's clock starts when the first step has ended
     reported = (0.0, 0)  # the loss sum and micro-batch count at the last report
     last_log_s = 0.0
 
@@ -303,13 +304,16 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         now = perf_counter() - t0
         votes.launch(tr, my_vote(step + 1, now), now)  # decides the step after this one
         last_step_start_s = now
-        # Progress through the budget: the agreed time of the last vote read (cast a step before this one), or
-        # steps when the run is step-bounded (tests, benchmarks).
-        train_step(tr, step, step / job.max_steps if job.max_steps else agreed.elapsed_s / job.budget_s)
+        # The schedule's progress: steps when the run is step-bounded (tests, benchmarks), else the time agreed by
+        # the last vote read (cast a step before this one), on the schedule's clock: not the first step's compile.
+        train_step(tr, step, step / job.max_steps if job.max_steps else
+                   schedule_progress(agreed.elapsed_s, schedule_start_s, job.budget_s))
         step += 1
         tokens += tr.tokens_per_step
         agreed = votes.read(tr)  # waits for the device to reach the vote, queued before the step just queued
         synced = perf_counter() - t0
+        if step == 2:  # the vote cast once the first step was queued: torch.compile has compiled on every rank
+            schedule_start_s = agreed.elapsed_s
         if step - device_ahead >= 1:  # on a GPU the step just queued is not done: the one before it is
             steps.ended(synced)
         if agreed.stop == CONTINUE and agreed.elapsed_s - last_log_s >= job.log_interval_s:  # alike on every rank
