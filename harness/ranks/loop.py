@@ -316,7 +316,7 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             schedule_start_s = agreed.elapsed_s
         if step - device_ahead >= 1:  # on a GPU the step just queued is not done: the one before it is
             steps.ended(synced)
-        if agreed.stop == CONTINUE and agreed.elapsed_s - last_log_s >= job.log_interval_s:  # alike on every rank
+        if agreed.elapsed_s - last_log_s >= job.log_interval_s:  # the same decision on every rank
             report(agreed, step - 1, steps.end_of(step - 1))  # the vote was cast before this step: the ones before
 
     # ---------------------------------------------------------------- the last step: waited for, then the clock stops
