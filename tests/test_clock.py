@@ -201,6 +201,6 @@ def test_warm_up_is_not_spent_on_the_first_steps_compilation():
     the run still ends within 100 s."""
     (rank,) = fake_clock_run(100.0, 30.0, [0.5])
     lr = rank["lr"]
-    assert lr[0] == lr[1] == lr[2] == pytest.approx(0.01), lr[:6]  # before the schedule's clock starts, and at its start
+    assert lr[0] == lr[1] == lr[2] == pytest.approx(0.01), lr[:6]  # before the schedule's clock starts, and at it
     assert lr[3] < 1.0 and lr[4] < 1.0 and max(lr) == pytest.approx(1.0), lr[:8]
     assert lr[-1] < 0.1 and 99.0 <= rank["train_time_s"] <= 100.0, (lr[-3:], rank["train_time_s"])

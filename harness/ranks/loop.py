@@ -36,17 +36,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks.after_clock import Diverged, finish
-from harness.ranks.checkpoint import unwrap
 from harness.ranks import ddp as ddp_setup
+from harness.ranks.after_clock import Diverged, finish
 from harness.ranks.agree import Agreed, Agreement
+from harness.ranks.checkpoint import unwrap
 from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
 from harness.ranks.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
-
 
 
 def _print0(env: RankEnv, *args) -> None:
