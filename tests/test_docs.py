@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT
 from harness.cli import main
 from harness.ranks.preflight import run_checks
+from harness.tracks.ddp import DdpSpec
 from harness.tracks.spec import DataSpec, EvalSpec, InterconnectSpec, SyntheticSpec, TextSpec, Track
 
 
@@ -50,11 +51,12 @@ def test_every_cli_option_is_in_the_readme_or_docs(command):
 
 @pytest.mark.parametrize("cls, heading", [(Track, "## Top-level keys"), (DataSpec, "## `[data]`"),
                                           (SyntheticSpec, "## `[data.synthetic]`"), (TextSpec, "## `[data.text]`"),
-                                          (EvalSpec, "## `[eval]`"), (InterconnectSpec, "## `[interconnect]`")])
+                                          (EvalSpec, "## `[eval]`"), (InterconnectSpec, "## `[interconnect]`"),
+                                          (DdpSpec, "## `[ddp]`")])
 def test_every_track_key_is_in_the_track_reference(cls, heading):
     text = (ROOT / "docs" / "tracks.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     for f in dataclasses.fields(cls):
-        if f.name in ("source", "data", "eval", "synthetic", "interconnect") and cls is not DataSpec:
+        if f.name in ("source", "data", "eval", "synthetic", "interconnect", "ddp") and cls is not DataSpec:
             continue
         if cls is DataSpec and f.name in ("synthetic", "text"):
             continue

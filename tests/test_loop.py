@@ -1,8 +1,11 @@
-"""The training loop's cost per step: exactly one read of a device value (the stop vote's) per step.
+"""The training loop's cost per step: exactly one read of a device value (the stop vote's) per step, and
+never of the step just queued.
 
 Runs the real loop in one process (world size 1, gloo) on the bigram fixture for N and for 2N steps,
 counting every call that reads a tensor's value back to the host; the difference is N: one per step,
-whatever happens at start-up and after the clock.
+whatever happens at start-up and after the clock. The same run logs, in order, each vote's all-reduce,
+each backward and each read: the read of a vote comes after the next step's backward was queued (on a
+GPU the device then has that step to run while the host waits, and prepares the one after).
 """
 
 import json
@@ -29,10 +32,25 @@ READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Te
          torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
 
 
+EVENTS = []  # in order: "vote" (the agreement's all-reduce), "backward", "read" (a read by the harness's code)
+_all_reduce = torch.distributed.all_reduce
+
+
+def logged_all_reduce(tensor, *args, **kwargs):
+    if tensor.dtype == torch.float64 and tensor.numel() == 7:  # the vote: harness code calls dist.all_reduce
+        EVENTS.append("vote")
+    return _all_reduce(tensor, *args, **kwargs)
+
+
+torch.distributed.all_reduce = logged_all_reduce
+
+
 class CountReads(TorchFunctionMode):
     reads = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.backward:
+            EVENTS.append("backward")
         if func in READS:  # attributed to the optimizer, or to the first caller outside torch
             frame, where = sys._getframe(1), None
             while frame and "/torch/" in frame.f_code.co_filename:
@@ -41,6 +59,8 @@ class CountReads(TorchFunctionMode):
                 frame = frame.f_back
             where = where or (f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}" if frame else "?")
             CountReads.reads[where] = CountReads.reads.get(where, 0) + 1
+            if where != "torch.optim" and not where.startswith("submission.py"):  # the harness's own reads
+                EVENTS.append("read")
         return func(*args, **(kwargs or {}))
 
 
@@ -54,7 +74,7 @@ env = RankEnv.from_environ()
 holders = []
 with CountReads():
     result = train(job, env, ChannelClient(None, 0), holders)
-print(json.dumps({"reads": CountReads.reads, "steps": result["steps"]}), flush=True)
+print(json.dumps({"reads": CountReads.reads, "steps": result["steps"], "events": EVENTS}), flush=True)
 release_and_exit(0, holders)  # as a rank leaves: gloo's threads stopped before the interpreter goes
 """
 
@@ -72,8 +92,24 @@ def test_one_host_read_per_step():
     short, long = reads_for(5), reads_for(10)
     assert (short["steps"], long["steps"]) == (5, 10)
     extra = {k: long["reads"].get(k, 0) - short["reads"].get(k, 0) for k in {*short["reads"], *long["reads"]}}
-    assert extra.pop("loop.py:vote") == 5, (short, long)
+    assert extra.pop("agree.py:read") == 5, (short, long)
     assert extra.pop("torch.optim", 0) <= 5 and not any(extra.values()), (short, long)
+
+
+def test_each_vote_is_read_after_the_next_step_is_queued():
+    """The host never waits for a vote before the step after it is queued: between each vote's all-reduce and
+    the read of it lies a step's backward, for every step; only the vote before the first step (nothing to
+    overlap) and the one after the last (the clock stops when the last step is done) are read at once.
+    A loop that reads each vote before queuing the step (one blocking sync per step) fails here."""
+    run = reads_for(6)
+    events = run["events"]
+    votes = [i for i, e in enumerate(events) if e == "vote"]
+    overlapped = 0
+    for i in votes:
+        read = events.index("read", i)
+        assert "vote" not in events[i + 1:read], "two votes in flight at once"
+        overlapped += "backward" in events[i + 1:read]
+    assert run["steps"] == 6 and len(votes) == 8 and overlapped == 6, events
 
 
 ACCUM_SUBMISSION = '''

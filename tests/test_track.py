@@ -79,3 +79,38 @@ def test_overrides_are_recorded_and_make_a_run_unofficial():
 def test_resolved_track_round_trips_through_a_record():
     track = apply_overrides(load_track("paris2026"), budget_s=60.0).track
     assert track_from_record(track.to_dict()) == track
+
+
+def test_the_ddp_table_defaults_to_what_the_harness_did_and_paris_states_it():
+    """No [ddp] table: torch's buckets, no static graph, gradients as bucket views, no hook (the settings before
+    the table existed); the table is part of the track saved in every record."""
+    default = track_from_dict(_minimal(), "t.toml").ddp
+    assert (default.bucket_cap_mb, default.static_graph, default.gradient_as_bucket_view, default.comm_hook) == \
+        (None, False, True, "none")
+    paris = load_track("paris2026")
+    assert paris.ddp == default and "[ddp]" in open(paris.source).read()
+    raw = {**_minimal(), "ddp": {"bucket_cap_mb": 4, "static_graph": True}}
+    track = track_from_dict(raw, "t.toml")
+    assert track.to_dict()["ddp"] == {"bucket_cap_mb": 4, "static_graph": True, "gradient_as_bucket_view": True,
+                                      "comm_hook": "none"}
+    assert track_from_record(track.to_dict()) == track
+
+
+@pytest.mark.parametrize("ddp, message", [
+    ({"bucket_cap_mb": 0}, r"my\.toml: .*\[ddp\]: `bucket_cap_mb` must be a number of MiB"),
+    ({"bucket_cap_mb": "25"}, r"my\.toml: .*`bucket_cap_mb`"),
+    ({"bucket_cap_mb": True}, r"my\.toml: .*`bucket_cap_mb`"),
+    ({"static_graph": "yes"}, r"my\.toml: .*\[ddp\]: `static_graph` must be true or false"),
+    ({"gradient_as_bucket_view": 1}, r"my\.toml: .*`gradient_as_bucket_view` must be true or false"),
+    ({"comm_hook": "fp8"}, r"my\.toml: .*\[ddp\]: `comm_hook` must be one of 'none', 'bf16_compress'"),
+    ({"bucket_cap": 25}, r"my\.toml: unknown key `bucket_cap` in \[ddp\]\. Did you mean `bucket_cap_mb`"),
+    ({"comm_hook": "bf16_compress"}, r"my\.toml: .*`comm_hook = \"bf16_compress\"` needs backend 'nccl'.*gloo"),
+])
+def test_bad_ddp_values_name_the_file_and_the_key(ddp, message):
+    with pytest.raises(TrackError, match=message):
+        track_from_dict({**_minimal(), "ddp": ddp}, "my.toml")
+
+
+def test_bf16_compression_is_accepted_on_an_nccl_track():
+    raw = {**_minimal(), "backend": "nccl", "device": "cuda", "ddp": {"comm_hook": "bf16_compress"}}
+    assert track_from_dict(raw, "t.toml").ddp.comm_hook == "bf16_compress"

@@ -30,7 +30,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default (the harness keeps it)
+BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default (a track's [ddp] default; another value is not modelled)
 FIRST_BUCKET_BYTES = 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 GRAD_BYTES_PER_PARAM = 4  # fp32 gradients: parameters stay fp32 under bf16 autocast
 BACKWARD_SHARE = 2 / 3  # of forward + backward: the backward does twice the forward's FLOPs

@@ -19,7 +19,7 @@ came from where, and why a fit was refused.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.launcher import comm_model, process_tree
@@ -101,7 +101,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                 collective_timeout_s=track.collective_timeout_s, cpu_threads_per_rank=threads,
                 vocab_size=track.data.vocab_size, train_shards=data.train, log_dir=str(out_dir / "logs" / f"n{n}"),
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
-                comm_probe_steps=opts.probe_steps,
+                comm_probe_steps=opts.probe_steps, ddp=asdict(track.ddp),
             )
             launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
                                 shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)

@@ -11,6 +11,7 @@ moment it is saved and what they write capped (harness/launcher/takeback.py). Th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -149,6 +150,7 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
         comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
         sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
+        ddp=dataclasses.asdict(track.ddp),
     )
 
 

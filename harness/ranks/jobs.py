@@ -53,6 +53,7 @@ class TrainJob:
     submission_sha256: str = ""
     sandbox: str = "auto"  # auto | required | off
     sandbox_policy: dict = field(default_factory=dict)  # harness/ranks/sandbox.py Policy, decided by the launcher
+    ddp: dict = field(default_factory=dict)  # the track's [ddp] table (harness/tracks/ddp.py); empty: the defaults
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

@@ -6,11 +6,13 @@ Three parts, read top to bottom:
 - `build_training`: everything before the clock (device, process group, a check that every node
   runs the same submission on the same data, submission, model, DDP, optimizers, data stream),
   and the device-side buffers the loop reuses;
-- per step, `vote`: one tiny all-reduce and its read-back, the only host sync: whether to run
-  the next step (the budget, or a non-finite loss in any micro-batch of any rank), the agreed
-  time that drives every rank's lr schedule alike, and the train loss of all ranks; then
-  `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the run's
-  precision, optimizer steps, grads zeroed with set_to_none;
+- per step, in `train`: the ranks' vote (harness/ranks/agree.py: one tiny all-reduce, launched before
+  the step is queued and read after it, the loop's one read of the device: whether to run the step
+  after the next, by the budget or a non-finite loss in any micro-batch of any rank; the agreed time
+  that drives every rank's lr schedule alike; the train loss of all ranks), and between the launch
+  and the read `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the
+  run's precision, optimizer steps, grads zeroed with set_to_none. The host never waits for the step
+  it has just queued: on a GPU the device always has work while the host prepares the next step;
 - `finish` (harness/ranks/after_clock.py): after the clock, the weights as they were at the last
   agreement point copied by harness code (never the team's state_dict or hooks), checked for NaN, the
   checkpoint (the launcher takes it the moment rank 0 says it is saved), whether the weights changed
@@ -26,7 +28,6 @@ honest last step can end).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import statistics
 from dataclasses import dataclass
@@ -35,21 +36,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
+from harness.ranks import ddp as ddp_setup
 from harness.ranks.after_clock import Diverged, finish
+from harness.ranks.agree import Agreed, Agreement
 from harness.ranks.checkpoint import unwrap
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule
+from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
 from harness.ranks.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
-
-
-# torch >= 2.13 names it forward_sync_buffers (and deprecates broadcast_buffers); older versions only know the latter.
-NO_BUFFER_BROADCAST = ({"forward_sync_buffers": False}
-                       if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
 
 
 def _print0(env: RankEnv, *args) -> None:
@@ -80,19 +77,19 @@ class Training:
     vocab_out: int
     t0: float | None = None  # set here when the clock starts at model build
     # Device-side buffers, allocated once and reused by every step.
-    agreed: Any = None  # float64 [7]: stop votes, elapsed s, train-loss sum, grad norm, first-step probe (SUM)
     grad_clip: float | None = None  # CONFIG["grad_clip"]: max global norm of the synchronised gradients
     grad_norm: Any = None  # the last step's global gradient norm before clipping (device scalar)
-    loss_sum: Any = None  # this rank's micro-batch losses since the last log
-    loss_count: int = 0  # micro-batches since the last log (the same on every rank)
+    loss_sum: Any = None  # this rank's micro-batch losses since the start (float64 device scalar)
+    loss_count: int = 0  # micro-batches since the start (the same on every rank)
     lr_scale: float = 0.0
     first_loss: Any = None  # the harness's loss of this rank's first micro-batch, before any optimizer step
     first_relabeled: Any = None  # the same micro-batch, its vocabulary relabelled: the mean (relabel_probe)
     first_spread: Any = None  # and the spread of the relabelled scores
-    first_step_loss: float | None = None  # their means over the ranks, read at the vote after step 0
+    first_step_loss: float | None = None  # their means over the ranks, read at the first vote cast after step 0
     first_step_relabeled_loss: float | None = None
     first_step_relabeled_spread: float | None = None
     compiled: bool = False  # torch.compile'd (COMPILE, or get_model's own): the first step compiles
+    static_graph: bool = False  # the track's DDP static graph: its first step synchronises every micro-step
 
     @property
     def file(self) -> str:
@@ -140,10 +137,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     params = sum(p.numel() for p in raw_model.parameters())
     if sub.compile and model is raw_model:  # never compile twice
         model = torch.compile(model)
-    # The harness owns the loop: buffers are synced from rank 0 once, at construction, not before
-    # every forward (a causal mask buffer would cost every team a broadcast per micro-step).
-    ddp = DDP(model, device_ids=[env.local_rank] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, **NO_BUFFER_BROADCAST)
+    ddp = ddp_setup.wrap(model, device, env.local_rank, job.ddp)  # the track's [ddp] settings, the same for every team
     optimizers = sub.build_optimizers(raw_model, ctx) if sub.build_optimizers else default_optimizers(raw_model, ctx, sub.config)
     if isinstance(optimizers, torch.optim.Optimizer):
         optimizers = [optimizers]
@@ -165,10 +159,10 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         autocast=torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job.dtype == "bfloat16"),
         prefetch=prefetch, params=params, tokens_per_step=tokens_per_step, micro_batch_size=B, seq_len=T,
         accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
-        agreed=torch.zeros(7, dtype=torch.float64, device=device),
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
-        loss_sum=torch.zeros((), dtype=torch.float32, device=device), compiled=model is not raw_model,
+        loss_sum=torch.zeros((), dtype=torch.float64, device=device), compiled=model is not raw_model,
+        static_graph=bool(ddp.static_graph),
     )
 
 
@@ -200,42 +194,6 @@ def start_clock(job, env: RankEnv, channel) -> float:
     return t0
 
 
-def vote(tr: Training, my_vote: int, now_s: float) -> tuple[int, float, float, float]:
-    """The ranks agree, with one tiny all-reduce (SUM) and its read-back, the only host sync per step:
-
-    - whether to run the next step: stop if any rank votes so, "diverged" if the loss of any
-      micro-batch of any rank since the last log is not finite (NaN and inf survive the sum);
-    - the time: the mean of the ranks' clocks, which drives every rank's lr schedule alike;
-    - the train loss since the last log, over all ranks (for reports and the record);
-    - the last step's gradient norm when the harness clips (the same on every rank: the gradients
-      are synchronised), read in the same transfer.
-
-    Returns (stop code, agreed elapsed seconds, mean train loss since the last log or NaN,
-    gradient norm or NaN).
-    """
-    tr.agreed[0].fill_(float(my_vote != CONTINUE))
-    tr.agreed[1].fill_(now_s)
-    tr.agreed[2].copy_(tr.loss_sum)
-    tr.agreed[3].copy_(tr.grad_norm)
-    first_pending = tr.first_loss is not None and tr.first_step_loss is None
-    if first_pending:
-        tr.agreed[4].copy_(tr.first_loss)
-        tr.agreed[5].copy_(tr.first_relabeled)
-        tr.agreed[6].copy_(tr.first_spread)
-    dist.all_reduce(tr.agreed, op=dist.ReduceOp.SUM)
-    stops, clock_sum, loss_sum, norm_sum, first_sum, relabeled_sum, spread_sum = tr.agreed.tolist()  # the one sync
-    world = tr.env.world_size
-    if first_pending:
-        tr.first_step_loss, tr.first_step_relabeled_loss = first_sum / world, relabeled_sum / world
-        tr.first_step_relabeled_spread = spread_sum / world
-        tr.agreed[4:].zero_()  # once: these slots were zero before the probe and stay zero after it
-    mean_loss = loss_sum / (tr.loss_count * world) if tr.loss_count else float("nan")
-    norm = norm_sum / world if tr.grad_clip else float("nan")
-    if not math.isfinite(loss_sum):
-        return STOP_DIVERGED, clock_sum / world, mean_loss, norm
-    return (STOP_BUDGET if stops else CONTINUE), clock_sum / world, mean_loss, norm
-
-
 def train_step(tr: Training, step: int, progress: float) -> None:
     """One optimizer step: grad_accum_steps micro-steps, gradients synchronised on the last."""
     accum = tr.accum
@@ -246,7 +204,10 @@ def train_step(tr: Training, step: int, progress: float) -> None:
             group["lr"] = group["initial_lr"] * scale
     for micro in range(accum):
         x, y = split_inputs_targets(tr.prefetch.next().to(tr.device, non_blocking=True))
-        sync_ctx = tr.ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext()
+        # DDP's static graph records its graph on the first step's backward and cannot start under no_sync: there
+        # every micro-step synchronises (the sum of averages is the average of the sums: the same gradients).
+        skip_sync = micro < accum - 1 and not (tr.static_graph and step == 0)
+        sync_ctx = tr.ddp.no_sync() if skip_sync else contextlib.nullcontext()
         with sync_ctx:
             if step == 0 and micro == 0:  # before any optimizer step, on every rank (before its activations exist)
                 tr.first_loss, tr.first_relabeled, tr.first_spread = relabel_probe(tr, x, y)
@@ -256,9 +217,9 @@ def train_step(tr: Training, step: int, progress: float) -> None:
                 check_forward_output(out, tr.micro_batch_size, tr.seq_len, tr.vocab_out, True, tr.file)
             loss = out[1]
             (loss / accum).backward()
-        tr.loss_sum += loss.detach().float()
+        tr.loss_sum += loss.detach()  # summed in float64 on the device: read at the next vote, not here
         tr.loss_count += 1
-    if tr.grad_clip:  # on the synchronised gradients; the norm stays on the device until the next vote
+    if tr.grad_clip:  # on the synchronised gradients; the norm stays on the device until a vote carries it
         tr.grad_norm = torch.nn.utils.clip_grad_norm_(tr.raw_model.parameters(), tr.grad_clip, foreach=True)
     for opt in tr.optimizers:
         opt.step()
@@ -277,53 +238,96 @@ def lr_scales(value, n_optimizers: int, file: str) -> list[float]:
     return [float(value)] * n_optimizers
 
 
-def new_log_interval(tr: Training) -> None:
-    """Every rank, at the same agreed step: the loss sums start again (reports cover one interval)."""
-    tr.loss_sum.zero_()
-    tr.loss_count = 0
+class Steps:
+    """When each step ended, as the agreement points show it (a CPU: the step just run; a GPU: the one queued
+    before it), and the step times between them."""
+
+    def __init__(self, start_s: float, rule: StopRule) -> None:
+        self.ends_s: list[float] = []
+        self.start_s, self.rule = start_s, rule
+        rule.synced(start_s)  # the clock's start: an agreement point with nothing queued
+
+    def ended(self, now_s: float) -> None:
+        self.ends_s.append(now_s)
+        self.rule.synced(now_s)
+
+    def end_of(self, steps_done: int) -> float:
+        """When the first `steps_done` steps had ended (the clock's start for none)."""
+        return self.ends_s[steps_done - 1] if steps_done else self.start_s
+
+    @property
+    def times_s(self) -> list[float]:
+        edges = [self.start_s, *self.ends_s]
+        return [b - a for a, b in zip(edges, edges[1:])]
 
 
 def train(job, env: RankEnv, channel, holders: list) -> dict:
     tr = build_training(job, env, channel, holders)
-    rule = StopRule(job.budget_s)
+    device_ahead = tr.device.type == "cuda"  # the host runs a step ahead of a GPU; on a CPU it is the device
+    rule = StopRule(job.budget_s, device_ahead=device_ahead)
+    votes = Agreement(tr.device, env.world_size, clips=bool(tr.grad_clip))
     step = tokens = 0
-    last_log_s = last_step_start_s = max_step_s = prev_synced = warm_s = synced = 0.0
-    stop_code, train_loss = CONTINUE, float("nan")
-    step_s: list[float] = []  # each step's time, agreement point to agreement point
+    last_step_start_s = warm_s = 0.0
+    schedule_start_s: float | None = None  # the schedule's clock starts when the first step has ended
+    reported = (0.0, 0)  # the loss sum and micro-batch count at the last report
+    last_log_s = 0.0
+
+    def my_vote(decides: int, now_s: float) -> int:
+        if job.max_steps:
+            return STOP_BUDGET if decides >= job.max_steps else CONTINUE
+        return rule.decide(now_s)
+
+    def report(agreed: Agreed, steps_done: int, at_s: float) -> float:
+        """Rank 0 reports the train loss since the last report; every rank keeps the same baseline."""
+        nonlocal reported, last_log_s
+        count = agreed.loss_count - reported[1]
+        loss = (agreed.loss_sum - reported[0]) / (count * env.world_size) if count else float("nan")
+        if env.rank == 0:
+            done = steps_done * tr.tokens_per_step
+            channel.send("progress", step=steps_done, train_time_s=at_s, train_loss=loss, lr_scale=tr.lr_scale,
+                         tokens=done, tokens_per_s=done / at_s if at_s > 0 else 0.0,
+                         grad_norm=agreed.grad_norm if math.isfinite(agreed.grad_norm) else None)
+        reported, last_log_s = (agreed.loss_sum, agreed.loss_count), agreed.elapsed_s
+        return loss
 
     # ---------------------------------------------------------------- the clock runs from here
     print(f"[harness] rank {env.rank}: training starts", flush=True)
     t0 = tr.t0 if tr.t0 is not None else start_clock(job, env, channel)
-    while True:
+    now = perf_counter() - t0
+    agreed = votes.agree_now(tr, my_vote(0, now), now)  # is there time for a first step? nothing is queued yet
+    steps = Steps(perf_counter() - t0, rule)
+    while agreed.stop == CONTINUE:
+        if job.max_steps and step == job.warmup_steps:  # a fixed-step probe's throughput starts after warm-up
+            if device_ahead:
+                torch.cuda.synchronize(tr.device)  # once: the steps before it are done
+            warm_s = perf_counter() - t0
         now = perf_counter() - t0
-        my_vote = rule.decide(now) if not job.max_steps else (STOP_BUDGET if step >= job.max_steps else CONTINUE)
-        stop_code, agreed_s, train_loss, grad_norm = vote(tr, my_vote, now)
-        synced = perf_counter() - t0
-        rule.synced(synced)
-        if step > 0:
-            step_s.append(synced - prev_synced)
-            max_step_s = max(max_step_s, step_s[-1])
-        prev_synced = synced
-        if job.max_steps and step == job.warmup_steps:
-            warm_s = synced
-        stopping = stop_code != CONTINUE
-        if stopping or agreed_s - last_log_s >= job.log_interval_s:  # the same decision on every rank
-            if env.rank == 0:
-                channel.send("progress", step=step, train_time_s=synced, train_loss=train_loss, lr_scale=tr.lr_scale,
-                             tokens=tokens, tokens_per_s=tokens / synced if synced > 0 else 0.0,
-                             grad_norm=grad_norm if math.isfinite(grad_norm) else None)
-            if not stopping:
-                new_log_interval(tr)
-            last_log_s = agreed_s
-        if stopping:
-            break
-        last_step_start_s = synced
-        # Progress through the budget: the agreed time, or steps when the run is step-bounded (tests, benchmarks).
-        train_step(tr, step, step / job.max_steps if job.max_steps else agreed_s / job.budget_s)
+        votes.launch(tr, my_vote(step + 1, now), now)  # decides the step after this one
+        last_step_start_s = now
+        # The schedule's progress: steps when the run is step-bounded (tests, benchmarks), else the time agreed by
+        # the last vote read (cast a step before this one), on the schedule's clock: not the first step's compile.
+        train_step(tr, step, step / job.max_steps if job.max_steps else
+                   schedule_progress(agreed.elapsed_s, schedule_start_s, job.budget_s))
         step += 1
         tokens += tr.tokens_per_step
+        agreed = votes.read(tr)  # waits for the device to reach the vote, queued before the step just queued
+        synced = perf_counter() - t0
+        if step == 2:  # the vote cast once the first step was queued: torch.compile has compiled on every rank
+            schedule_start_s = agreed.elapsed_s
+        if step - device_ahead >= 1:  # on a GPU the step just queued is not done: the one before it is
+            steps.ended(synced)
+        if agreed.elapsed_s - last_log_s >= job.log_interval_s:  # the same decision on every rank
+            report(agreed, step - 1, steps.end_of(step - 1))  # the vote was cast before this step: the ones before
 
-    # ---------------------------------------------------------------- the clock has stopped
+    # ---------------------------------------------------------------- the last step: waited for, then the clock stops
+    now = perf_counter() - t0
+    final = votes.agree_now(tr, STOP_BUDGET, now)  # after every step queued: its read waits for the last one
+    synced = perf_counter() - t0
+    if device_ahead and step:
+        steps.ended(synced)
+    stop_code = STOP_DIVERGED if STOP_DIVERGED in (agreed.stop, final.stop) else agreed.stop
+    train_loss = report(final, step, synced)
+    step_s = steps.times_s
     # The first step compiles and the last is the one the launcher checks: the median of the others.
     median_step_s = statistics.median(step_s[1:-1] or step_s[1:] or step_s) if step_s else 0.0
     # The slowest step between the first (compilation) and the last: a step that is slow every k steps (a
@@ -337,8 +341,9 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
         raise Diverged(f"loss became NaN or inf at step {step}; training stopped")
     result = finish(tr, step, tokens, synced, warm_s)
     return {**result, "train_loss": train_loss if math.isfinite(train_loss) else None,
-            "max_step_s": max_step_s, "median_step_s": median_step_s, "slowest_earlier_step_s": slowest_earlier_s,
-            "last_step_start_s": last_step_start_s, "first_step_s": step_s[0] if step_s else None,  # none when no step ran
-            "compiled": tr.compiled,
+            "max_step_s": max(step_s, default=0.0), "median_step_s": median_step_s,
+            "slowest_earlier_step_s": slowest_earlier_s, "last_step_start_s": last_step_start_s,
+            "first_step_s": step_s[0] if step_s else None,  # none when no step ran
+            "compiled": tr.compiled, "ddp": ddp_setup.applied(tr.ddp),
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_relabeled_spread": tr.first_step_relabeled_spread}

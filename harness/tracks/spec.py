@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.tracks.ddp import DdpError, DdpSpec
+
 BUILTIN_DIR = Path(__file__).resolve().parent
 
 BACKENDS = ("nccl", "gloo")
@@ -209,6 +211,7 @@ class Track:
     data: DataSpec
     eval: EvalSpec
     interconnect: InterconnectSpec = field(default_factory=InterconnectSpec)
+    ddp: DdpSpec = field(default_factory=DdpSpec)  # how DDP wraps every team's model (harness/tracks/ddp.py)
     source: str = ""  # where the track came from (a path); not part of its identity
 
     def __post_init__(self) -> None:
@@ -247,6 +250,10 @@ class Track:
             raise TrackError(f"{where}: `comm_probe_steps` must be >= 0")
         if self.peak_flops_per_device < 0:
             raise TrackError(f"{where}: `peak_flops_per_device` must be >= 0")
+        try:
+            self.ddp.check_backend(self.backend)
+        except DdpError as exc:
+            raise TrackError(f"{where}: {exc}") from None
         if self.data.val_tokens % self.eval.seq_len:
             raise TrackError(
                 f"{where}: data.val_tokens ({self.data.val_tokens}) must be a multiple of eval.seq_len "
@@ -269,6 +276,7 @@ _SYNTH_KEYS = {f.name for f in dataclasses.fields(SyntheticSpec)}
 _TEXT_KEYS = {f.name for f in dataclasses.fields(TextSpec)}
 _EVAL_KEYS = {f.name for f in dataclasses.fields(EvalSpec)}
 _INTERCONNECT_KEYS = {f.name for f in dataclasses.fields(InterconnectSpec)}
+_DDP_KEYS = {f.name for f in dataclasses.fields(DdpSpec)}
 
 
 def builtin_track_names() -> list[str]:
@@ -327,10 +335,15 @@ def track_from_dict(raw: dict[str, Any], path: str) -> Track:
     _check_keys(eval_raw, _EVAL_KEYS, "[eval]", path)
     links_raw = dict(raw.pop("interconnect", None) or {})
     _check_keys(links_raw, _INTERCONNECT_KEYS, "[interconnect]", path)
+    ddp_raw = raw.pop("ddp", None)
+    if ddp_raw is not None and not isinstance(ddp_raw, dict):
+        raise TrackError(f"{path}: `ddp` must be a table ([ddp]), got {ddp_raw!r}")
+    ddp_raw = dict(ddp_raw or {})
+    _check_keys(ddp_raw, _DDP_KEYS, "[ddp]", path)
     try:
         return Track(data=DataSpec(synthetic=synthetic, text=text, **data_raw), eval=EvalSpec(**eval_raw),
-                     interconnect=InterconnectSpec(**links_raw), source=path, **raw)
-    except TrackError as exc:
+                     interconnect=InterconnectSpec(**links_raw), ddp=DdpSpec(**ddp_raw), source=path, **raw)
+    except (TrackError, DdpError) as exc:
         raise TrackError(f"{path}: {exc}") from None
     except TypeError as exc:  # a value of the wrong type reaching a comparison
         raise TrackError(f"{path}: {exc}") from None
