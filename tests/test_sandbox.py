@@ -270,3 +270,40 @@ def test_a_training_rank_can_neither_replace_nor_imitate_the_harness_sockets(tmp
     finally:
         channel.close()
         holder.close()
+
+
+# ----------------------------------------------------------------------------- libraries outside /usr (issue 23, item 2)
+
+
+def test_libraries_outside_the_system_folders_are_readable_in_every_sandbox(tmp_path):
+    """A cluster's driver and NCCL under /opt or /cm, named by LD_LIBRARY_PATH or CUDA_HOME: read (and mapped
+    for execution) by training ranks, the check and model processes alike; their neighbours are not."""
+    libs, cuda = tmp_path / "opt" / "driver" / "lib", tmp_path / "cm" / "cuda"
+    libs.mkdir(parents=True)
+    (cuda / "lib64").mkdir(parents=True)
+    (libs / "libcuda.so.1").write_text("driver")
+    (cuda / "lib64" / "libnccl.so.2").write_text("nccl")
+    (tmp_path / "opt" / "secret").write_text("no")
+    env = {"LD_LIBRARY_PATH": f"relative/lib:{libs}", "CUDA_HOME": str(cuda)}
+    body = f"""
+attempt("driver", lambda: open({str(libs / 'libcuda.so.1')!r}).read())
+attempt("nccl", lambda: open({str(cuda / 'lib64' / 'libnccl.so.2')!r}).read())
+attempt("neighbour", lambda: open({str(tmp_path / 'opt' / 'secret')!r}).read())
+"""
+    for kind in ("training", "check"):
+        (tmp_path / kind).mkdir()
+        out = sandboxed(tmp_path / kind, kind, body, env=env)
+        # the neighbour: refused (Landlock), or not there at all (the check's own root binds only what it grants)
+        assert (out["driver"], out["nccl"]) == ("done", "done") and out["neighbour"] in ("EACCES", "ENOENT"), (kind, out)
+
+
+def test_library_folders_are_absolute_real_and_never_the_root(tmp_path):
+    from harness.ranks.sandbox import library_dirs
+
+    real = tmp_path / "lib"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    got = library_dirs({"LD_LIBRARY_PATH": f"/:lib:{link}:/usr/lib:{real}", "CUDA_HOME": ""})
+    assert str(real) in got and "/" not in got and "lib" not in got and "/usr/lib" not in got
+    assert got.count(str(real)) == 1

@@ -157,6 +157,44 @@ def grant_around(dirs: list[str], hidden: list[str]) -> tuple[list[str], list[st
     return sorted(set(out_dirs)), sorted(set(out_files)), sorted(set(list_only))
 
 
+def _ld_so_conf_dirs(path: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]:
+    """The folders /etc/ld.so.conf names, its `include` globs followed (two levels deep at most)."""
+    found: list[str] = []
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("include ") and depth < 2:
+            pattern = line.split(None, 1)[1]
+            pattern = pattern if pattern.startswith("/") else os.path.join(os.path.dirname(path), pattern)
+            for included in sorted(glob.glob(pattern)):
+                found += _ld_so_conf_dirs(included, depth + 1)
+        elif line.startswith("/"):
+            found.append(line)
+    return found
+
+
+def library_dirs(environ=None) -> list[str]:
+    """Where the dynamic loader and CUDA find libraries outside the system folders: LD_LIBRARY_PATH's folders,
+    CUDA_HOME's and CUDA_PATH's, and those /etc/ld.so.conf names (a cluster's driver or NCCL under /opt or
+    /cm). Denied, torch cannot load the driver, or NCCL silently loses its network plugin. Read and execute
+    only; never `/` itself, and never a relative entry (the process's working folder)."""
+    environ = os.environ if environ is None else environ
+    names = [*environ.get("LD_LIBRARY_PATH", "").split(":"), environ.get("CUDA_HOME", ""), environ.get("CUDA_PATH", ""),
+             *_ld_so_conf_dirs()]
+    out: list[str] = []
+    for name in names:
+        if not name.startswith("/") or not os.path.isdir(name):
+            continue
+        real = os.path.realpath(name)
+        if real == "/" or any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS) or real in out:
+            continue
+        out.append(real)
+    return out
+
+
 def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str] = (), gpu: bool = False,
                  training: bool = False) -> Policy:
     """The policy of a process that runs the submission: training ranks (network, /dev/shm, NCCL's
@@ -166,7 +204,7 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     if gpu and training:
         devices += [p for g in NETWORK_DEVICE_GLOBS for p in glob.glob(g) if os.path.exists(p)]
-    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), submission_dir]
+    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), *library_dirs(), submission_dir]
     if gpu and os.path.isdir("/run/nvidia-persistenced"):
         read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (secrets, other daemons)
     read_files = list(read_files)
