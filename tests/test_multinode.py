@@ -76,9 +76,10 @@ def test_a_node_that_dies_ends_the_job_with_a_clear_record(tmp_path, cache_dir):
     record = json.loads((run_dir / "run.json").read_text())
     # The infrastructure's failure (a queue runs it again), not the team's crash: node 1 gave no account.
     assert node0.returncode == 1 and record["status"] == "aborted", record["reason"]
-    assert record["reason"].startswith("node(s) 1 lost: gave no account within 8 s (the infrastructure's failure")
+    assert record["reason"].startswith("node(s) 1 lost: stopped its heartbeat and gave no account within"), \
+        record["reason"]
     assert "rank(s) 1 stopped responding" in record["reason"]  # what node 0 saw
-    assert ended_s < 25.0  # peer loss seen at once, up to 8 s waiting for node 1's account, teardown
+    assert ended_s < 30.0  # peer loss seen at once, node 1's account awaited until its heartbeat is silent (4 s)
     assert processes_of_run("lost-node") == []
 
 

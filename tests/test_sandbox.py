@@ -307,3 +307,7 @@ def test_library_folders_are_absolute_real_and_never_the_root(tmp_path):
     got = library_dirs({"LD_LIBRARY_PATH": f"/:lib:{link}:/usr/lib:{real}", "CUDA_HOME": ""})
     assert str(real) in got and "/" not in got and "lib" not in got and "/usr/lib" not in got
     assert got.count(str(real)) == 1
+    # A folder that holds the records or the validation data is never granted, whatever names it.
+    (tmp_path / "runs").mkdir()
+    assert library_dirs({"LD_LIBRARY_PATH": str(tmp_path)}, protected=[str(tmp_path / "runs")]) == []
+    assert library_dirs({"LD_LIBRARY_PATH": str(real)}, protected=[str(tmp_path / "runs")]) == [str(real)]

@@ -332,7 +332,8 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: li
         return
     r0 = ev.reports("eval_result").get(0, {})
     record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
-                                          "causality", "scorer_clean", "model_processes", "model_compute")}
+                                          "causality", "scorer_clean", "model_processes", "model_compute",
+                                          "logits_buffer")}
     # every scorer's model processes, not rank 0's alone
     check_model_compute(record, [*(result.get("model_compute") for result in ev.reports("eval_result").values()),
                                  *other_nodes_compute])

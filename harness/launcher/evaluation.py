@@ -37,6 +37,7 @@ from harness.scoring.plan import rows_to_detect
 from harness.tracks.spec import Track
 
 READY_WITHIN_S = 30.0  # node 0's wait for the other nodes' answers
+EVAL_RENDEZVOUS_S = 60.0  # the scorers' rendezvous across nodes
 ACCOUNT_WITHIN_S = 8.0  # node 0's wait for a node's account of an evaluation that failed
 POLL_S = 0.25
 FINAL = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")
@@ -137,6 +138,8 @@ def join(node: NodePaths, deadline_s: float, abort=None) -> EvalPlan | None:
             return None
         time.sleep(POLL_S)
     _write(folder / f"node{node.node_rank}-eval-ready.json", {"node_rank": node.node_rank})
+    # Answered: node 0 may count this node in, so wait for its word whatever the deadline says.
+    deadline = max(deadline, time.monotonic() + READY_WITHIN_S + 10.0)
     while time.monotonic() < deadline and not (abort and abort.is_set):
         start = _read(folder / "eval-start.json")
         if start is not None:
@@ -179,8 +182,9 @@ def _evaluate(opts, track: Track, data: PreparedData, run_dir: Path, plan: EvalP
                          protected_paths(opts.runs_dir, data), model_file=plan.model_file)
     if node_rank:
         job.log_dir = str(run_dir / "logs" / f"eval-node{node_rank}")
-    multi = {"nnodes": nodes, "node_rank": node_rank, "rdzv_endpoint": opts.rdzv_endpoint,
-             "rdzv_id": f"{run_dir.name}-eval", "rendezvous_timeout_s": track.rendezvous_timeout_s} if nodes > 1 else {}
+    # Every node answered moments ago: a rendezvous that takes more than a minute will not complete.
+    multi = {"nnodes": nodes, "node_rank": node_rank, "rdzv_endpoint": opts.rdzv_endpoint, "rdzv_id": f"{run_dir.name}-eval",
+             "rendezvous_timeout_s": min(track.rendezvous_timeout_s, EVAL_RENDEZVOUS_S)} if nodes > 1 else {}
     return run_evaluation(job, plan.nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
                           log_path=log_path, abort=abort, reporter=reporter, **multi)
 
@@ -201,7 +205,17 @@ def evaluate_run(opts, track: Track, data: PreparedData, node: NodePaths, record
             ev.outcome.status = remote["status"] if remote.get("status") in ("crashed", "invalid") else "crashed"
             ev.outcome.reason = f"node {remote['node_rank']}: {remote.get('reason', '')}"
             ev.outcome.failing_rank, ev.outcome.traceback = remote.get("failing_rank"), remote.get("traceback")
-        theirs = wait_for_accounts(node, nodes) if ev.outcome.status == "ok" else accounts(node, nodes)
+        if remote is None and ev.outcome.cause in ("launch", "collective", "death") and not abort.is_set:
+            # Failed with no cause of the team's (a node that answered and never launched, a node lost, the
+            # rendezvous): the same figure comes from node 0 alone, slower.
+            record.notes.append(f"the evaluation over {nodes} nodes failed without a cause of the team's "
+                                f"({ev.outcome.status}: {ev.outcome.reason}); scored again on node 0 alone")
+            _write(_nodes_dir(node) / "eval-start.json", {"nnodes": 1, "retried_alone": True})
+            ev = _evaluate(opts, track, data, node.run_dir, plan, 1, 0, abort, reporter,
+                           node.run_dir / "logs" / "eval-launcher-alone.log")
+            nodes = 1
+        theirs = {} if nodes == 1 else wait_for_accounts(node, nodes) if ev.outcome.status == "ok" \
+            else accounts(node, nodes)
         for r, account in sorted(theirs.items()):
             if account.get("flagged"):
                 flag_run(record, f"node {r}: {account.get('flag_reason', '')}")

@@ -12,6 +12,7 @@ nodes' accounts and takes the cause from there.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -61,6 +62,8 @@ class NodePaths:
 def read_node_reports(run_dir: Path) -> dict[int, dict]:
     out = {}
     for path in sorted((run_dir / "nodes").glob("node*.json")):
+        if not re.fullmatch(r"node\d+\.json", path.name):  # not an evaluation's handshake or account
+            continue
         try:
             report = read_record_json(path)  # bounded, a regular file, an object
             out[int(report["node_rank"])] = report
@@ -69,12 +72,27 @@ def read_node_reports(run_dir: Path) -> dict[int, dict]:
     return out
 
 
-def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nnodes: int) -> None:
-    """Put the other nodes' accounts in the record; take the cause from them when node 0 saw only its echo."""
-    waiting = outcome.status != "ok"
-    deadline = time.monotonic() + (WAIT_FOR_NODES_S if waiting else WAIT_FOR_NODES_OK_S)
+def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nnodes: int,
+                       silent_after_s: float = WAIT_FOR_NODES_S, heartbeat=None) -> None:
+    """Put the other nodes' accounts in the record; take the cause from them when node 0 saw only its echo.
+
+    A node is only called lost (the infrastructure's, `aborted`) after `silent_after_s` without its account:
+    long enough for a healthy node to notice the job's end (its peers' collective errors, or its heartbeat's
+    silence from node 0, `lost_after_s`), tear its ranks down (`shutdown_timeout_s`) and write it. Sooner, a
+    team whose ranks made their own node slow to answer (a rank that hangs, peers that ignore SIGTERM)
+    would have its crash charged to the infrastructure, and run again. And only when the node's heartbeat
+    (written by its launcher alone, harness/launcher/heartbeat.py) has stopped too: a node whose launcher
+    still beats is alive, and its missing account is not the infrastructure's."""
+    waiting = outcome.status != "ok" and outcome.cause != "own"
+    start = time.monotonic()
+    least = WAIT_FOR_NODES_S if outcome.status != "ok" else WAIT_FOR_NODES_OK_S
+    most = silent_after_s if waiting else least
     reports = read_node_reports(node.run_dir)
-    while len(reports) < nnodes - 1 and time.monotonic() < deadline:
+    while len(reports) < nnodes - 1:
+        now = time.monotonic()
+        missing = [r for r in range(1, nnodes) if r not in reports]
+        if now - start > most or (now - start > least and (heartbeat is None or heartbeat.silent(missing) == missing)):
+            break
         time.sleep(0.25)
         reports = read_node_reports(node.run_dir)
     record.extra["nodes"] = {str(r): {k: rep.get(k) for k in ("status", "reason", "failing_rank", "hostname",
@@ -99,7 +117,9 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
         return
     remote = [rep for rep in reports.values() if rep.get("cause") == "own"]
     answered = [r for r in lost if r in reports]
-    silent = [r for r in (lost or missing) if r not in reports]
+    unaccounted = [r for r in (lost or missing) if r not in reports]
+    silent = unaccounted if heartbeat is None else heartbeat.silent(unaccounted)
+    beating = [r for r in unaccounted if r not in silent]
     if remote:
         rep = min(remote, key=lambda x: x["node_rank"])
         record.status, record.failing_rank = rep["status"], rep.get("failing_rank")
@@ -107,10 +127,14 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
         record.traceback = rep.get("traceback")
     elif silent:  # a node that neither answered the heartbeat nor gave an account: gone, the infrastructure's
         record.status, record.failing_rank, record.traceback = "aborted", None, None
-        heard = "stopped its heartbeat and " if lost else ""
+        heard = "stopped its heartbeat and " if heartbeat is not None else ""
         record.reason = (f"node(s) {', '.join(map(str, silent))} lost: {heard}gave no account within "
-                         f"{WAIT_FOR_NODES_S:.0f} s (the infrastructure's failure, not the team's: run it again); "
+                         f"{silent_after_s:.0f} s (the infrastructure's failure, not the team's: run it again); "
                          f"node 0 saw: {outcome.reason}")
+    elif beating:  # its launcher still beats and says nothing: alive, so the run ended as node 0 saw it
+        record.status = "crashed" if record.status == "aborted" else record.status
+        record.reason = (f"node(s) {', '.join(map(str, beating))} still beat but gave no account within "
+                         f"{silent_after_s:.0f} s; node 0 saw: {outcome.reason}")
     elif answered:  # silent on the heartbeat, yet its launcher wrote an account: not lost, so not the infrastructure's
         rep = reports[answered[0]]
         record.status = "crashed"

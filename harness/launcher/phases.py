@@ -50,7 +50,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     policy = None
     if sandbox_mode != "off":
         policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda",
-                                      read_files=list(read_files))
+                                      read_files=list(read_files), protected=list(protected))
     request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
                "eval_seq_len": eval_seq_len, "precision": precision, "threads": process_tree.usable_cpus(),
                "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
@@ -197,12 +197,15 @@ class PhaseResult:
 
 
 def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
-             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path]) -> PhaseResult:
+             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path],
+             on_exit: Callable[[], None] | None = None) -> PhaseResult:
     job = ElasticJob(launch, log_path)
     try:
         job.start()
         result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0])
     finally:
+        if on_exit is not None:
+            on_exit()  # before the job closes: on node 0 that closes the rendezvous store too
         leftover = job.close(wait_s=1.0 if job.running() else 10.0)
     channel.drain()  # the ranks are gone: read what their connections still hold to the end
     messages = channel.snapshot()
@@ -227,9 +230,11 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
-                 reporter=None, poll: Callable[[WatchResult], None] | None = None) -> PhaseResult:
+                 reporter=None, poll: Callable[[WatchResult], None] | None = None,
+                 on_exit: Callable[[], None] | None = None) -> PhaseResult:
     """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
-    refresh, taking the checkpoint when rank 0 says it is saved)."""
+    refresh, taking the checkpoint when rank 0 says it is saved); `on_exit` once the watch is over, before
+    the job is closed."""
     reporter = reporter or NullReporter()
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
@@ -266,7 +271,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
-                        lambda rank: Path(job.log_dir) / f"rank{rank}.log")
+                        lambda rank: Path(job.log_dir) / f"rank{rank}.log", on_exit)
     finally:
         reporter.end_progress()
         channel.close()

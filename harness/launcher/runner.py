@@ -36,6 +36,7 @@ from harness.launcher.console import NullReporter
 from harness.launcher.finalize import launcher_where
 from harness.results.locks import RunLock
 from harness.launcher.identity import name_clash
+from harness.launcher.heartbeat import NodeHeartbeat, lost_after_s, silent_after_s
 from harness.launcher.nodes import NodePaths, merge_node_reports
 from harness.launcher.open_run import apply_open_training, check_open, finish_open_training
 from harness.launcher.evaluation import EvalPlan, evaluate_run, join_run
@@ -196,9 +197,14 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     reporter.info(f"run {run_id}: {record.team} on track {track.name} "
                   f"({record.world_size} x {track.device}, {record.precision}, budget {track.budget_s:.0f}s"
                   f"{'' if resolved.official else ', unofficial: ' + ', '.join(resolved.overrides)})")
+    # Several nodes: each launcher beats in the run's nodes/ folder until its run is over (heartbeat.py).
+    heartbeat = NodeHeartbeat(run_dir, opts.node_rank, track.nnodes, lost_after_s(track.collective_timeout_s)) \
+        if track.nnodes > 1 else None
     with abort_on_signals() as abort, _marked_processes(run_id):
         try:
-            _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter, copies)
+            if heartbeat is not None:
+                heartbeat.start()
+            _execute(opts, track, data, folder, team, nproc, node, record, metrics, abort, reporter, copies, heartbeat)
         except BaseException as exc:  # a harness bug or a signal mid-phase: still a record
             if record.status in ("running", "evaluating", "ok"):
                 # `crashed`, not `aborted`: the launcher may have failed on something the team made (a log tree
@@ -208,6 +214,8 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                 set_outcome(record, status, f"harness error: {type(exc).__name__}: {exc}")
             raise
         finally:
+            if heartbeat is not None:
+                heartbeat.stop()
             _provenance(record)  # where the run ended before its check process started
             name_team_files(record, [*copies, folder])
             sandbox_warnings(record)
@@ -225,7 +233,8 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
 
 
 def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: int, node: NodePaths,
-             record: RunRecord, metrics: list, abort: AbortFlag, reporter, copies: list[Path]) -> None:
+             record: RunRecord, metrics: list, abort: AbortFlag, reporter, copies: list[Path],
+             heartbeat: NodeHeartbeat | None = None) -> None:
     run_dir = node.run_dir
     if team is None:  # submission.toml is broken: an invalid run, recorded
         try:
@@ -293,7 +302,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         else None
     try:
         try:
-            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker)
+            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat)
         except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
             set_outcome(record, "aborted", str(exc))
             return
@@ -320,7 +329,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if o.status == "ok" and phase.leftover_pids:
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
         if node.lead and track.nnodes > 1:
-            merge_node_reports(record, node, o, track.nnodes)
+            merge_node_reports(record, node, o, track.nnodes, silent_after_s(track), heartbeat)
         if taker is not None:
             taker.wait()  # a copy started on rank 0's report has ended before anything reads or removes it
         if record.status != "ok" or not node.lead:

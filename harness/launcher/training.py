@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.data.prepare import PreparedData
 from harness.launcher import process_tree
 from harness.launcher.assemble import flag_run
-from harness.launcher.heartbeat import NodeHeartbeat, lost_after_s
+from harness.launcher.heartbeat import NodeHeartbeat
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.guard import GuardReport, RecordGuard
 from harness.launcher.job_namespace import JobNamespace, ShmSweep
@@ -61,12 +61,13 @@ def threads_per_rank(track: Track, nproc: int) -> int:
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
-          taker: CheckpointTaker | None = None) -> PhaseResult:
+          taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None) -> PhaseResult:
     """The ranks (the fixed loop, or an open-division script), in their private folder, with the
     track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
     threads = threads_per_rank(track, nproc)
-    policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda")
-    exposed = sandbox.check_protected(policy, protected_paths(opts.runs_dir, data))
+    protected = protected_paths(opts.runs_dir, data)
+    policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda", protected=protected)
+    exposed = sandbox.check_protected(policy, protected)
     if exposed:
         record.warnings.append(f"the training sandbox allows folders that hold protected paths: {', '.join(exposed)}")
     if spec is not None:
@@ -87,11 +88,6 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
-
-    heartbeat = None
-    if track.nnodes > 1:  # a node lost is seen in seconds, not after the collective timeout
-        host, _, port = opts.rdzv_endpoint.rpartition(":")
-        heartbeat = NodeHeartbeat(host, int(port), opts.node_rank, track.nnodes, lost_after_s(track.collective_timeout_s))
 
     def poll(watched) -> None:
         if guard:
@@ -118,19 +114,15 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                 raise JobNamespaceMissing(namespace.why if namespace is not None else "")
             if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
                 reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
-        if heartbeat is not None:
-            heartbeat.start()
         with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
-                                 poll=poll)
+                                 poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None)
             report = guard.check_and_restore() if guard else GuardReport()
         if guard is not None and guard.lock.unavailable:  # trained all the same: a lock the file system lacks
             record.warnings.append(f"the records' lock was not taken ({guard.lock.unavailable}): an organiser's "
                                    "`harness flag` during this run could not be told from a change by the run")
     finally:
-        if heartbeat is not None:
-            heartbeat.stop()
         if namespace is not None:
             namespace.close()
         swept = sweep.sweep() if sweep is not None else []

@@ -141,10 +141,10 @@ class WorkArea:
         return {"HOME": str(self.dir), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "inductor"),
                 "TRITON_CACHE_DIR": str(self.dir / "triton"), "CUDA_CACHE_PATH": str(self.dir / "cuda")}
 
-    def sandbox_policy(self, train_files: list[str], gpu: bool) -> sandbox.Policy:
+    def sandbox_policy(self, train_files: list[str], gpu: bool, protected: list[str] = ()) -> sandbox.Policy:
         """The training ranks may read the train shards one by one, never the folder they sit in."""
         return sandbox.build_policy(submission_dir=str(self.submission), private_dir=str(self.dir),
-                                    read_files=train_files, gpu=gpu, training=True)
+                                    read_files=train_files, gpu=gpu, training=True, protected=protected)
 
     def link_logs(self, dest: Path, names: list[str]) -> None:
         """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""

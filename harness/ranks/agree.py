@@ -49,7 +49,8 @@ class Agreement:
         self.buf = torch.zeros(SLOTS, dtype=torch.float64, device=device)
         self.on_gpu = device.type == "cuda"
         self.host = torch.zeros(SLOTS, dtype=torch.float64, pin_memory=True) if self.on_gpu else None
-        self.event = torch.cuda.Event() if self.on_gpu else None
+        # blocking: the read sleeps until the device gets there, rather than spinning a core per rank
+        self.event = torch.cuda.Event(blocking=True) if self.on_gpu else None
         self.work = None
         self.pending: tuple[int, bool] | None = None  # (micro-batches in the vote, first-step probe in it)
         self.probe_sent = False

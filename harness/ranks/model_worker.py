@@ -78,15 +78,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def pin_for_copies(buffer: mmap.mmap) -> bool:
-    """Page-lock the shared buffer for the GPU's copy engine (cudaHostRegister): the logits' copy out of
-    the device then runs at the bus's speed, without the driver's staging through its own pinned pages.
-    Where the driver refuses (a limit on locked memory), the copy still works, pageable; False then."""
+def pin_for_copies(buffer: mmap.mmap, device) -> str:
+    """Page-lock the shared buffer for the GPU's copy engine: the logits' copy out of the device then runs
+    at the bus's speed, without the driver's staging through its own pinned pages. Through the driver API
+    (cuMemHostRegister), not the runtime's cudaHostRegister: a refusal there would stay the runtime's
+    "last error" and surface at the next kernel launch (torch checks it after each) as the team's crash.
+    Refused (a limit on locked memory), the copy still works, pageable. Returns which it is."""
+    import ctypes
+
     import torch
 
-    base = torch.frombuffer(buffer, dtype=torch.uint8)
-    code = torch.cuda.cudart().cudaHostRegister(base.data_ptr(), len(buffer), 0)
-    return int(code) == 0
+    torch.zeros(1, device=device)  # the device's primary context, current on this thread, before any team code
+    try:
+        register = ctypes.CDLL("libcuda.so.1").cuMemHostRegister_v2
+    except (OSError, AttributeError) as exc:
+        return f"pageable (no cuMemHostRegister: {exc})"
+    register.argtypes, register.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint], ctypes.c_int
+    code = register(torch.frombuffer(buffer, dtype=torch.uint8).data_ptr(), len(buffer), 0x01)  # PORTABLE
+    return "page-locked" if code == 0 else f"pageable (cuMemHostRegister error {code})"
 
 
 def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
@@ -118,13 +127,16 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     device = torch.device(setup["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        pin_for_copies(buffer)
+        logits_buffer = pin_for_copies(buffer, device)
+    else:
+        logits_buffer = "host memory (no device)"
     model_file = setup.get("model_file", "submission.py")
     model = load_model(setup["checkpoint"], setup["submission_dir"], device, model_file)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=setup["precision"] == "bfloat16")
     vocab_out, file = int(setup["vocab_out"]), os.path.join(setup["submission_dir"], model_file)
     del report
-    send(replies, READY, payload=json.dumps({"params": sum(p.numel() for p in model.parameters())}).encode())
+    send(replies, READY, payload=json.dumps({"params": sum(p.numel() for p in model.parameters()),
+                                             "logits_buffer": logits_buffer}).encode())
     codes = {v: k for k, v in DTYPES.items()}
     while True:
         kind, rows, seq_len, _, payload = receive(requests)

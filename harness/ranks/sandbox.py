@@ -176,12 +176,14 @@ def _ld_so_conf_dirs(path: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]
     return found
 
 
-def library_dirs(environ=None) -> list[str]:
+def library_dirs(environ=None, protected=()) -> list[str]:
     """Where the dynamic loader and CUDA find libraries outside the system folders: LD_LIBRARY_PATH's folders,
     CUDA_HOME's and CUDA_PATH's, and those /etc/ld.so.conf names (a cluster's driver or NCCL under /opt or
     /cm). Denied, torch cannot load the driver, or NCCL silently loses its network plugin. Read and execute
-    only; never `/` itself, and never a relative entry (the process's working folder)."""
+    only; never `/` itself, never a relative entry (the process's working folder), and never a folder that
+    holds a protected path (the runs tree, the validation data) or the launcher's working folder."""
     environ = os.environ if environ is None else environ
+    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd())]
     names = [*environ.get("LD_LIBRARY_PATH", "").split(":"), environ.get("CUDA_HOME", ""), environ.get("CUDA_PATH", ""),
              *_ld_so_conf_dirs()]
     out: list[str] = []
@@ -191,12 +193,14 @@ def library_dirs(environ=None) -> list[str]:
         real = os.path.realpath(name)
         if real == "/" or any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS) or real in out:
             continue
+        if any(g == real or g.startswith(real + "/") for g in guarded):
+            continue
         out.append(real)
     return out
 
 
 def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str] = (), gpu: bool = False,
-                 training: bool = False) -> Policy:
+                 training: bool = False, protected: list[str] = ()) -> Policy:
     """The policy of a process that runs the submission: training ranks (network, /dev/shm, NCCL's
     abstract sockets) or evaluation and check processes (none of those)."""
     devices = list(DEVICE_FILES)
@@ -204,7 +208,7 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     if gpu and training:
         devices += [p for g in NETWORK_DEVICE_GLOBS for p in glob.glob(g) if os.path.exists(p)]
-    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), *library_dirs(), submission_dir]
+    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), *library_dirs(protected=protected), submission_dir]
     if gpu and os.path.isdir("/run/nvidia-persistenced"):
         read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (secrets, other daemons)
     read_files = list(read_files)

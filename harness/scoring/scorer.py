@@ -229,6 +229,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         },
         "model_compute": model_compute(batch_s, check_s),
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
+        "logits_buffer": str(ready["model"].get("logits_buffer", ""))[:200],  # the model process's word: shown only
         "sandbox_exposed": sorted(exposed),
         "scorer_clean": not any(m.startswith("_harness_submission") for m in sys.modules),
         "model_processes": "forked from a clean template" if template is not None else "fresh interpreters",

@@ -205,7 +205,8 @@ class ModelWorker:
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
         self._private = None  # logits(): the private float32 copy, reused
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
-                                      read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"))
+                                      read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"),
+                                      protected=protected)
         self.exposed = sandbox.check_protected(policy, protected)
         self.setup = {**setup, "policy": policy.to_dict() if setup.get("sandbox") != "off" else None}
         self.buffer_fd = _logits_buffer(self.dir, max(1, buffer_bytes))
