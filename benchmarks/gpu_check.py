@@ -1,16 +1,51 @@
-"""The GPU path end to end on one GPU box, in under 8 minutes (run it through scripts/gpu-check).
+"""The GPU path end to end on one GPU box, in under 8 minutes: run it through scripts/gpu-check.
 
-1. makes a small learnable token set in the event's format (raw uint16 shards, vocabulary
-   32,000: an order-1 source with 4 successors per token, entropy ln 4 = 1.386 nats) in a
-   temporary folder, laid out as the dev-gpu track expects (chunk_0001.bin ..., chunk_0049.bin);
-2. writes a 124M-class copy of the baseline (12 layers x 768, seq_len 1024) twice: COMPILE off
-   and COMPILE on;
-3. runs each with `harness run --track dev-gpu` (every visible GPU, NCCL, bf16 autocast, pinned
-   prefetch) on a short budget, then `harness eval` at 1 rank and at every rank;
-4. prints one screen: status, steps, tokens/s, MFU, peak memory, start-up, val_loss, and whether
-   the evaluations agree within 1e-5. Exit code 0 only when every check holds.
+    scripts/gpu-check [--keep DIR] [--json PATH]     # a GPU box: the dev-gpu track, every visible GPU
+    scripts/gpu-check --cpu-smoke [--keep DIR]       # the same phases on 2 CPU ranks, tiny (the test suite's)
 
-    scripts/gpu-check [--budget-s 60] [--keep DIR]
+It makes a small learnable token set in the event's format (raw uint16 shards, vocabulary 32,000, laid
+out as dev-gpu expects), then runs, each with `harness run` as a team would, each evaluated on 262,144
+held-out tokens (`--val-tokens`: 8 batches of 32 x 1,024), in this order:
+
+  phase                                                          estimate    cap
+  0  the data: 3 x 20M train tokens, 0.5M held out                  10 s       -
+  1  124M-class baseline (12 x 768), COMPILE off, 30 s budget      100 s    180 s
+  2  compiled code in forward (a small GPT whose MLP calls a        70 s    150 s
+     torch.compile'd function), 20 steps
+  3  an open-division script fed by a DataLoader with 2 worker      60 s    150 s
+     processes, 20 steps
+  4  the 124M-class baseline, COMPILE on, 75 s budget (Inductor   160 s    240 s
+     compiles in the first step, on the clock)
+  5  `harness eval` of phase 4's run at 1 rank (and at every        25 s     90 s
+     rank, on a box with several GPUs: 25 s more)
+     total on one GPU                                              425 s    460 s
+
+Estimates, not measurements (no GPU has been lent to this project yet): a harness run costs about 50 s
+beyond its training (the check before the run ~15 s, ranks up to the first step ~15 s, checkpoint and
+communication probe ~5 s, evaluation ~15 s: scorer, model-process template, two model processes that
+each start CUDA and load the weights). Each phase stops at its cap and the script at 460 s (a phase cut
+short gets SIGTERM, so that the launcher records it aborted, and SIGKILL 10 s later), so it ends within
+8 minutes whatever happens; a phase cut short, or never started, fails its column. The most
+uncertain phase (the compile time) runs last, so that it cannot starve the others. Phase 5 runs on one
+run only: evaluation unwraps a compiled module and runs it eagerly, so the eager run's would repeat the
+same code for two more evaluations.
+
+What it checks, one table (gpu_check_rows.py): status (ok, not flagged), the 124M runs' MFU (the
+record's, and at the median step), precision bf16, backend NCCL, COMPILE in the record, the sandbox
+active in training and in evaluation (`record["sandbox"]`), evaluation's model processes forked from
+the clean template, the causality check's worst deviation within its tolerance, the run's figure and
+`harness eval` at 1 rank and at every rank within 1e-5, no scorer process ever mapping the CUDA driver
+(sampled in /proc: gpu_check_parts.ScorerWatch), and, reported from inside evaluation's model processes
+by the compiled-forward submission (gpu_check_subs/compiled_forward/probe.py): each sees its rank's GPU
+alone, its logits buffer is page-locked with no CUDA error pending, Inductor's deterministic mode is on;
+the open-division script's batches came from both DataLoader workers. Exit code 0 only when every check
+holds; --cpu-smoke shows what cannot hold on a CPU (NCCL, bf16, MFU, the GPU probes) as skipped.
+
+--cpu-smoke runs the same phases on a CPU track (dev-gpu's file on 2 CPU ranks with gloo:
+gpu_check_parts.SMOKE_TRACK), vocabulary 256, 2-layer models, 3 steps each (counted, not timed), and
+the compiled run as get_model's own torch.compile on dynamo's eager backend (Inductor's C++ compile
+would take 30 s of 2 cores). 63-100 s on the 2-core development machine under a load of 2 to 3.5: the
+harness's own ~10 s per run and 5-10 s per evaluation, not the smoke's work.
 """
 
 from __future__ import annotations
@@ -19,100 +54,181 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-VOCAB = 32000
-CONFIG = {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 1024, "micro_batch_size": 16,
-          "grad_accum_steps": 1, "learning_rate": 1e-3, "weight_decay": 0.1}
+from gpu_check_parts import GPU, SMOKE, ScorerWatch, Sizes, log_lines, make_data, smoke_track  # noqa: E402
+from gpu_check_parts import big_submission, compiled_forward_submission, open_submission  # noqa: E402
+from gpu_check_rows import FAIL, Column, cells, table  # noqa: E402
 
-
-def make_data(folder: Path, train_shards: int = 3, shard_tokens: int = 20_000_000, val_tokens: int = 2_000_000) -> None:
-    rng = np.random.default_rng(0)
-    table = rng.integers(0, VOCAB, size=(VOCAB, 4), dtype=np.int64)  # 4 successors per token
-
-    def chain(n: int, chains: int = 512) -> np.ndarray:
-        length = -(-n // chains)
-        out = np.empty((chains, length), dtype=np.uint16)
-        cur = rng.integers(0, VOCAB, size=chains)
-        for t in range(length):
-            out[:, t] = cur
-            cur = table[cur, rng.integers(0, 4, size=chains)]
-        return out.ravel()[:n]
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(1, train_shards + 1):
-        chain(shard_tokens).astype("<u2").tofile(folder / f"chunk_{i:04d}.bin")
-    chain(val_tokens).astype("<u2").tofile(folder / "chunk_0049.bin")
+TOTAL_S = 460.0  # the GPU box's whole run: 8 minutes, less a cut phase's grace and the table
+MIN_PHASE_S = 20.0  # a phase is not started with less than this left
+STOP_GRACE_S = 10.0  # a phase past its cap: SIGTERM (the launcher aborts its job and writes the record), then SIGKILL
 
 
-def make_submission(folder: Path, compiled: bool) -> Path:
-    shutil.copytree(ROOT / "submissions" / "baseline", folder)
-    text = (folder / "submission.py").read_text()
-    start = text.index("CONFIG = {")
-    end = text.index("}", start) + 1
-    text = text[:start] + f"CONFIG = {json.dumps(CONFIG)}\nCOMPILE = {compiled}\n" + text[end:]
-    (folder / "submission.py").write_text(text)
-    (folder / "submission.toml").write_text(f'[team]\nname = "gpu-check-{"compile" if compiled else "eager"}"\n')
-    return folder
+class Clock:
+    def __init__(self, total_s: float | None):
+        self.t0, self.total_s = time.monotonic(), total_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def timeout(self, cap_s: float) -> float | None:
+        """The phase's limit: its cap, or what is left of the total; None when too little is left."""
+        left = cap_s if self.total_s is None else min(cap_s, self.total_s - self.elapsed())
+        return left if left >= MIN_PHASE_S else None
 
 
-def harness(*args: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def harness(args: list[str], env: dict, timeout_s: float | None) -> tuple[int | None, str, str, dict]:
+    """`harness ...` in a fresh process, its scorers watched; (exit code or None if cut, stdout, stderr, scorers)."""
+    if timeout_s is None:
+        return None, "", f"not started: less than {MIN_PHASE_S:.0f} s left of the {TOTAL_S:.0f} s", {}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with ScorerWatch(proc.pid) as watch:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its ranks, scorers and model processes die with it (PDEATHSIG)
+                out, err = proc.communicate()
+            return None, out, err + f"\ncut at the phase's limit of {timeout_s:.0f} s", watch.scorers
+    return proc.returncode, out, err, watch.scorers
+
+
+def last_lines(text: str, n: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-n:])
+
+
+def run(col: Column, submission: Path, extra: list[str], *, track: str, track_name: str, team: str, env: dict,
+        runs: Path, sizes: Sizes, timeout_s: float | None) -> Column:
+    t0, before = time.monotonic(), set((runs / track_name / team).glob("*/run.json"))
+    code, _, err, seen = harness(["run", str(submission), "--track", track, "--no-leaderboard",
+                                  "--val-tokens", str(sizes.val_tokens), *extra], env, timeout_s)
+    print(f"[{col.name}] harness run {submission.name} {' '.join(extra)}: {time.monotonic() - t0:.0f} s", flush=True)
+    col.scorers.update(seen)
+    found = sorted(set((runs / track_name / team).glob("*/run.json")) - before)  # this run's, not a kept folder's
+    if code is None or not found:
+        col.error = last_lines(err) if code is None else f"exit code {code}: {last_lines(err)}"
+    if not found:
+        return col
+    col.run_dir, col.record = found[-1].parent, json.loads(found[-1].read_text())
+    if col.kind == "small":
+        col.probes = log_lines(col.run_dir, "eval-*-rank*.log", "gpu-check-probe")
+    if col.kind == "open":
+        col.dataloader = next(iter(log_lines(col.run_dir, "rank0.log", "gpu-check-dataloader")), None)
+    return col
+
+
+def evaluate(col: Column, env: dict, clock: Clock, cap_s: float) -> None:
+    """`harness eval` at 1 rank and at every rank of the run: the figure must not move (gpu_check_rows.agree)."""
+    if col.record is None or col.record.get("status") != "ok":
+        return
+    for n in sorted({1, int(col.record["nproc_per_node"])}):
+        t0 = time.monotonic()
+        code, out, err, seen = harness(["eval", str(col.run_dir), "--nproc-per-node", str(n), "--json"], env,
+                                       clock.timeout(cap_s))
+        print(f"[{col.name}] harness eval at {n} rank(s): {time.monotonic() - t0:.0f} s", flush=True)
+        col.scorers.update(seen)
+        try:
+            result = json.loads(out)
+            ok = result.get("status") == "ok"
+            col.evals[n] = result["val_loss"] if ok else f"{result.get('status')}: {result.get('reason')}"
+        except (ValueError, KeyError, TypeError):
+            col.evals[n] = f"exit code {code}: {last_lines(err)}"
+
+
+def describe_machine(gpu: bool) -> str:
+    import torch
+
+    if not gpu:
+        return f"CPU smoke: {os.cpu_count()} cores, torch {torch.__version__}"
+    try:  # nvidia-smi, not torch: this process must hold no CUDA context (a GPU may allow only one)
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=30).stdout.split("\n")
+        names = [n.strip() for n in names if n.strip()]
+    except (OSError, subprocess.SubprocessError):
+        names = []
+    name = f"{len(names)} x {names[0]}" if names else f"{torch.cuda.device_count()} GPU(s)"
+    return (f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=60.0)
-    ap.add_argument("--keep", default=None, help="keep the data and records in this folder")
+    ap.add_argument("--cpu-smoke", action="store_true", help="the same phases on a CPU at tiny sizes, steps not time")
+    ap.add_argument("--keep", default=None, help="keep the data, submissions and records in this folder")
+    ap.add_argument("--json", default=None, help="also write every cell of the table to this file")
     args = ap.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device visible: this check needs a GPU box", file=sys.stderr)
+    sizes = SMOKE if args.cpu_smoke else GPU
+    if sizes.gpu and not torch.cuda.is_available():  # the driver's device count: no context is made
+        print("no CUDA device visible: this check needs a GPU box (or --cpu-smoke, its plumbing on a CPU)",
+              file=sys.stderr)
         return 2
-    work = Path(args.keep or tempfile.mkdtemp(prefix="harness-gpu-check-"))
-    t_start = time.monotonic()
-    print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; work in {work}", flush=True)
-    make_data(work / "data")
-    env = {**os.environ, "HARNESS_DATA_ROOT": str(work / "data"), "HARNESS_RUNS_DIR": str(work / "runs")}
-    rows, ok = [], True
-    for compiled in (False, True):
-        sub = make_submission(work / f"sub-{'compile' if compiled else 'eager'}", compiled)
-        proc = harness("run", str(sub), "--track", "dev-gpu", "--budget-s", str(args.budget_s), "--no-leaderboard",
-                       env=env, timeout=420)
-        run_json = sorted((work / "runs" / "dev-gpu").glob(f"{sub.name.replace('sub-', 'gpu-check-')}/*/run.json"))
-        if not run_json:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            return 1
-        record = json.loads(run_json[-1].read_text())
-        evals = {}
-        for n in (1, record["nproc_per_node"]):
-            e = harness("eval", str(run_json[-1].parent), "--nproc-per-node", str(n), "--json", env=env, timeout=300)
-            evals[n] = json.loads(e.stdout)["val_loss"] if e.returncode == 0 else None
-        agree = None not in evals.values() and max(evals.values()) - min(evals.values()) <= 1e-5
-        ok &= record["status"] == "ok" and agree and record.get("mfu") is not None
-        rows.append((f"COMPILE={compiled}", record, evals, agree))
-    print(f"\n{'run':<14}{'status':<9}{'steps':>7}{'tok/s':>12}{'MFU':>8}{'peak GiB':>10}{'start-up s':>11}"
-          f"{'val_loss':>10}  eval 1 rank / all ranks")
-    for name, r, evals, agree in rows:
-        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
-        e = " / ".join("-" if v is None else f"{v:.6f}" for v in evals.values())
-        print(f"{name:<14}{r['status']:<9}{r.get('steps') or 0:>7}{r.get('tokens_per_s') or 0:>12,.0f}{mfu:>8}"
-              f"{r.get('peak_mem_gib') or 0:>10.2f}{r.get('startup_s') or 0:>11.1f}"
-              f"{r.get('val_loss') or float('nan'):>10.4f}  {e} {'agree' if agree else 'DISAGREE'}")
-        if r["status"] != "ok":
-            print(f"  reason: {r['reason']}")
-    print(f"\n{'all checks hold' if ok else 'SOME CHECKS FAILED'} in {time.monotonic() - t_start:.0f} s "
-          f"(params {rows[0][1].get('params') or 0:,}, precision {rows[0][1].get('precision')})")
+    clock = Clock(TOTAL_S if sizes.gpu else None)  # the smoke is bounded by steps and caps, not a clock
+    work = Path(args.keep or tempfile.mkdtemp(prefix="harness-gpu-check-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{describe_machine(sizes.gpu)}; work in {work}", flush=True)
+
+    # 0. the data, and the track: dev-gpu itself, or its CPU copy
+    make_data(work / "data", sizes)
+    print(f"[data] {clock.elapsed():.0f} s", flush=True)
+    track, track_name = ("dev-gpu", "dev-gpu") if sizes.gpu else (str(smoke_track(work)), "gpu-check-cpu")
+    runs = work / "runs"
+    env = {**os.environ, "HARNESS_DATA_ROOT": str(work / "data"), "HARNESS_RUNS_DIR": str(runs)}
+    caps = sizes.caps_s
+
+    def bounded(budget_s: float) -> list[str]:
+        return ["--budget-s", str(budget_s)] if sizes.gpu else ["--max-steps", str(sizes.big_steps)]
+
+    def phase(col: Column, team: str, submission: Path, extra: list[str], cap: str) -> Column:
+        return run(col, submission, extra, track=track, track_name=track_name, team=team, env=env, runs=runs,
+                   sizes=sizes, timeout_s=clock.timeout(caps[cap]))
+
+    for old in work.glob("sub-*"):  # --keep DIR used again: fresh copies, the earlier records stay
+        shutil.rmtree(old)
+    # 1. the 124M-class baseline, COMPILE off
+    eager = phase(Column("124M eager", "big", compiled=False), "gpu-check-eager",
+                  big_submission(work / "sub-eager", sizes, False, "gpu-check-eager"), bounded(sizes.eager_budget_s),
+                  "run_eager")
+    # 2. compiled code in the model's forward, in training and in evaluation
+    small = phase(Column("compiled fwd", "small"), "gpu-check-compiled-forward",
+                  compiled_forward_submission(work / "sub-compiled-forward", sizes, "gpu-check-compiled-forward"),
+                  ["--max-steps", str(sizes.small_steps)], "run_small")
+    # 3. the open division: a team's script with DataLoader workers
+    opened = phase(Column("open+DataLoader", "open"), "gpu-check-open-dataloader",
+                   open_submission(work / "sub-open-dataloader", sizes, "gpu-check-open-dataloader"),
+                   ["--max-steps", str(sizes.small_steps)], "run_small")
+    # 4. the 124M-class baseline, COMPILE on (last: its compile time is the least known)
+    compiled = phase(Column("124M compile", "big", compiled=True), "gpu-check-compile",
+                     big_submission(work / "sub-compile", sizes, True, "gpu-check-compile"),
+                     bounded(sizes.compile_budget_s), "run_compile")
+    # 5. its evaluation again, at 1 rank and at every rank
+    evaluate(compiled, env, clock, caps["eval"])
+
+    columns = [eager, compiled, small, opened]
+    grid = cells(columns, sizes)
+    ok = not any(cell.state == FAIL for col in grid.values() for cell in col.values())
+    print("\n" + table(columns, grid))
+    print(f"\n{'all checks hold' if ok else 'SOME CHECKS FAILED'} in {clock.elapsed():.0f} s "
+          f"({'CPU smoke' if not sizes.gpu else 'dev-gpu'}; records under {runs})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "mode": "gpu" if sizes.gpu else "cpu-smoke", "ok": ok, "elapsed_s": clock.elapsed(),
+            "columns": {c.name: {"run_dir": str(c.run_dir) if c.run_dir else None, "evals": c.evals,
+                                 "cells": {label: vars(cell) for label, cell in grid[c.name].items()}}
+                        for c in columns}}, indent=1))
     return 0 if ok else 1
 
 

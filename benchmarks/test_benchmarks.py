@@ -108,7 +108,94 @@ def test_gpu_check_says_plainly_when_there_is_no_gpu(tmp_path):
         pytest.skip("a GPU is visible: scripts/gpu-check runs the real check here")
     proc = subprocess.run([sys.executable, str(Path(__file__).parent / "gpu_check.py")], capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 2 and "needs a GPU" in proc.stderr
+    assert proc.returncode == 2 and "needs a GPU" in proc.stderr and "--cpu-smoke" in proc.stderr
+
+
+GPU_ONLY_ROWS = {"MFU", "MFU at the median step", "precision bf16", "backend NCCL", "model proc: 1 GPU",
+                 "logits buffer pinned"}
+
+
+@pytest.mark.timeout(900)  # a smoke run, not a timed test: 4 runs of 3 steps, 2 evaluations (63-100 s on 2 cores)
+def test_gpu_check_cpu_smoke_runs_every_phase_and_skips_only_what_needs_a_gpu(tmp_path):
+    """scripts/gpu-check's phases on the CPU (--cpu-smoke): every run ends ok, every check that can hold on a
+    CPU holds (the sandbox in training and evaluation, forked model processes, causality, 1 rank and every
+    rank agreeing, scorers without CUDA, Inductor's deterministic mode, both DataLoader workers), those that
+    cannot are skipped, not failed; the table on screen shows the cells the JSON holds."""
+    import json
+    import subprocess
+
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "gpu_check.py"), "--cpu-smoke", "--keep",
+                           str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    columns = result["columns"]
+    assert result["mode"] == "cpu-smoke" and result["ok"]
+    assert list(columns) == ["124M eager", "124M compile", "compiled fwd", "open+DataLoader"]
+    state = {(name, label): cell["state"] for name, col in columns.items() for label, cell in col["cells"].items()}
+    assert {label for (_, label), s in state.items() if s == "skip"} == GPU_ONLY_ROWS
+    assert "fail" not in state.values()
+    for name in columns:
+        for label in ("status", "sandbox: training", "sandbox: evaluation", "model procs forked", "causality deviation",
+                      "scorers without CUDA"):
+            assert state[(name, label)] == "ok", (name, label)
+    assert state[("124M eager", "compiled")] == state[("124M compile", "compiled")] == "ok"
+    assert state[("124M compile", "eval run/1/all ranks")] == "ok"
+    assert set(columns["124M compile"]["evals"]) == {"1", "2"}  # 1 rank and every rank
+    assert state[("compiled fwd", "Inductor deterministic")] == state[("open+DataLoader", "DataLoader workers")] == "ok"
+    rows = {line[:24].strip(): line[24:].split() for line in proc.stdout.splitlines() if line[:24].strip()}
+    assert rows["status"] == ["ok"] * 4 and rows["DataLoader workers"] == ["-", "-", "-", "2", "of", "2"]
+    assert "all checks hold" in proc.stdout
+
+
+def gpu_record(**changes) -> dict:
+    """A dev-gpu run's record as gpu_check_rows reads it (what a GPU would write)."""
+    active = {"active": True, "why": "Landlock ABI 6"}
+    record = {"status": "ok", "reason": "", "flagged": False, "steps": 900, "tokens_per_s": 4.1e5, "mfu": 0.41,
+              "flops_per_token": 7.7e8, "tokens_per_step": 16384, "median_step_s": 0.031,
+              "peak_flops_per_device": 989e12, "world_size": 1, "nproc_per_node": 1, "peak_mem_gib": 30.1,
+              "startup_s": 2.0, "val_loss": 2.1,
+              "precision": "bfloat16", "precision_reason": "track", "track": {"backend": "nccl"},
+              "versions": {"nccl": "2.27.3"}, "compiled": True, "device_name": "NVIDIA H200",
+              "sandbox": {"training": active, "evaluation": {"model": active, "check": active}},
+              "eval": {"eval_tokens_per_s": 2e6, "eval_world_size": 1, "causality": {"worst_deviation": 0.0,
+                       "tolerance": 1e-3}, "model_processes": "forked from a clean template"}}
+    return {**record, **changes}
+
+
+def test_gpu_check_rows_hold_on_a_good_gpu_record_and_name_each_failure():
+    """The table's GPU-only checks (the smoke skips them), on records as a GPU box writes them: a good
+    one holds; a run with the sandbox off, no MFU, a model process that saw two GPUs or a buffer left
+    pageable fails that cell, and the line under the table says why."""
+    from gpu_check_parts import GPU
+    from gpu_check_rows import FAIL, OK, Column, cells, table
+
+    probe = {"cuda_visible_devices": "0", "cuda_devices": 1, "pinned": True, "pending_error": 0,
+             "inductor_deterministic_env": "1", "inductor_config_deterministic": True}
+    good = [Column("124M compile", "big", compiled=True, record=gpu_record(), evals={1: 2.1 + 1e-7},
+                   scorers={11: False}),
+            Column("compiled fwd", "small", record=gpu_record(compiled=False), probes=[probe, probe],
+                   scorers={12: False})]
+    grid = cells(good, GPU)
+    assert {cell.state for col in grid.values() for cell in col.values()} <= {OK, "info", "na"}
+    assert grid["124M compile"]["MFU"].text == "41.0%" and grid["124M compile"]["backend NCCL"].text == "nccl 2.27.3"
+
+    off = {"active": False, "why": "Landlock is not available on this kernel"}
+    bad = [Column("124M compile", "big", compiled=True, record=gpu_record(mfu=None, sandbox={"training": off,
+                  "evaluation": {"model": {"active": True}, "check": off}}), evals={1: 2.2}, scorers={11: True}),
+           Column("compiled fwd", "small", record=gpu_record(),
+                  probes=[{**probe, "cuda_devices": 2, "cuda_visible_devices": "0,1"},
+                          {**probe, "pinned": False, "pending_error": 712}])]
+    grid = cells(bad, GPU)
+    failed = {(name, label) for name, col in grid.items() for label, cell in col.items() if cell.state == FAIL}
+    assert failed == {("124M compile", label) for label in ("MFU", "sandbox: training", "sandbox: evaluation",
+                                                             "eval run/1/all ranks", "scorers without CUDA")} | {
+        ("compiled fwd", label) for label in ("model proc: 1 GPU", "logits buffer pinned", "scorers without CUDA")}
+    text = table(bad, grid)
+    assert ("FAIL  124M compile / sandbox: training: the training sandbox was not active: Landlock is not available"
+            in text)
+    assert "check: Landlock is not available on this kernel" in text
+    assert "FAIL  compiled fwd / scorers without CUDA: no scorer" in text
 
 
 @pytest.mark.timeout(300)
