@@ -128,3 +128,16 @@ def test_a_check_is_typed():
         Check(name="gpus", status="fine")
     with pytest.raises(ValueError, match="unknown check"):
         DoctorOptions(skip=("gpu",))
+
+
+def test_a_kernel_whose_landlock_does_not_scope_signals_is_a_warning_with_the_reason():
+    """Below Landlock ABI 6 a rank can signal its node's launcher, and a stopped launcher reads as a lost node."""
+    from harness.launcher.doctor_comm import Bench, sandbox_check
+    from harness.tracks.spec import load_track
+
+    track = load_track("local")
+    box = {"active": True, "why": "Landlock ABI 5", "abi": 5, "namespaces": {"active": True}}
+    check = sandbox_check(track, Bench({"sandbox": box, "canaries_readable": []}, "", "", {}), ["x"])
+    assert check.status == "warn" and "does not scope signals" in check.fix
+    box7 = {**box, "abi": 7, "why": "Landlock ABI 7"}
+    assert sandbox_check(track, Bench({"sandbox": box7, "canaries_readable": []}, "", "", {}), ["x"]).status == "ok"

@@ -32,6 +32,7 @@ BENCH = {"cpu": (4 << 20, 3, 10, 90.0), "cuda": (256 << 20, 5, 20, 300.0)}
 # describe a laptop or a busy VM (gloo over loopback, shared cores): only far below them is worth a warning.
 OK_SHARE, FAIL_SHARE, CPU_OK_SHARE = 0.7, 0.4, 0.25
 SKEW_WARN_S = 0.5
+LANDLOCK_SIGNAL_ABI = 6  # Landlock scopes signals to the sandbox's own processes from this ABI on
 BENCH_CHECKS = ("sandbox", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-skew")
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 LOG_TAIL_BYTES = 1 << 20
@@ -198,9 +199,15 @@ def sandbox_check(track: Track, bench: Bench, canaries: list[str]) -> Check:
     ns = box.get("namespaces") or {}
     inside = "in its job's namespaces" if ns.get("active") else f"WITHOUT its job's namespaces ({ns.get('why')})"
     status = "ok" if ns.get("active") else "warn"
+    fix = "see the namespaces check" if status != "ok" else ""
+    abi = box.get("abi")
+    if isinstance(abi, int) and abi < LANDLOCK_SIGNAL_ABI:  # ranks may signal the node's launcher
+        status = "warn"
+        fix = (f"Landlock ABI {abi} does not scope signals (ABI {LANDLOCK_SIGNAL_ABI}, Linux 6.12, does): a rank could "
+               "stop its node's launcher, and a node whose launcher stops is the infrastructure's; use a newer kernel")
     return Check(name="sandbox", status=status,
                  measured=f"{box.get('why')} in a training rank {inside}; {len(canaries)} protected file(s) unreadable",
-                 fix="see the namespaces check" if status != "ok" else "", value=box.get("abi"))
+                 fix=fix, value=abi)
 
 
 def expected_busbw(track: Track, size_bytes: float, world_size: int, nproc: int) -> float:
