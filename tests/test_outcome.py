@@ -70,3 +70,11 @@ def test_a_rank_that_died_on_its_own_is_named_before_its_peers_echo():
     o = decide(messages, agent_failures={0: {"exitcode": 7}})
     assert (o.status, o.failing_rank, o.cause) == ("crashed", 0, "death")
     assert o.reason == "rank 0 died (exit code 7) without a report (then rank 1 failed in a collective)"
+
+
+def test_a_silent_rank_the_agent_tore_down_stopped_responding_it_did_not_die_first():
+    """A hung rank is ended by the agent's teardown (SIGTERM, then SIGKILL) after its peer's collective timeout."""
+    messages = [msg("error", 1.0, rank=0, status="crashed", reason="gloo timed out", cause="collective")]
+    for signal_name in ("SIGTERM", "SIGKILL"):
+        o = decide(messages, agent_failures={0: {"exitcode": 1}, 1: {"exitcode": -15, "signal": signal_name}})
+        assert o.failing_rank == 1 and "rank(s) 1 stopped responding" in o.reason and o.cause == "collective"

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,8 +232,17 @@ def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path)
     """What an open-division script with num_workers > 0 does: each batch a worker returns travels as a
     shared-memory file descriptor, handed over through a Unix socket bound in the temporary folder. Without
     the socket the batch never arrives and the rank hangs to the hard limit."""
-    private = tmp_path / "private"
-    got = sandboxed(tmp_path, "training", DATALOADER, env={"TMPDIR": str(private / "tmp"), "OMP_NUM_THREADS": "1"})
+    import shutil
+    import tempfile
+
+    # A short folder, as the ranks' own is (/tmp/harness-train-XXXXXXXX): a Unix socket's path holds 107 bytes,
+    # and pytest's folders under xdist (…/popen-gw1/test_a_dataloader_with_a_worke0/private/tmp/pymp-…) do not fit.
+    short = Path(tempfile.mkdtemp(prefix="dl-", dir="/tmp"))
+    try:
+        got = sandboxed(short, "training", DATALOADER, env={"TMPDIR": str(short / "private" / "tmp"),
+                                                            "OMP_NUM_THREADS": "1"})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert got["sums"] == [4.0, 20.0, 36.0], got
 
 

@@ -75,9 +75,10 @@ def classify(
         first = min(errors, key=lambda m: m.received_s)
         b = first.body
         silent = _silent_ranks(messages, world_size, done_kind, local_ranks)
-        # A silent rank the agent saw exit on its own died first: the peers' errors are its echo. (Ranks the
-        # agent tears down after the first failure are not among its failures.)
-        dead = [r for r in silent if r in agent_failures]
+        # A silent rank the agent saw exit on its own died first: the peers' errors are its echo. Not one ended
+        # by SIGTERM or SIGKILL: the agent tears a job down with them, and a rank that hung (or was killed by
+        # the system) is then among its failures too; that one "stopped responding", as below.
+        dead = [r for r in silent if r in agent_failures and agent_failures[r].get("signal") not in ("SIGTERM", "SIGKILL")]
         if dead:
             return _died(dead[0], agent_failures[dead[0]], f" (then rank {b.get('rank')} failed in a collective)")
         who = f"rank(s) {', '.join(map(str, silent))} stopped responding; " if silent else ""
