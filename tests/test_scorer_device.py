@@ -63,7 +63,7 @@ def _gpu_job(tmp_path) -> EvalJob:
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"weights")
     return EvalJob(checkpoint=str(checkpoint), checkpoint_sha256="", submission_dir=str(tmp_path), val_shards=[],
-                   val_tokens=SEQ * 6, seq_len=SEQ, batch_size=2, vocab_size=VOCAB, backend="nccl", device="cuda",
+                   val_tokens=SEQ * 6, seq_len=SEQ, batch_size=2, vocab_size=VOCAB, device="cuda",
                    dtype="bfloat16", collective_timeout_s=10.0, cpu_threads_per_rank=1, causality_fraction=0.5,
                    sandbox="auto", log_dir=str(tmp_path / "logs"))
 

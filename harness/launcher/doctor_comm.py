@@ -23,6 +23,8 @@ from pathlib import Path
 
 from harness.launcher import comm_model
 from harness.launcher.doctor import Check, DoctorOptions
+from harness.launcher.workarea import read_tail
+from harness.results.records import read_record_json
 from harness.tracks.spec import Track
 
 # (bytes, warm-up iterations, timed iterations, seconds the whole job may take) per device: a few MB on CPUs,
@@ -92,7 +94,7 @@ def run_bench(track: Track, *, nproc: int, nnodes: int, node_rank: int = 0, rdzv
         result = _read_json(area.dir / "result.json")
         if result is not None and result.get("error"):
             why = why or result["error"]
-        logs = "".join(_tail(p) for p in sorted(area.logs.glob("rank*.log")))
+        logs = "".join(read_tail(p, LOG_TAIL_BYTES) for p in sorted(area.logs.glob("rank*.log")))
         if result is None:
             from harness.launcher.outcome import last_error_line
 
@@ -114,20 +116,11 @@ def bench_timeout_s(track: Track, nnodes: int) -> float:
 
 
 def _read_json(path: Path) -> dict | None:
+    """The rank's result.json, written in its private folder: bounded, a regular file, an object."""
     try:
-        value = json.loads(path.read_text())
+        return read_record_json(path)
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) else None
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def comm_checks(track: Track, opts: DoctorOptions, runs: Path, data, wanted: list[str], reporter) -> list[Check]:

@@ -32,7 +32,7 @@ from harness.launcher.phases import PREFLIGHT_TIMEOUT_S, PhaseResult, run_evalua
 from harness.launcher.training import protected_paths, threads_per_rank
 from harness.ranks.jobs import EvalJob
 from harness.ranks.scratch import scratch_root
-from harness.results.records import RunRecord, read_record_json, write_atomic
+from harness.results.records import FINAL_STATUSES, RunRecord, read_record_json, write_atomic
 from harness.scoring.plan import rows_to_detect
 from harness.tracks.spec import Track
 
@@ -40,7 +40,6 @@ READY_WITHIN_S = 30.0  # node 0's wait for the other nodes' answers
 EVAL_RENDEZVOUS_S = 60.0  # the scorers' rendezvous across nodes
 ACCOUNT_WITHIN_S = 8.0  # node 0's wait for a node's account of an evaluation that failed
 POLL_S = 0.25
-FINAL = ("ok", "timeout", "crashed", "invalid", "diverged", "aborted")
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ def join(node: NodePaths, deadline_s: float, abort=None) -> EvalPlan | None:
                 return None
             break
         record = _read(node.run_dir / "run.json")
-        if (record and record.get("status") in FINAL) or time.monotonic() > deadline or (abort and abort.is_set):
+        if (record and record.get("status") in FINAL_STATUSES) or time.monotonic() > deadline or (abort and abort.is_set):
             return None
         time.sleep(POLL_S)
     _write(folder / f"node{node.node_rank}-eval-ready.json", {"node_rank": node.node_rank})
@@ -165,7 +164,7 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
         checkpoint=str(run_dir / "checkpoint.pt"), checkpoint_sha256=checkpoint_sha256,
         submission_dir=str(run_dir / "submission"), model_file=model_file, val_shards=data.val, val_tokens=track.data.val_tokens,
         seq_len=track.eval.seq_len, batch_size=track.eval.batch_size, vocab_size=track.data.vocab_size,
-        vocab_out=vocab_out, backend=track.backend, device=track.device, dtype=precision,
+        vocab_out=vocab_out, device=track.device, dtype=precision,  # the scorers' collectives are gloo's: no backend
         collective_timeout_s=max(track.collective_timeout_s, 60.0),
         cpu_threads_per_rank=threads_per_rank(track, nproc),
         causality_check=track.eval.causality_check, causality_fraction=track.eval.causality_fraction,

@@ -81,7 +81,6 @@ class EvalJob:
     seq_len: int
     batch_size: int
     vocab_size: int
-    backend: str
     device: str
     dtype: str
     collective_timeout_s: float
