@@ -21,6 +21,11 @@ import time
 from pathlib import Path
 
 INTERVAL_S = 1.0
+# A node is lost only after this many completed reads of its beat, all since its last change: one read
+# can be stale (an NFS client's attribute cache), and no read at all says nothing (this node's own file
+# system stalled). The reads are the reader thread's own, apart from the writes (a stalled write here
+# must never make a live peer look silent).
+FRESH_READS = 3
 
 
 def lost_after_s(collective_timeout_s: float) -> float:
@@ -36,38 +41,55 @@ def silent_after_s(track) -> float:
 
 
 class NodeHeartbeat:
+    """Two threads: one writes this node's beat, one reads the others'. Each can stall on the shared file
+    system without stopping the other; a verdict of silence needs the reader's own reads to be current."""
+
     def __init__(self, run_dir: Path, node_rank: int, nnodes: int, lost_after: float,
-                 interval_s: float = INTERVAL_S, clock=time.monotonic):
+                 interval_s: float = INTERVAL_S, clock=time.monotonic, fresh_reads: int = FRESH_READS):
         self.folder = Path(run_dir) / "nodes"
         self.node_rank, self.nnodes, self.lost_after, self.interval_s, self.clock = \
             node_rank, nnodes, lost_after, interval_s, clock
+        self.fresh_reads = fresh_reads
         self._beats = 0
         self._done_flag = False
         self._seen: dict[int, int] = {}
         self._changed_s: dict[int, float] = {}  # when each node's beat last moved (nodes heard at least once)
+        self._reads_since: dict[int, int] = {}  # completed reads of each node since its beat last moved
+        self._reads_total = 0  # completed read passes since this heartbeat started
+        self._last_pass_s: float | None = None  # when the reader last completed a pass over every node
+        self._last_write_s: float | None = None  # when this node's own last write completed
         self._done: set[int] = set()  # nodes whose launchers ended their training phase and said so
         self._started_s = clock()
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # mark_done (the launcher's thread) and the writer thread
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="harness-heartbeat", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="harness-heartbeat-write", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="harness-heartbeat-read", daemon=True)
 
     def start(self) -> "NodeHeartbeat":
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._thread.start()
+        self._writer.start()
+        self._reader.start()
         return self
 
     def stop(self) -> None:
-        self.mark_done()
+        self._done_flag = True
         self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join(timeout=2 * self.interval_s + 1.0)
+        # a writer stalled on the file system is left behind (a daemon thread): the launcher must not hang on it
+        for thread in (self._writer, self._reader):
+            if thread.ident is not None:
+                thread.join(timeout=2 * self.interval_s + 1.0)
+        if not self._write_lock.locked():
+            self._write()
 
     def mark_done(self) -> None:
         """Say this node's training phase is over: its silence from now on is not a loss."""
         self._done_flag = True
-        self._write()
+        if self._writer.ident is None:
+            self._write()
+        # else the writer thread says it within an interval: this thread (the launcher's) never waits on a write
 
-    # ------------------------------------------------------------------ the thread
+    # ------------------------------------------------------------------ the threads
 
     def _path(self, rank: int) -> Path:
         return self.folder / f"alive-node{rank}.json"
@@ -75,58 +97,88 @@ class NodeHeartbeat:
     def _write(self) -> None:
         from harness.results.records import write_atomic
 
-        with self._lock:
-            self._beats += 1
-            beat = {"beat": self._beats, "done": self._done_flag}
-        try:
-            write_atomic(self._path(self.node_rank), json.dumps(beat))
-        except OSError:
-            pass  # the shared file system did not take it: the next beat tries again
+        with self._write_lock:
+            with self._lock:
+                self._beats += 1
+                beat = {"beat": self._beats, "done": self._done_flag}
+            try:
+                write_atomic(self._path(self.node_rank), json.dumps(beat))
+            except OSError:
+                return  # the shared file system did not take it: the next beat tries again
+            with self._lock:
+                self._last_write_s = self.clock()
 
     def _read(self) -> None:
-        now = self.clock()
+        seen = {}
         for r in range(self.nnodes):
             if r == self.node_rank:
                 continue
             try:
                 beat = json.loads(self._path(r).read_text())
-                count, done = int(beat["beat"]), bool(beat.get("done"))
+                seen[r] = (int(beat["beat"]), bool(beat.get("done")))
             except (OSError, ValueError, KeyError, TypeError):
-                continue
-            with self._lock:
-                if count != self._seen.get(r):
-                    self._seen[r], self._changed_s[r] = count, now
-                if done:
+                seen[r] = None  # not there yet, or caught mid-replace: a read that says nothing new
+        now = self.clock()  # after the reads: a pass that stalled is dated by its end
+        with self._lock:
+            for r, got in seen.items():
+                if got is not None and got[0] != self._seen.get(r):
+                    self._seen[r], self._changed_s[r], self._reads_since[r] = got[0], now, 0
+                else:
+                    self._reads_since[r] = self._reads_since.get(r, 0) + 1
+                if got is not None and got[1]:
                     self._done.add(r)
+            self._reads_total += 1
+            self._last_pass_s = now
 
-    def _run(self) -> None:
+    def _write_loop(self) -> None:
         while not self._stop.is_set():
             self._write()
+            self._stop.wait(self.interval_s)
+
+    def _read_loop(self) -> None:
+        while not self._stop.is_set():
             self._read()
             self._stop.wait(self.interval_s)
 
     # ------------------------------------------------------------------ what the watchdog asks
 
+    def _reads_current(self, now: float) -> bool:
+        """The reader's last pass ended recently, and so did this node's own last write: a reader stalled on the
+        file system knows nothing new, and a node whose own writes stall sees the file system fail, not its peers
+        (a stall of the shared file system silences every node's beat at once)."""
+        # Shorter than lost_after less an interval: in a stall of every node's writes, a node's own last write is
+        # older than this before its peer's beat has been still for lost_after (lost_after >= 2 intervals).
+        fresh_s = self.interval_s + self.lost_after / 4.0
+        return (self._last_pass_s is not None and now - self._last_pass_s <= fresh_s
+                and self._last_write_s is not None and now - self._last_write_s <= fresh_s)
+
+    def _quiet(self, r: int, now: float) -> bool:
+        """Node r's beat has not moved for `lost_after` seconds, as several current reads of this node say."""
+        since = self._changed_s.get(r, self._started_s)
+        reads = self._reads_since.get(r, self._reads_total)
+        return now - since > self.lost_after and reads >= self.fresh_reads and self._reads_current(now)
+
     def silent(self, ranks) -> list[int]:
-        """Of `ranks`, the nodes not heard for `lost_after` seconds (never heard: since this heartbeat started)."""
-        self._read()
+        """Of `ranks`, the nodes not heard for `lost_after` seconds (never heard: since this heartbeat started),
+        by the reader thread's current reads (never a read of this thread's own: it must not stall here)."""
+        if self._reader.ident is None:  # not started (a test, a one-shot question): read once, here
+            self._read()
         now = self.clock()
         with self._lock:
-            changed = dict(self._changed_s)
-        return sorted(r for r in ranks if now - changed.get(r, self._started_s) > self.lost_after)
+            return sorted(r for r in ranks if self._quiet(r, now))
 
     def lost_nodes(self) -> list[int]:
         """The nodes this one has stopped hearing while they trained. Node 0 watches every node it has heard
         at least once (one never heard is the rendezvous's to report); a node R > 0 watches node 0."""
         now = self.clock()
         with self._lock:
-            changed, done = dict(self._changed_s), set(self._done)
-        watched = [r for r in changed if r != self.node_rank] if self.node_rank == 0 else [0]
-        return sorted(r for r in watched if r in changed and r not in done and now - changed[r] > self.lost_after)
+            watched = [r for r in self._changed_s if r != self.node_rank] if self.node_rank == 0 else [0]
+            return sorted(r for r in watched if r in self._changed_s and r not in self._done and self._quiet(r, now))
 
     def lost_why(self) -> str | None:
         lost = self.lost_nodes()
         if not lost:
             return None
         return (f"node(s) {', '.join(map(str, lost))} lost: no heartbeat for {self.lost_after:.0f} s "
-                "(the infrastructure's failure, not the team's: run it again)")
+                f"over {self.fresh_reads} or more reads of it (the infrastructure's failure, not the team's: run it "
+                "again)")

@@ -86,7 +86,9 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     waiting = outcome.status != "ok" and outcome.cause != "own"
     start = time.monotonic()
     least = WAIT_FOR_NODES_S if outcome.status != "ok" else WAIT_FOR_NODES_OK_S
-    most = silent_after_s if waiting else least
+    # A run that went well waits as long as a failed one for a node whose launcher still beats: its account
+    # (its flags, its refusals) is on its way, behind a slow teardown of its ranks.
+    most = silent_after_s if waiting or heartbeat is not None else least
     reports = read_node_reports(node.run_dir)
     while len(reports) < nnodes - 1:
         now = time.monotonic()
@@ -111,7 +113,7 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     missing = [r for r in range(1, nnodes) if r not in reports]
     if missing and outcome.status == "ok":
         record.notes.append(f"node(s) {', '.join(map(str, missing))} gave no account within "
-                            f"{WAIT_FOR_NODES_OK_S:.0f} s: their flags, if any, are not in this record")
+                            f"{time.monotonic() - start:.0f} s: their flags, if any, are not in this record")
     lost = [int(r) for r in record.extra.get("lost_nodes") or []]  # by the heartbeat (harness/launcher/heartbeat.py)
     if outcome.cause == "own" or outcome.status == "ok" or (outcome.cause == "kill" and not lost):
         return
