@@ -63,8 +63,10 @@ class LaunchSpec:
                 "--monitor-interval=0.1", "--redirects=3"]
         register_rendezvous()
         if self.nnodes > 1:
+            # The node's rank travels in --rdzv-conf, which our rendezvous reads; torchrun's own --node-rank is
+            # read by its static backend alone, and warned about in every node's log otherwise.
             argv += [f"--rdzv-backend={NODES_RENDEZVOUS}", f"--rdzv-endpoint={self.rdzv_endpoint}",
-                     f"--node-rank={self.node_rank}", f"--rdzv-id={self.rdzv_id or 'harness'}",
+                     f"--rdzv-id={self.rdzv_id or 'harness'}",
                      f"--rdzv-conf=timeout={int(self.rendezvous_timeout_s)},rank={self.node_rank}"]
         else:  # one node: an in-memory store, no socket, no pickled state (module docstring)
             argv += [f"--rdzv-backend={LOCAL_RENDEZVOUS}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}"]
