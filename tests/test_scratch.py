@@ -122,3 +122,16 @@ def test_every_private_folder_of_a_run_is_made_under_the_scratch_root_and_remove
         private = Path(report["policy"]["private_dir"])
         assert private.parent == short_root, (phase, private)
     assert list(short_root.iterdir()) == [], "a private folder outlived the run"
+
+
+def test_a_scratch_root_too_full_for_the_track_aborts_the_run_before_team_code(cli, tmp_path):
+    """A scratch root with less room than the track lets the ranks write would end an honest run in ENOSPC,
+    charged to the team: the run is `aborted` (the infrastructure's: a queue runs it again) before any team
+    code runs, with the figures and the fix (issue 29, the rehearsal's "full scratch")."""
+    track = quick_track(tmp_path, scratch_cap_gib=1e9)  # more than any disk holds
+    result = cli("run", str(FIXTURES / "ok_bigram"), "--track", str(track))
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "aborted", record["reason"]
+    assert "GiB free" in record["reason"] and "scratch_cap_gib" in record["reason"] and "Fix:" in record["reason"]
+    assert "preflight_s" not in record["timings"]  # nothing of the team's ran
+    assert result.code != 0 or "aborted" in result.text

@@ -47,7 +47,7 @@ from harness.launcher.training import JobNamespaceMissing, protected_paths, trai
 from harness.launcher.watch import AbortFlag, abort_on_signals
 from harness.launcher.workarea import WorkArea, patched_environ
 from harness.ranks.checkpoint import file_sha256
-from harness.ranks.scratch import refuse_unusable
+from harness.ranks.scratch import refuse_unusable, short_of_space
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
 from harness.submission.contract import (
     SubmissionError,
@@ -253,6 +253,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                          "a model must be trained on the clock, from get_model's initialisation")
     if node.lead:
         save_record(run_dir, record)  # status "running": visible at once, never lost
+    short = short_of_space(int(track.scratch_cap_gib * 2**30))
+    if short:  # before any team code: a root too full for what the track allows is not the team's to pay for
+        set_outcome(record, "aborted", short)
+        return
 
     try:
         record.division = division_of(node.snapshot)

@@ -62,6 +62,23 @@ def unusable(root: Path | None = None) -> str:
     return ""
 
 
+def short_of_space(need_bytes: int, root: Path | None = None) -> str:
+    """"" when the scratch root has `need_bytes` free (what the track lets a job's ranks write there); else one
+    sentence with the figures and the fix. A root too full for what the track allows would end an honest team's
+    run in ENOSPC, charged to the team: the infrastructure's failure, said before any team code runs."""
+    root = root or scratch_root()
+    try:
+        st = os.statvfs(root)
+    except OSError as exc:
+        return f"the scratch folder {root} cannot be measured ({exc})"
+    free = st.f_bavail * st.f_frsize
+    if free >= need_bytes:
+        return ""
+    return (f"the scratch folder {root} has {free / 2**30:.2f} GiB free, and the track lets a job's ranks write "
+            f"{need_bytes / 2**30:.2f} GiB there (scratch_cap_gib): the infrastructure's failure, not the team's. "
+            f"Fix: free space there, or set {SCRATCH_ENV} to a folder with room; then run it again")
+
+
 def refuse_unusable(root: Path | None = None) -> None:
     """Raise ScratchError with `unusable`'s sentence, if there is one."""
     problem = unusable(root)
