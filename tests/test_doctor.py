@@ -1,12 +1,19 @@
 """`harness doctor`: one line per check with what to do, an exit code, a real all-reduce through the launcher
-(harness/launcher/doctor.py, doctor_host.py, doctor_comm.py; harness/ranks/doctor_rank.py)."""
+(harness/launcher/doctor.py, doctor_host.py, doctor_comm.py, doctor_scratch.py, doctor_eval.py;
+harness/ranks/doctor_rank.py)."""
 
 import errno
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from conftest import TINY_TRACK
+from conftest import ROOT, TINY_TRACK
 from harness.launcher.doctor import CHECKS, Check, DoctorOptions
 from harness.launcher.doctor_comm import BENCH_CHECKS
 from harness.tracks.spec import load_track
@@ -14,7 +21,8 @@ from harness.tracks.spec import load_track
 
 def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tmp_path):
     """Through the real entry point on the test track (2 CPU ranks): every check once, in the table's order, an
-    exit code that is 1 exactly when one failed, and the all-reduce's bus bandwidth measured in 2 ranks."""
+    exit code that is 1 exactly when one failed, the all-reduce's bus bandwidth measured in 2 ranks, one of
+    evaluation's model processes started and reporting its sandbox, the scratch root as runs use it."""
     result = cli("doctor", "--track", str(TINY_TRACK), "--json", timeout=120)
     report = json.loads(result.out)
     assert [c["name"] for c in report["checks"]] == list(CHECKS), result.err
@@ -28,6 +36,17 @@ def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tm
     assert by_name["clock-skew"]["status"] == "ok" and "2 ranks" in by_name["clock-skew"]["measured"]
     for name in ("gpus", "driver", "memlock", "infiniband", "allreduce-nodes"):  # a CPU machine, a one-node track
         assert by_name[name]["status"] == "skipped" and by_name[name]["measured"], by_name[name]
+    # Evaluation's scorers use gloo between nodes: on one node there are none, and the line says so.
+    gloo = by_name["gloo-nodes"]
+    assert gloo["status"] == "skipped" and "runs on one node: evaluation's scorers meet no other node" in gloo["measured"]
+    assert by_name["scratch-root"]["status"] == "ok" and "mounted exec" in by_name["scratch-root"]["measured"]
+    # One of evaluation's model processes, started as a scorer starts it (forked from the clean template, in its
+    # own namespaces and root, Landlock), fed one batch whose logits come back exact; no CUDA on a CPU track.
+    model = by_name["eval-model"]
+    assert model["status"] == "ok" and model["unit"] == "s" and 0 < model["value"] < 60, model
+    for said in ("its own user, PID, IPC and network namespaces", "its own root", "Landlock ABI", "seccomp on",
+                 "CUDA skipped (track tiny runs on cpu)", "one batch of 2x8"):
+        assert said in model["measured"], model
     assert report["seconds"] < 60
     assert not list((tmp_path / "runs").glob(".doctor-*"))  # its lock file and canary are gone
 
@@ -35,7 +54,7 @@ def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tm
 def test_a_failing_check_gives_exit_code_1_and_its_fix_in_the_table(cli):
     """A node whose data differs from the fingerprint the organiser expects: the table's line says FAIL and what
     to do, the verdict names it, the exit code is 1."""
-    skips = [arg for name in BENCH_CHECKS for arg in ("--skip", name)]
+    skips = [arg for name in (*BENCH_CHECKS, "eval-model") for arg in ("--skip", name)]
     result = cli("doctor", "--track", str(TINY_TRACK), "--data-fingerprint", "0" * 16, *skips, timeout=120)
     assert result.code == 1, result.text
     lines = result.out.splitlines()
@@ -141,3 +160,120 @@ def test_a_kernel_whose_landlock_does_not_scope_signals_is_a_warning_with_the_re
     assert check.status == "warn" and "does not scope signals" in check.fix
     box7 = {**box, "abi": 7, "why": "Landlock ABI 7"}
     assert sandbox_check(track, Bench({"sandbox": box7, "canaries_readable": []}, "", "", {}), ["x"]).status == "ok"
+
+
+# ----------------------------------------------------------------------------- the scratch root, as runs use it
+
+
+@pytest.fixture
+def short_root():
+    """A scratch root with a short path, as an organiser's should be (the ranks' sockets are made under it)."""
+    root = Path(tempfile.mkdtemp(prefix="hd-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+IN_A_MOUNT = """
+import json, os, sys
+from dataclasses import asdict
+from harness.ranks.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.rootfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, Libc, Refused
+root, flags, data, check = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+uid, gid = os.getuid(), os.getgid()
+try:
+    Libc().unshare(CLONE_NEWUSER | CLONE_NEWNS, "unshare")
+    map_identity(uid, gid)
+    Libc().mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV | flags, "the test's tmpfs", data)
+except (OSError, Refused) as exc:
+    print(f"SKIP {exc}", flush=True)
+    sys.exit(0)
+os.environ["HARNESS_SCRATCH_DIR"] = root
+if check == "scratch-root":
+    from harness.launcher.doctor_scratch import scratch_root_check
+    found = scratch_root_check()
+else:
+    from pathlib import Path
+    from harness.launcher.doctor_eval import model_process_check
+    from harness.tracks.spec import load_track
+    found = model_process_check(load_track(sys.argv[5]), Path(sys.argv[6]), None)
+print(json.dumps(asdict(found)))
+"""
+
+
+def _in_a_tmpfs(root: Path, check: str, *, noexec: bool = False, options: str = "", args=()) -> dict:
+    """One of the doctor's checks in a user and mount namespace of the test's own, with a real tmpfs mounted
+    over the scratch root (no root needed; skipped where the host refuses them)."""
+    from harness.ranks.rootfs import MS_NOEXEC
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ran = subprocess.run([sys.executable, "-c", IN_A_MOUNT, str(root), str(MS_NOEXEC if noexec else 0), options, check,
+                          *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+    if ran.stdout.startswith("SKIP"):
+        pytest.skip(f"no user and mount namespace here: {ran.stdout.strip()}")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    return json.loads(ran.stdout.strip().splitlines()[-1])
+
+
+def test_a_noexec_scratch_root_fails_the_doctor_with_the_folder_and_the_fix(short_root):
+    """Issue 29: `harness run` refuses a scratch root mounted noexec, and the doctor said "ready" over one. A
+    real noexec tmpfs over HARNESS_SCRATCH_DIR: the doctor fails it in the words of `harness run`'s refusal."""
+    check = _in_a_tmpfs(short_root, "scratch-root", noexec=True)
+    assert check["status"] == "fail", check
+    assert f"the scratch folder {short_root} (HARNESS_SCRATCH_DIR) is on a file system mounted noexec" in \
+        check["measured"] and "failed to map segment" in check["measured"], check
+    assert check["fix"].startswith("set HARNESS_SCRATCH_DIR to a folder on a local file system mounted with exec")
+
+
+def test_a_scratch_root_too_long_for_a_ranks_sockets_fails_with_the_fix(tmp_path, monkeypatch):
+    """A rank's multiprocessing socket (<root>/harness-train-XXXXXXXX/tmp/pymp-XXXXXXXX/listener-XXXXXXXX) must
+    fit 107 bytes: bound for real in a training folder made as a run makes it; a short root passes."""
+    from harness.launcher.doctor_scratch import SOCKET_PATH_MAX_BYTES, scratch_root_check
+    from harness.ranks.scratch import SCRATCH_ENV
+
+    long_root = tmp_path / ("x" * 60)
+    long_root.mkdir()
+    monkeypatch.setenv(SCRATCH_ENV, str(long_root))
+    check = scratch_root_check()
+    fits = SOCKET_PATH_MAX_BYTES - len("/harness-train-XXXXXXXX/tmp/pymp-XXXXXXXX/listener-XXXXXXXX")
+    assert check.status == "fail" and check.value == len(str(long_root)) + SOCKET_PATH_MAX_BYTES - fits, check
+    assert f"{long_root} (HARNESS_SCRATCH_DIR) mounted exec" in check.measured and "too long" in check.measured
+    assert check.fix.startswith(f"set HARNESS_SCRATCH_DIR to a folder with a shorter path ({fits} bytes at most")
+    assert list(long_root.iterdir()) == []  # the training folder it made is gone
+    monkeypatch.setenv(SCRATCH_ENV, "/tmp")
+    assert scratch_root_check().status == "ok"
+
+
+# ----------------------------------------------------------------------------- evaluation's model process
+
+
+def test_a_model_process_that_cannot_start_fails_with_its_error(short_root, tmp_path):
+    """A scratch root that cannot hold a model process's private folder (a real tmpfs with no inode left): the
+    check fails with the error, naming the folder, and what to do."""
+    runs = tmp_path / "runs"
+    check = _in_a_tmpfs(short_root, "eval-model", options="size=4k,nr_inodes=1", args=(TINY_TRACK, runs))
+    assert check["status"] == "fail", check
+    assert check["measured"].startswith("the model process could not start: OSError: [Errno 28] No space left on device")
+    assert f"{short_root}/harness-model-" in check["measured"]
+    assert "no run could be scored on this node" in check["fix"] and "scratch" in check["fix"]
+    assert not list(runs.glob(".doctor-*"))
+
+
+# ----------------------------------------------------------------------------- gloo between the nodes
+
+
+def test_the_gloo_all_reduce_runs_beside_the_tracks_in_one_job():
+    """On an NCCL track the nodes' job also all-reduces over a gloo group of CPU tensors (evaluation's scorers'
+    transport); here on one node with 2 ranks, judged as gloo-nodes judges it."""
+    import dataclasses
+
+    from harness.launcher.doctor_comm import Bench, gloo_nodes_check, run_bench
+
+    track = load_track(str(TINY_TRACK))
+    bench = run_bench(track, nproc=2, nnodes=1, gloo=True)
+    gloo = bench.result["gloo"]
+    assert gloo["correct"] and gloo["busbw_bytes_per_s"] > 0 and gloo["size_bytes"] == 4 << 20, bench.why
+    check = gloo_nodes_check(dataclasses.replace(track, backend="nccl", device="cuda"), bench)
+    assert check.status == "ok" and "CPU tensors" in check.measured and check.unit == "GB/s", check
+    broken = gloo_nodes_check(dataclasses.replace(track, backend="nccl", device="cuda"),
+                              Bench({**bench.result, "gloo": {"error": "RuntimeError: Connection refused"}}, "", "", {}))
+    assert broken.status == "fail" and "Connection refused" in broken.measured and "GLOO_SOCKET_IFNAME" in broken.fix

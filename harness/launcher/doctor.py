@@ -10,11 +10,17 @@ when it is not right. The checks, in the order of the table:
   training job and evaluation's model processes need (and the distribution's setting that refuses
   them: Ubuntu 24.04's AppArmor default), and, from inside a training rank, Landlock applied with
   the runs folder and a validation shard out of reach;
-- the files: flock on the runs folder's file system, free disk for the records and the ranks'
-  scratch, the track's data found, checked and fingerprinted;
+- evaluation's model process (harness/launcher/doctor_eval.py): one started as a scorer starts it (forked
+  from the clean template, in its own namespaces and root, Landlock; CUDA and the page-locked logits
+  buffer on a GPU track), on a model the doctor writes, fed one batch;
+- the files: flock on the runs folder's file system, free disk for the records and for the private
+  folders under the scratch root the runs will use, that root itself (mounted exec, as `harness run`
+  requires; short enough for the Unix sockets a rank makes there), the track's data found, checked and
+  fingerprinted;
 - the links (harness/launcher/doctor_comm.py): an all-reduce inside the node, and between the nodes
   when the track has several, through the harness's own launcher and inside the training sandbox,
-  its bus bandwidth against the track's declared [interconnect]; NCCL's transport from inside the
+  its bus bandwidth against the track's declared [interconnect]; between the nodes, a gloo all-reduce
+  too (evaluation's scorers use gloo whatever the track's backend); NCCL's transport from inside the
   sandbox (`NET/IB`, not a fall-back to sockets);
 - the clocks: the kernel's NTP synchronisation, and the ranks' wall clocks side by side.
 
@@ -36,8 +42,9 @@ from harness.tracks.spec import load_track
 
 STATUSES = ("ok", "warn", "fail", "skipped")
 # Every check's name, in the table's order: what `--skip` takes.
-CHECKS = ("gpus", "driver", "cpus", "memlock", "user", "namespaces", "sandbox", "locks", "disk-runs", "disk-scratch",
-          "data", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-sync", "clock-skew")
+CHECKS = ("gpus", "driver", "cpus", "memlock", "user", "namespaces", "sandbox", "eval-model", "locks", "disk-runs",
+          "disk-scratch", "scratch-root", "data", "allreduce-node", "allreduce-nodes", "gloo-nodes", "data-nodes",
+          "infiniband", "clock-sync", "clock-skew")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +109,7 @@ class DoctorReport:
 def run_doctor(opts: DoctorOptions, reporter=None) -> DoctorReport:
     """Every check of the module docstring that applies here, in the table's order (raises TrackError for a
     track that cannot be loaded: nothing was checked)."""
-    from harness.launcher import doctor_comm, doctor_host
+    from harness.launcher import doctor_comm, doctor_eval, doctor_host
 
     reporter = reporter or NullReporter()
     t0 = time.monotonic()
@@ -124,6 +131,9 @@ def run_doctor(opts: DoctorOptions, reporter=None) -> DoctorReport:
         add([data_check])
     if any(name in wanted for name in doctor_comm.BENCH_CHECKS):
         add(doctor_comm.comm_checks(track, opts, runs, data, wanted, reporter))
+    if "eval-model" in wanted:  # after the ranks: nothing else of the doctor's runs beside it (workers.kill_tree)
+        reporter.info("doctor: one of evaluation's model processes, as a scorer starts it...")
+        add([doctor_eval.model_process_check(track, runs, data)])
     add(doctor_host.clock_checks(opts, wanted))
     order = {name: i for i, name in enumerate(CHECKS)}
     done = {c.name for c in report.checks}

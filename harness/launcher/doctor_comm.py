@@ -1,5 +1,6 @@
 """`harness doctor`'s checks from inside a training rank: the sandbox as a rank sees it, the all-reduce's bus
-bandwidth inside the node and between the nodes, NCCL's transport, the ranks' clocks.
+bandwidth inside the node and between the nodes (and gloo's between the nodes: evaluation's scorers use it on
+every track), NCCL's transport, the ranks' clocks.
 
 The ranks are harness/ranks/doctor_rank.py, started as training ranks are: torch elastic's agent in this
 process (harness/launcher/elastic.py), a private folder (harness/launcher/workarea.py), the job's namespaces
@@ -35,7 +36,7 @@ BENCH = {"cpu": (4 << 20, 3, 10, 90.0), "cuda": (256 << 20, 5, 20, 300.0)}
 OK_SHARE, FAIL_SHARE, CPU_OK_SHARE = 0.7, 0.4, 0.25
 SKEW_WARN_S = 0.5
 LANDLOCK_SIGNAL_ABI = 6  # Landlock scopes signals to the sandbox's own processes from this ABI on
-BENCH_CHECKS = ("sandbox", "allreduce-node", "allreduce-nodes", "data-nodes", "infiniband", "clock-skew")
+BENCH_CHECKS = ("sandbox", "allreduce-node", "allreduce-nodes", "gloo-nodes", "data-nodes", "infiniband", "clock-skew")
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 LOG_TAIL_BYTES = 1 << 20
 
@@ -51,8 +52,9 @@ class Bench:
 
 
 def run_bench(track: Track, *, nproc: int, nnodes: int, node_rank: int = 0, rdzv_endpoint: str = "",
-              canaries: list[str] = (), data_fingerprint: str = "") -> Bench:
-    """One all-reduce job on this node's `nproc` ranks (of `nnodes` nodes), inside the training sandbox."""
+              canaries: list[str] = (), data_fingerprint: str = "", gloo: bool = False) -> Bench:
+    """One all-reduce job on this node's `nproc` ranks (of `nnodes` nodes), inside the training sandbox; with
+    `gloo`, a gloo all-reduce of CPU tensors too, in the same job (one rendezvous, not two)."""
     from harness.launcher.elastic import ElasticJob, LaunchSpec
     from harness.launcher.job_namespace import JobNamespace
     from harness.launcher.training import threads_per_rank
@@ -72,7 +74,8 @@ def run_bench(track: Track, *, nproc: int, nnodes: int, node_rank: int = 0, rdzv
                "sandbox_policy": policy.to_dict() if policy is not None else {}, "canaries": list(canaries),
                "backend": track.backend, "device": track.device, "size_bytes": size, "warmup": warmup, "iters": iters,
                "timeout_s": min(track.collective_timeout_s, timeout_s), "threads": threads_per_rank(track, nproc),
-               "data_fingerprint": data_fingerprint}
+               "data_fingerprint": data_fingerprint,
+               "gloo": dict(zip(("size_bytes", "warmup", "iters"), BENCH["cpu"][:3])) if gloo else None}
         job_file = area.dir / "doctor_job.json"
         job_file.write_text(json.dumps(job))
         env = {**area.rank_environment(), "HARNESS_LAUNCHER_PID": str(os.getpid()),
@@ -139,20 +142,25 @@ def comm_checks(track: Track, opts: DoctorOptions, runs: Path, data, wanted: lis
                          data_fingerprint=data.fingerprint if data else "")
         checks = [sandbox_check(track, node, canaries), bandwidth_check("allreduce-node", track, node, nproc, 1)]
         nodes = None
-        if track.nnodes > 1 and opts.rdzv_endpoint and any(n in wanted for n in ("allreduce-nodes", "data-nodes")):
+        between = ("allreduce-nodes", "gloo-nodes", "data-nodes")
+        if track.nnodes > 1 and opts.rdzv_endpoint and any(n in wanted for n in between):
+            gloo_too = track.backend != "gloo" and "gloo-nodes" in wanted  # else the track's is gloo's measurement
             reporter.info(f"doctor: an all-reduce on {track.nnodes} nodes x {nproc} rank(s), through "
-                          f"{opts.rdzv_endpoint}...")
+                          f"{opts.rdzv_endpoint}{' (and one of gloo)' if gloo_too else ''}...")
             nodes = run_bench(track, nproc=nproc, nnodes=track.nnodes, node_rank=opts.node_rank,
-                              rdzv_endpoint=opts.rdzv_endpoint, data_fingerprint=data.fingerprint if data else "")
-            checks += [bandwidth_check("allreduce-nodes", track, nodes, nproc, track.nnodes), data_nodes_check(nodes)]
+                              rdzv_endpoint=opts.rdzv_endpoint, data_fingerprint=data.fingerprint if data else "",
+                              gloo=gloo_too)
+            checks += [bandwidth_check("allreduce-nodes", track, nodes, nproc, track.nnodes),
+                       gloo_nodes_check(track, nodes), data_nodes_check(nodes)]
         elif track.nnodes > 1:
             one = (f"track {track.name} has {track.nnodes} nodes and this doctor runs on one (no --rdzv-endpoint): "
                    "`harness slurm --doctor` runs it on the allocation")
-            checks += [Check(name="allreduce-nodes", status="skipped", measured=one),
-                       Check(name="data-nodes", status="skipped", measured=one)]
+            checks += [Check(name=n, status="skipped", measured=one) for n in between]
         else:
             checks += [Check(name=n, status="skipped", measured=f"track {track.name} runs on one node")
                        for n in ("allreduce-nodes", "data-nodes")]
+            checks.append(Check(name="gloo-nodes", status="skipped",
+                                measured=f"track {track.name} runs on one node: evaluation's scorers meet no other node"))
         checks += [infiniband_check(track, node, nodes), skew_check(nodes or node)]
         return checks
     finally:
@@ -212,7 +220,8 @@ def bandwidth_check(name: str, track: Track, bench: Bench, nproc: int, nnodes: i
     result = bench.result or {}
     if "busbw_bytes_per_s" not in result:
         return Check(name=name, status="fail", measured=f"the all-reduce did not run: {bench.why or 'no result'}",
-                     fix="read the ranks' error; rendezvous between nodes needs node 0's port open (29500) and the "
+                     fix="read the ranks' error; rendezvous between nodes needs node 0's port open (under `harness slurm`, "
+                         "29500 + the job id mod 1000: open 29500-30499) and the "
                          "same harness and track on every node")
     n = result["world_size"]
     if n < 2:
@@ -237,6 +246,33 @@ def bandwidth_check(name: str, track: Track, bench: Bench, nproc: int, nnodes: i
                      fix="a CPU track's figures are the machine's: `harness scale` fits them, or correct [interconnect]")
     return Check(name=name, status="fail" if share < FAIL_SHARE else "warn", measured=measured, fix=fix,
                  value=busbw / 1e9, unit="GB/s")
+
+
+GLOO_FIX = ("evaluation's scorers all-reduce over gloo (TCP) between the nodes on every track: the nodes must reach "
+            "each other on any TCP port (gloo's connections listen on ephemeral ports), each node's hostname resolving "
+            "to an address the others reach (not 127.0.1.1 in /etc/hosts), else GLOO_SOCKET_IFNAME set to that "
+            "interface where the launchers run (docs/organizer.md)")
+
+
+def gloo_nodes_check(track: Track, bench: Bench) -> Check:
+    """Evaluation's transport between the nodes: it must work and add right; its speed is the track's business
+    only on a gloo track (allreduce-nodes judges it there), the scorers' own traffic being a few sums."""
+    result = bench.result or {}
+    if track.backend == "gloo":
+        gloo, same = result, " (the allreduce-nodes job: the track's backend is gloo, so it is not run twice)"
+    else:
+        gloo, same = result.get("gloo") or {}, ""
+    if "busbw_bytes_per_s" not in gloo:
+        why = gloo.get("error") or bench.why or "no result"
+        return Check(name="gloo-nodes", status="fail", measured=f"no gloo all-reduce between the nodes: {why}{same}",
+                     fix=GLOO_FIX)
+    n = result.get("world_size", 0)
+    measured = (f"busbw {gloo['busbw_bytes_per_s'] / 1e9:.3g} GB/s over {track.nnodes} nodes ({n} ranks, CPU tensors, "
+                f"{gloo['size_bytes'] / 2**20:.0f} MiB, {gloo['time_s'] * 1e3:.3g} ms){same}")
+    if not gloo.get("correct", True):
+        return Check(name="gloo-nodes", status="fail", measured=f"{measured}; WRONG SUMS", fix="a transport corrupts "
+                     "data: take the node out (NIC or cable)", value=gloo["busbw_bytes_per_s"] / 1e9, unit="GB/s")
+    return Check(name="gloo-nodes", status="ok", measured=measured, value=gloo["busbw_bytes_per_s"] / 1e9, unit="GB/s")
 
 
 def data_nodes_check(bench: Bench) -> Check:

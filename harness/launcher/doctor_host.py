@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from harness.launcher.doctor import Check, DoctorOptions
@@ -208,17 +207,18 @@ def filesystem_of(path: Path) -> str:
 
 
 def file_checks(track: Track, opts: DoctorOptions, runs: Path, wanted: list[str]) -> list[Check]:
-    """locks, disk-runs, disk-scratch."""
+    """locks, disk-runs, disk-scratch, scratch-root."""
+    from harness.launcher import doctor_scratch
+
     checks = []
     if "locks" in wanted:
         checks.append(locks_check(runs))
     run_bytes = track.checkpoint_cap_gib * GIB + track.log_cap_mib * 2**20  # a record at the track's caps
-    checks.append(_disk("disk-runs", runs, run_bytes, "a run's record at the track's caps (checkpoint and logs)",
+    checks.append(disk("disk-runs", runs, run_bytes, "a run's record at the track's caps (checkpoint and logs)",
                         "free space on the records' file system, or give --runs-dir (HARNESS_RUNS_DIR) on a larger one"))
-    checks.append(_disk("disk-scratch", Path(tempfile.gettempdir()), track.scratch_cap_gib * GIB,
-                        "the ranks' private folder at the track's scratch_cap_gib",
-                        "point TMPDIR at a larger local disk for the harness (the ranks' private folders go there)",
-                        warn_below=1))
+    checks.append(doctor_scratch.disk_scratch_check(track))
+    if "scratch-root" in wanted:
+        checks.append(doctor_scratch.scratch_root_check())
     return checks
 
 
@@ -256,7 +256,7 @@ def locks_check(runs: Path) -> Check:
                                                      "file system says so: Lustre -o flock, NFSv4)")
 
 
-def _disk(name: str, path: Path, need_bytes: float, what: str, fix: str, warn_below: int = 10) -> Check:
+def disk(name: str, path: Path, need_bytes: float, what: str, fix: str, warn_below: int = 10) -> Check:
     """A failure below `need_bytes` free, a warning below `warn_below` times it (a day's queue of runs)."""
     probe = path
     while not probe.exists() and probe != probe.parent:  # the runs folder may not exist yet: its file system

@@ -7,8 +7,9 @@ namespaces, its private folder, then Landlock, while it has one thread), so that
 a team's ranks will see: files it must not read (the canaries: a file in the runs folder, a
 validation shard), the transports NCCL finds from inside (InfiniBand, or its silent fall-back to
 sockets: NCCL_DEBUG=INFO goes to this rank's log), the bus bandwidth of an all-reduce measured the
-nccl-tests way (busbw = algbw x 2(n-1)/n, algbw = bytes / time, the slowest rank's time), and the
-ranks' wall clocks read together after a barrier. No team code runs here. Local rank 0 of each node
+nccl-tests way (busbw = algbw x 2(n-1)/n, algbw = bytes / time, the slowest rank's time), when asked
+the same on a gloo group (evaluation's scorers use gloo between nodes on every track), and the ranks'
+wall clocks read together after a barrier. No team code runs here. Local rank 0 of each node
 writes the node's result (JSON) into the private folder, where the node's `harness doctor` reads it.
 """
 
@@ -39,43 +40,80 @@ def canaries_readable(paths: list[str]) -> list[str]:
     return readable
 
 
-def bench(job: dict, env: RankEnv) -> dict:
-    """All-reduce `size_bytes` of float32 `iters` times after `warmup`; the slowest rank's mean time."""
+def timed_all_reduce(size_bytes: int, warmup: int, iters: int, env: RankEnv, device, group=None) -> tuple[float, bool]:
+    """All-reduce `size_bytes` of float32 `iters` times after `warmup` (on `group`, default the world): the
+    slowest rank's mean time, and whether a known sum came out right."""
     import torch
     import torch.distributed as dist
-
-    device = setup_device(job["device"], env, job["threads"])
-    init_process_group(job["backend"], device, job["timeout_s"])
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    x = torch.zeros(max(1, job["size_bytes"] // 4), dtype=torch.float32, device=device)  # zeros: no overflow
-    for _ in range(job["warmup"]):
-        dist.all_reduce(x)
+    x = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32, device=device)  # zeros: no overflow
+    for _ in range(warmup):
+        dist.all_reduce(x, group=group)
     sync()
-    dist.barrier()
+    dist.barrier(group=group)
     t0 = perf_counter()
-    for _ in range(job["iters"]):
-        dist.all_reduce(x)
+    for _ in range(iters):
+        dist.all_reduce(x, group=group)
     sync()
-    mine = torch.tensor([(perf_counter() - t0) / job["iters"]], dtype=torch.float64, device=device)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the collective ends when its slowest rank does
+    mine = torch.tensor([(perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)  # the collective ends when its slowest rank does
     check = torch.full((8,), float(env.rank + 1), dtype=torch.float32, device=device)
-    dist.all_reduce(check)  # a sum that must come out right: a transport that corrupts is worse than a slow one
+    dist.all_reduce(check, group=group)  # a sum that must come out right: a corrupting transport is worse than a slow one
     n = env.world_size
-    correct = bool(torch.all(check == n * (n + 1) / 2).item())
+    return float(mine.item()), bool(torch.all(check == n * (n + 1) / 2).item())
+
+
+def gloo_bench(job: dict, env: RankEnv) -> dict:
+    """The same on a gloo group of every rank, on CPU tensors: what evaluation's scorers use between nodes
+    whatever the track's backend (harness/scoring/scorer.py). Its failure is said, not raised: the track's
+    own measurement stands."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    spec = job["gloo"]
+    try:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=job["timeout_s"]))
+        time_s, correct = timed_all_reduce(spec["size_bytes"], spec["warmup"], spec["iters"], env,
+                                           torch.device("cpu"), group)
+    except Exception as exc:  # noqa: BLE001  (the doctor's gloo-nodes line says it)
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}".strip()[:2000]}
+    return {"size_bytes": spec["size_bytes"], "time_s": time_s, "correct": correct,
+            "busbw_bytes_per_s": busbw(spec["size_bytes"], time_s, env.world_size)}
+
+
+def busbw(size_bytes: int, time_s: float, n: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: algbw x 2(n-1)/n."""
+    return size_bytes / time_s * 2 * (n - 1) / n if time_s > 0 and n > 1 else 0.0
+
+
+def bench(job: dict, env: RankEnv) -> dict:
+    """The track's all-reduce (and, when asked, gloo's), then the ranks' clocks read together."""
+    import torch
+    import torch.distributed as dist
+
+    device = setup_device(job["device"], env, job["threads"])
+    init_process_group(job["backend"], device, job["timeout_s"])
+    time_s, correct = timed_all_reduce(job["size_bytes"], job["warmup"], job["iters"], env, device)
+    gloo = gloo_bench(job, env) if job.get("gloo") else None
+    n = env.world_size
     dist.barrier()
     now = time.time()  # read right after the barrier: the ranks' wall clocks at (nearly) one instant
     seen: list = [None] * n
     dist.all_gather_object(seen, {"rank": env.rank, "node": env.group_rank, "host": socket.gethostname(),
                                   "time_unix": now, "data_fingerprint": job.get("data_fingerprint", "")})
-    time_s = float(mine.item())
     algbw = job["size_bytes"] / time_s if time_s > 0 else 0.0
     out = {"world_size": n, "size_bytes": job["size_bytes"], "iters": job["iters"], "time_s": time_s,
-           "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+           "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw(job["size_bytes"], time_s, n),
            "correct": correct, "ranks": seen, "device_name": "cpu"}
+    if gloo is not None:
+        out["gloo"] = gloo
     if device.type == "cuda":
         out["device_name"] = torch.cuda.get_device_name(device)
         try:
