@@ -77,6 +77,21 @@ def assert_caught_looking_ahead(record):
     c = record["eval"]["causality"]
     assert c["checked_batches"] >= 2 and c["worst_deviation"] > c["tolerance"] and record["val_loss"] is None
     assert "unscored_val_loss" in record["eval"]  # kept for the audit, never ranked
+    # it reproduced itself on the unchanged batch: the deviation is its look-ahead (noise: test_causality_verdict.py)
+    assert c["verdict"] == "non-causal" and c["causal"] is False and c["reproduced_batches"] == 1
+    assert c["reproduction_deviation"] <= c["tolerance"], c
+
+
+def assert_never_ranked_looking_ahead(record):
+    """A model whose answers depend on the batches it saw before (a memory of prefixes) gives other answers
+    for the unchanged batch the check process re-runs, which it sees after other batches than the scoring
+    process did: its look-ahead is then flagged "inconclusive" (scored, hidden from the ranking until a
+    person decides; tests/test_causality_verdict.py), else `invalid`. Never ranked either way."""
+    c = record["eval"]["causality"]
+    if c["verdict"] != "inconclusive":
+        return assert_caught_looking_ahead(record)
+    assert c["worst_deviation"] > c["tolerance"] and c["reproduction_deviation"] > c["tolerance"], c
+    assert record["flagged"] and "causality inconclusive" in record["flag_reason"], record["flag_reason"]
 
 
 def test_looking_ahead_only_in_batches_is_caught_on_the_scoring_itself(cli, tmp_path):
@@ -119,7 +134,7 @@ def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
     """The re-run batch goes to another model process that never saw the original and starts only after
     the first one and everything it started are dead (its private folder removed): nothing to read."""
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "memo_peek")
-    assert result.code == 1
+    assert result.code == (0 if record["status"] == "ok" else 1), record["reason"]
     seen = []
     for log in ("eval-check-rank0.log", "eval-model-rank0.log"):
         text = _log(run_dir, log)
@@ -130,7 +145,7 @@ def test_remembering_prefixes_does_not_survive_the_check(cli, tmp_path):
         assert not any(role in p for p in paths for role in ("check", "model")), paths
         seen += paths
     assert len(set(seen)) == 2, "each model process writes its own log"
-    assert_caught_looking_ahead(record)
+    assert_never_ranked_looking_ahead(record)  # its memory makes it history-dependent: often inconclusive
 
 
 def test_the_scoring_process_runs_first_and_cannot_learn_which_batches_are_checked(cli, tmp_path):
@@ -254,6 +269,7 @@ def test_an_honest_model_is_scored_as_computed_independently(honest_run, cache_d
     assert record["status"] == "ok" and not record["flagged"]
     c = record["eval"]["causality"]
     assert c["causal"] is True and c["worst_deviation"] <= c["tolerance"] and c["checked_batches"] >= 2
+    assert c["verdict"] == "causal" and c["reproduction_deviation"] <= c["tolerance"] and c["reproduced_batches"] == 1
     assert record["track"]["data"]["val_tokens"] == PARTIAL_VAL_TOKENS
     assert record["precision"] == "float32"
     assert record["val_loss"] == pytest.approx(independent_val_loss(run_dir, cache_dir, val_tokens=PARTIAL_VAL_TOKENS),
@@ -278,6 +294,7 @@ def test_an_honest_model_is_never_caught_at_any_number_of_ranks(honest_run, rank
     assert out["val_loss"] == pytest.approx(record["val_loss"], abs=1e-6)
     assert out["val_tokens"] == PARTIAL_VAL_TOKENS
     assert out["causality"]["causal"] is True and out["causality"]["worst_deviation"] <= out["causality"]["tolerance"]
+    assert out["causality"]["verdict"] == "causal" and out["causality"]["reproduced_batches"] == ranks  # one a rank
 
 
 def test_masked_vocabulary_entries_at_minus_infinity_agree():

@@ -204,9 +204,13 @@ def eval_cmd(run_dir, nproc_per_node, data_root, as_json):
         click.echo(line)
         c = result.causality
         if c:
-            click.echo(f"causality: {c['checked_batches']} of {c['batches']} scoring batches re-run with their ends "
-                       f"replaced; largest change before a cut {c['worst_deviation']:.3g} nats (tolerance "
-                       f"{c['tolerance']:.3g})")
+            click.echo(f"causality: {c.get('verdict', 'causal')}: {c['checked_batches']} of {c['batches']} scoring batches "
+                       f"re-run with their ends replaced; largest change before a cut {c['worst_deviation']:.3g} nats "
+                       f"(tolerance {c['tolerance']:.3g})"
+                       + (f"; a scoring batch re-run unchanged differed by {c['reproduction_deviation']:.3g}"
+                          if c.get("reproduction_deviation") is not None else ""))
+            if result.reason:
+                click.echo(result.reason)
     sys.exit(0 if result.status == "ok" else 1)
 
 

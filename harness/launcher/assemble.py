@@ -349,13 +349,16 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: li
                                         "non-finite logits)")
         return
     causality = r0.get("causality")
-    if causality is not None and not causality.get("causal", True):
+    verdict = causality_verdict(causality)
+    if verdict == "non-causal":
         # The figure is kept for the audit, but it is not a result: a model that looks ahead is not scored.
         record.eval["unscored_val_loss"] = value
         set_outcome(record, "invalid", describe_noncausal(causality))
         return
     record.val_loss = value
     set_outcome(record, "ok")  # the record is final only now
+    if verdict == "inconclusive":  # scored, and hidden from the ranking until a person has looked
+        flag_run(record, describe_inconclusive(causality, record.run_id))
     if record.loss_floor is not None:
         record.loss_gap = record.val_loss - record.loss_floor
         check_below_floor(record, r0)
@@ -405,6 +408,27 @@ def check_model_compute(record: RunRecord, computes: list) -> None:
                                  f"one batch, against a median of {float(times['median_s']):.3f} s (more than "
                                  f"{bound:.1f} s): work in evaluation that is not a forward pass?")
                 return
+
+
+def causality_verdict(c: dict | None) -> str | None:
+    """The check's verdict ("causal", "non-causal", "inconclusive"); None without a check. A record's
+    causality from before the verdict existed has only `causal`."""
+    if c is None:
+        return None
+    if c.get("verdict") in ("causal", "non-causal", "inconclusive"):
+        return c["verdict"]
+    return "causal" if c.get("causal", True) else "non-causal"
+
+
+def describe_inconclusive(c: dict, run_id: str) -> str:
+    return (f"causality inconclusive: on the scoring batches re-run with every row's tokens after a secret cut "
+            f"replaced, the log-probabilities before the cut changed by up to {c['worst_deviation']:.3g} nats (more "
+            f"than the {c['tolerance']:.3g} tolerance), but the check process also gave other log-probabilities, "
+            f"by up to {c['reproduction_deviation']:.3g} nats, for a scoring batch it re-ran unchanged: the model "
+            "does not reproduce its own output on this machine (nondeterministic kernels or atomics, kernels "
+            "autotuned differently in the two processes, noise), so the check cannot tell whether it looks ahead. "
+            f"Re-score it (`harness eval` on its record folder: a fresh secret sample) or read the model for "
+            f"look-ahead and for what makes it nondeterministic; `harness unflag {run_id}` ranks it")
 
 
 def describe_noncausal(c: dict) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.launcher.assemble import describe_noncausal
+from harness.launcher.assemble import causality_verdict, describe_inconclusive, describe_noncausal
 from harness.launcher.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
@@ -97,8 +97,11 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
                             log_path=log, abort=abort, reporter=reporter)
     r0 = ev.reports("eval_result").get(0, {})
     status, reason, causality = ev.outcome.status, ev.outcome.reason, r0.get("causality")
-    if status == "ok" and causality is not None and not causality.get("causal", True):
+    verdict = causality_verdict(causality)
+    if status == "ok" and verdict == "non-causal":
         status, reason = "invalid", describe_noncausal(causality)
+    elif status == "ok" and verdict == "inconclusive":  # a figure, and a word for the person who asked
+        reason = describe_inconclusive(causality, record.run_id)
     return Rescore(status=status, reason=reason, val_loss=r0.get("val_loss"), recorded_val_loss=record.val_loss,
                    val_tokens=r0.get("val_tokens"), world_size=nproc, eval_time_s=r0.get("eval_time_s"),
                    causality=causality, sandbox=r0.get("sandbox"))

@@ -9,7 +9,9 @@ pipe, runs forward, writes the logits into a shared buffer and says so. Before i
 anything of the submission it enters the sandbox (no validation data, no runs tree, no TCP;
 it never runs at the same time as the other model process of its scorer: the
 scoring one is killed, with all it started, before the check one starts), and it is told nothing about which
-batch is which: a batch that is scored and a batch that checks causality look the same.
+batch is which: a batch that is scored and a batch that checks causality look the same. It holds the
+scorer's determinism settings (`hold_determinism`) before the model is built and before every forward,
+so that both model processes give the same numbers for the same inputs on a GPU too.
 
 The messages are harness/ranks/wire.py's.
 """
@@ -69,6 +71,33 @@ def eager():
     return torch.compiler.set_stance("force_eager")
 
 
+def hold_determinism(spec: dict) -> None:
+    """Put in force what makes the same inputs give the same numbers in the scoring and the check process
+    (the scorer's DETERMINISM, harness/scoring/scorer.py): called before the team's model is built and
+    again right before every forward, because team code may flip any of it (`cudnn.benchmark = True` in
+    get_model). Inductor's config is set only where something already loaded it (importing it costs a
+    second and loads dynamo); the environment covers a later import. Where a setting still differs, or
+    team code changes it during a forward, the check's reproduction batch shows it ("inconclusive")."""
+    import torch
+
+    os.environ.update(spec.get("env", {}))  # cuBLAS reads its workspace when it makes a handle; Inductor at import
+    if spec.get("deterministic_algorithms"):
+        torch.use_deterministic_algorithms(True, warn_only=spec["deterministic_algorithms"] == "warn_only")
+    if "cudnn_benchmark" in spec:
+        torch.backends.cudnn.benchmark = bool(spec["cudnn_benchmark"])
+    if "cudnn_deterministic" in spec:
+        torch.backends.cudnn.deterministic = bool(spec["cudnn_deterministic"])
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        for name, value in spec.get("inductor", {}).items():
+            *path, leaf = name.split(".")
+            target = config
+            for part in path:
+                target = getattr(target, part, None)
+            if target is not None and hasattr(target, leaf):  # another torch may lack one: the others still hold
+                setattr(target, leaf, value)
+
+
 def _die_with_parent() -> None:
     """If the scorer dies, so does this process (Linux)."""
     if sys.platform.startswith("linux"):
@@ -123,6 +152,8 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
     from harness.ranks.process import deterministic_compile
 
     deterministic_compile()  # the scoring and the check process pick the same kernels (harness/ranks/process.py)
+    determinism = setup.get("determinism") or {}
+    hold_determinism(determinism)  # before CUDA starts and before the model is built
     torch.set_num_threads(max(1, int(setup["threads"])))
     device = torch.device(setup["device"])
     if device.type == "cuda":
@@ -143,6 +174,7 @@ def serve(requests: int, replies: int, buffer: mmap.mmap) -> None:
         if kind == QUIT:
             return
         idx = torch.frombuffer(bytearray(payload), dtype=torch.int64).view(rows, seq_len).to(device)
+        hold_determinism(determinism)  # again: get_model or an earlier forward may have flipped it
         with torch.inference_mode(), autocast, eager():
             out = model(idx)
         check_forward_output(out, rows, seq_len, vocab_out, False, file)

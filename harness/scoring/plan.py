@@ -12,6 +12,12 @@ validation tokens, the track's sizes and a secret seed.
   happens after the process that scored is gone: the scorer keeps, of each checked row, only the
   log-probabilities the comparison needs (`keep_for_check`: positions up to the cut, at most
   `window` of them) and compares them with the re-run's (`deviation_kept`).
+- One scoring batch per scorer rank, never perturbed (`reproduction_batches`, drawn before the checks
+  and never among them), is re-run unchanged by the check process, at a secret place among the
+  perturbed ones: a model that cannot reproduce its own log-probabilities there is not deterministic
+  on this machine, and a deviation on the perturbed batches proves nothing (`causality_verdict`).
+  It is never a checked batch: the check process would then hold a checked row's own tokens after
+  its cut, the very tokens a look-ahead needs to answer the perturbed copy as the scoring process did.
 """
 
 from __future__ import annotations
@@ -77,11 +83,12 @@ def detectable_fraction(rows: int, confidence: float = 0.95) -> float | None:
 
 
 def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2, rows: list[int] | None = None,
-                  min_rows: int = 0) -> set[int]:
+                  min_rows: int = 0, exclude=frozenset()) -> set[int]:
     """The batches re-run for causality: at least `minimum` (all, if fewer), else a fraction; and more,
-    in the same secret order, until they hold `min_rows` rows (`rows`: each batch's rows)."""
-    k = min(n_batches, max(minimum, math.ceil(fraction * n_batches)))
-    order = [int(b) for b in _rng(seed, 2).permutation(n_batches)]
+    in the same secret order, until they hold `min_rows` rows (`rows`: each batch's rows). Never one of
+    `exclude` (the reproduction batches)."""
+    order = [int(b) for b in _rng(seed, 2).permutation(n_batches) if int(b) not in exclude]
+    k = min(len(order), max(minimum, math.ceil(fraction * n_batches)))
     chosen = order[:k]
     if rows is not None and min_rows:
         have = sum(rows[b] for b in chosen)
@@ -91,6 +98,38 @@ def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2, 
             chosen.append(b)
             have += rows[b]
     return set(chosen)
+
+
+def reproduction_batches(n_batches: int, world_size: int, seed: int) -> dict[int, int]:
+    """{scorer rank: the one of its batches its check process re-runs unchanged}, drawn in secret; a rank
+    with no batch has none. Drawn before the checks, which never take one (choose_checks' `exclude`)."""
+    out = {}
+    for rank in range(world_size):
+        mine = batches_for_rank(n_batches, rank, world_size)
+        if mine:
+            out[rank] = mine[int(_rng(seed, 4, rank).integers(len(mine)))]
+    return out
+
+
+def check_order(n_jobs: int, seed: int, rank: int) -> list[int]:
+    """The secret order in which a rank's check process gets its batches (the perturbed ones and the
+    reproduction): its place says nothing. (Its rows have no splice, which a model could notice; knowing
+    which batch is unchanged lets it answer no perturbed one as the scoring process did, so a look-ahead
+    ends `non-causal`, or `inconclusive` if it spoils the reproduction: never ranked.)"""
+    return [int(i) for i in _rng(seed, 5, rank).permutation(n_jobs)]
+
+
+def causality_verdict(worst: float, reproduction: float | None, tolerance: float) -> str:
+    """"causal" when no perturbed batch moved the log-probabilities before the cut by more than the
+    tolerance; "non-causal" when one did and the model reproduced itself on the unchanged batch (or
+    there was none to reproduce); "inconclusive" when it did not reproduce itself either: a model
+    that gives other numbers for the same inputs (nondeterministic kernels, atomics, a kernel
+    autotuned differently in the two processes, or noise) shows a deviation that proves nothing."""
+    if worst <= tolerance:
+        return "causal"
+    if reproduction is None or reproduction <= tolerance:
+        return "non-causal"
+    return "inconclusive"
 
 
 def window_batch(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

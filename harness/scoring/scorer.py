@@ -10,12 +10,17 @@ checkpoint's sha256 against the record, reads the validation tokens, and draws a
 (shared by the scorer ranks, recorded only in the result). For each of its
 batches (harness/scoring/plan.py) it hands the inputs over, takes the logits back and computes the
 cross-entropy of the targets itself, in float32 on the CPU, summed in float64; of the
-batches drawn for the causality check it keeps the log-probabilities up to each row's cut. Then it
+batches drawn for the causality check, and of the one it will re-run unchanged, it keeps the
+log-probabilities up to each row's cut. Then it
 kills that process and everything it started, waits until every scorer rank has done so (a
 barrier), and only then starts the check process, which gets the checked batches with every row's
-tokens after a secret cut replaced; the scorer compares its log-probabilities up to the cut with
-the kept ones. The two model processes never exist at the same time, on any rank: the scoring one
-cannot see whether a batch is being checked, nor talk to the one that checks.
+tokens after a secret cut replaced, and, at a secret place among them, one scoring batch unchanged
+(the reproduction); the scorer compares its log-probabilities up to the cut with the kept ones. A
+model that does not reproduce itself on the unchanged batch is not deterministic here: a deviation
+on the perturbed ones then proves nothing, and the verdict is "inconclusive" (plan.causality_verdict).
+Both model processes hold DETERMINISM (harness/ranks/model_worker.py applies it before the model is
+built and again before every forward). The two model processes never exist at the same time, on any
+rank: the scoring one cannot see whether a batch is being checked, nor talk to the one that checks.
 
 The scorer itself never touches a GPU, on any track: its collectives are gloo's, and its arithmetic is
 one cross-entropy per scored token on logits it must copy out of the shared buffer anyway. So a GPU
@@ -45,6 +50,29 @@ from harness.ranks.process import (
 
 
 KEEP_BYTES = 4 << 30  # per scorer rank: the scoring log-probabilities kept for the checked rows
+
+# What both model processes hold, so that the same inputs give the same numbers in the scoring and the
+# check process on a GPU (on a CPU they already do). `env` is their environment from the start (cuBLAS
+# reads its workspace setting when CUDA starts; Inductor reads its variables when its config is first
+# imported); the rest is set before the team's model is built and again before every forward, since team
+# code may flip it (harness/ranks/model_worker.py: hold_determinism). Recorded in `eval.causality`.
+DETERMINISM = {
+    "env": {
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",  # a fixed cuBLAS workspace: what deterministic cuBLAS needs
+        "TORCHINDUCTOR_DETERMINISTIC": "1",  # Inductor: no benchmark that can change numerics picks a kernel
+        "TORCHINDUCTOR_MAX_AUTOTUNE": "0", "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "0",
+        "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "0", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "0",
+        "TORCHINDUCTOR_MULTI_KERNEL": "0", "TORCHINDUCTOR_BENCHMARK_FUSION": "0",
+        "TORCHINDUCTOR_BENCHMARK_EPILOGUE_FUSION": "0",
+    },
+    "deterministic_algorithms": "warn_only",  # torch.use_deterministic_algorithms(True, warn_only=True)
+    "cudnn_benchmark": False,  # cuDNN picks no algorithm by timing it
+    "cudnn_deterministic": True,
+    # torch._inductor.config, where the team's code loaded it: one kernel choice, none by timing
+    "inductor": {"deterministic": True, "max_autotune": False, "max_autotune_pointwise": False,
+                 "max_autotune_gemm": False, "coordinate_descent_tuning": False, "triton.autotune_pointwise": False,
+                 "triton.multi_kernel": 0, "benchmark_fusion": False, "benchmark_epilogue_fusion": False},
+}
 
 
 def one_visible_device(visible: str | None, local_rank: int) -> str:
@@ -92,7 +120,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
              "cuda_visible_devices": one_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), env.local_rank)
              if job.device == "cuda" else None,
              "precision": job.dtype, "threads": job.cpu_threads_per_rank, "vocab_out": V, "sandbox": job.sandbox,
-             "model_file": job.model_file}
+             "model_file": job.model_file, "determinism": DETERMINISM}
     size = job.batch_size * T * V * 4
     logs = Path(job.log_dir)
 
@@ -130,14 +158,20 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     n_windows = job.val_tokens // job.seq_len
     order = plan.window_order(n_windows, seed)
     batches = plan.batch_plan(n_windows, job.batch_size)
+    # One batch per rank is re-run unchanged (the reproduction), never perturbed: drawn before the checks.
+    reproduced = plan.reproduction_batches(len(batches), env.world_size, seed) if job.causality_check else {}
     checks = plan.choose_checks(len(batches), job.causality_fraction, seed, rows=[n for _, n in batches],
-                                min_rows=job.causality_min_rows) if job.causality_check else set()
+                                min_rows=job.causality_min_rows,
+                                exclude=set(reproduced.values())) if job.causality_check else set()
     mine = plan.batches_for_rank(len(batches), env.rank, env.world_size)
+    mine_reproduced = reproduced.get(env.rank)
 
     # What the comparison needs of the scoring logits, bounded: every position up to each cut if it fits
-    # KEEP_BYTES, else the last `window` positions up to each cut (the cut's own position always).
+    # KEEP_BYTES, else the last `window` positions up to each cut (the cut's own position always). The
+    # reproduction's cuts are drawn as a checked batch's: its comparison is the same, on unchanged inputs.
     mine_checked = [b for b in mine if b in checks]
-    cuts_of = {b: plan.check_cuts(seed, b, batches[b][1], T) for b in mine_checked}
+    cuts_of = {b: plan.check_cuts(seed, b, batches[b][1], T)
+               for b in [*mine_checked, *([mine_reproduced] if mine_reproduced is not None else [])]}
     need = sum(int(c) + 1 for cuts in cuts_of.values() for c in cuts) * V * 4
     rows_checked = sum(len(cuts) for cuts in cuts_of.values())
     window = None if need <= KEEP_BYTES else max(1, KEEP_BYTES // max(1, rows_checked * V * 4))
@@ -178,42 +212,59 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     if env.world_size > 1:
         dist.barrier()
 
-    # 3. The check process re-runs the checked batches with the tokens after each cut replaced. Every
-    # rank starts one, checked batches or not: ranks wait for each other at the end with the
-    # collective timeout, and none should wait there while another starts a process and loads a model.
-    worst, worst_at, checked = 0.0, None, 0
+    # 3. The check process re-runs the checked batches with the tokens after each cut replaced, and the
+    # reproduction batch as it is, in a secret order. Every input is made before the first is handed over,
+    # and each batch then goes through the same steps: nothing the scorer does between two batches (the
+    # time a perturbation takes) tells the model process which one is unchanged. Every rank starts one,
+    # checked batches or not: ranks wait for each other at the end with the collective timeout, and none
+    # should wait there while another starts a process and loads a model.
+    jobs = []  # (batch, inputs, cuts, reproduction?)
+    for b in mine_checked:
+        first, n = batches[b]
+        x, _ = plan.window_batch(tokens, order[first:first + n], T)
+        xp, cuts = plan.perturb(x, tokens, seed, b)
+        jobs.append((b, xp, cuts, False))
+    if mine_reproduced is not None:
+        first, n = batches[mine_reproduced]
+        x, _ = plan.window_batch(tokens, order[first:first + n], T)
+        jobs.append((mine_reproduced, x, cuts_of[mine_reproduced], True))
+    jobs = [jobs[i] for i in plan.check_order(len(jobs), seed, env.rank)]
+    worst, worst_at, checked, reproduction = 0.0, None, 0, -1.0
     check_s: list[float] = []
     checker = start()
     checker.log_path = logs / f"eval-check-rank{env.rank}.log"
     ready["check"] = checker.wait_ready()
     exposed |= set(checker.exposed)
-    for b in mine_checked:
-        first, n = batches[b]
-        x, _ = plan.window_batch(tokens, order[first:first + n], T)
-        xp, cuts = plan.perturb(x, tokens, seed, b)
+    for b, inputs, cuts, is_reproduction in jobs:
         t_batch = perf_counter()
-        checker.submit(xp)
+        checker.submit(inputs)
         answer = checker.logits(V)
         check_s.append(perf_counter() - t_batch)
         dev, row, pos = plan.deviation_kept(kept.pop(b), answer, cuts, window)
+        if is_reproduction:
+            reproduction = dev
+            continue
         checked += 1
         if dev > worst or worst_at is None:
             worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
     end(checker)
 
     rows_done = sum(len(cuts_of[b]) for b in mine_checked)
-    sums = torch.tensor([0.0, float(count), float(checked), 0.0, float(rows_done)], dtype=torch.float64, device=device)
+    sums = torch.tensor([0.0, float(count), float(checked), 0.0, float(rows_done), float(reproduction >= 0)],
+                        dtype=torch.float64, device=device)
     sums[0], sums[3] = total, total_sq
-    peak = torch.tensor([worst], dtype=torch.float64, device=device)
+    peak = torch.tensor([worst, reproduction], dtype=torch.float64, device=device)  # -1: no reproduction here
     if env.world_size > 1:
         dist.all_reduce(sums)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     n = int(sums[1].item())
     if n != job.val_tokens:
         raise RuntimeError(f"scored {n} tokens, expected exactly {job.val_tokens}")
-    worst_all = float(peak.item())
+    worst_all = float(peak[0].item())
+    reproduction_all = float(peak[1].item()) if int(sums[5].item()) else None
     mean = float(sums[0].item()) / n
     rows_all = int(sums[4].item())
+    verdict = plan.causality_verdict(worst_all, reproduction_all, job.causality_tolerance)
     return {
         "val_loss": mean, "val_tokens": n, "eval_world_size": env.world_size,
         "val_loss_token_std": max(0.0, float(sums[3].item()) / n - mean * mean) ** 0.5 if math.isfinite(mean) else None,
@@ -223,7 +274,11 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
             "checked_batches": int(sums[2].item()), "batches": len(batches), "rows_checked": rows_all,
             "detects_fraction_95": plan.detectable_fraction(rows_all),
             "fraction": int(sums[2].item()) / len(batches), "worst_deviation": worst_all,
-            "tolerance": job.causality_tolerance, "causal": worst_all <= job.causality_tolerance,
+            "tolerance": job.causality_tolerance, "verdict": verdict, "causal": verdict == "causal",
+            "reproduction": "one unchanged scoring batch per scorer rank, re-run by the check process at a "
+                            "secret place among the perturbed ones",
+            "reproduced_batches": int(sums[5].item()), "reproduction_deviation": reproduction_all,
+            "determinism": DETERMINISM,
             "worst_at": worst_at if worst_all == worst else None, "seed": f"{seed:016x}",
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
         },

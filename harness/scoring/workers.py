@@ -213,7 +213,9 @@ class ModelWorker:
         self.buffer = mmap.mmap(self.buffer_fd, max(1, buffer_bytes))
         req_r, self.requests = os.pipe()
         self.replies, rep_w = os.pipe()
-        env = {**sandbox.private_environment(self.dir), **MODEL_PROCESS_ENV}
+        # The determinism settings that must be in place before CUDA or Inductor starts (scorer.DETERMINISM).
+        env = {**sandbox.private_environment(self.dir), **MODEL_PROCESS_ENV,
+               **setup.get("determinism", {}).get("env", {})}
         if setup.get("cuda_visible_devices") is not None:  # its rank's GPU only (scorer.one_visible_device)
             env["CUDA_VISIBLE_DEVICES"] = setup["cuda_visible_devices"]
         log_dir.mkdir(parents=True, exist_ok=True)
