@@ -1,7 +1,12 @@
-"""The GPU path end to end on one GPU box, in under 8 minutes: run it through scripts/gpu-check.
+"""The GPU path end to end on one GPU box, in under 8 minutes, offline: run it through scripts/gpu-check.
 
     scripts/gpu-check [--keep DIR] [--json PATH]     # a GPU box: the dev-gpu track, every visible GPU
     scripts/gpu-check --cpu-smoke [--keep DIR]       # the same phases on 2 CPU ranks, tiny (the test suite's)
+
+It runs in the interpreter it is started with (scripts/gpu-check: `python3` on PATH, or HARNESS_PYTHON),
+the harness imported from this checkout (put first on PYTHONPATH for every `python -P -m harness` it
+starts), and reaches no network: first it checks that the interpreter holds every package pyproject.toml
+names, and says which is missing and how to carry it as a wheel (`missing_packages`).
 
 It makes a small learnable token set in the event's format (raw uint16 shards, vocabulary 32,000, laid
 out as dev-gpu expects), then runs, each with `harness run` as a team would, each evaluated on 262,144
@@ -23,12 +28,20 @@ held-out tokens (`--val-tokens`: 8 batches of 32 x 1,024), in this order:
 Estimates, not measurements (no GPU has been lent to this project yet): a harness run costs about 50 s
 beyond its training (the check before the run ~15 s, ranks up to the first step ~15 s, checkpoint and
 communication probe ~5 s, evaluation ~15 s: scorer, model-process template, two model processes that
-each start CUDA and load the weights). Each phase stops at its cap and the script at 460 s (a phase cut
-short gets SIGTERM, so that the launcher records it aborted, and SIGKILL 10 s later), so it ends within
-8 minutes whatever happens; a phase cut short, or never started, fails its column. The most
-uncertain phase (the compile time) runs last, so that it cannot starve the others. Phase 5 runs on one
-run only: evaluation unwraps a compiled module and runs it eagerly, so the eager run's would repeat the
-same code for two more evaluations.
+each start CUDA and load the weights). Each phase stops at its cap and the script at 460 s from its
+start, its checks before the phases included (a phase cut short gets SIGTERM, so that the launcher
+records it aborted, and SIGKILL 10 s later), so it ends within 8 minutes whatever happens; a phase cut
+short, or never started, fails its column. The most uncertain phase (the compile time) runs last, so
+that it cannot starve the others. Phase 5 runs on one run only: evaluation unwraps a compiled module
+and runs it eagerly, so the eager run's would repeat the same code for two more evaluations.
+
+Where the kernel has no Landlock (gVisor: kernel 4.4, no user namespaces either), every run goes on a
+copy of the track with `sandbox = "off"` (gpu_check_parts.the_track), the table's first row says so
+("sandbox: Landlock unavailable (...) — measured without it") and the sandbox's rows are unavailable, not
+failed: every GPU path is still measured. Found as the harness finds it (gpu_check_parts.host_sandbox),
+never chosen by a switch. Where $OUT is set (the lent machine's folder of files that come back), the
+figures go there too: gpu-check.json (every cell, the table's text, timings), gpu-check.txt (the table),
+gpu-check-records.tar.gz (each run's record and logs, without checkpoints).
 
 What it checks, one table (gpu_check_rows.py): status (ok, not flagged), the 124M runs' MFU (the
 record's, and at the median step), precision bf16, backend NCCL, COMPILE in the record, the sandbox
@@ -44,28 +57,36 @@ holds; --cpu-smoke shows what cannot hold on a CPU (NCCL, bf16, MFU, the GPU pro
 --cpu-smoke runs the same phases on a CPU track (dev-gpu's file on 2 CPU ranks with gloo:
 gpu_check_parts.SMOKE_TRACK), vocabulary 256, 2-layer models, 3 steps each (counted, not timed), and
 the compiled run as get_model's own torch.compile on dynamo's eager backend (Inductor's C++ compile
-would take 30 s of 2 cores). 63-100 s on the 2-core development machine under a load of 2 to 3.5: the
+would take 30 s of 2 cores). 63-110 s on the 2-core development machine under a load of 2 to 5: the
 harness's own ~10 s per run and 5-10 s per evaluation, not the smoke's work.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]  # the checkout's harness, whatever is installed
 
-from gpu_check_parts import GPU, SMOKE, ScorerWatch, Sizes, log_lines, make_data, smoke_track  # noqa: E402
+# Standard library only, these two (numpy is imported where the data is made): what is missing is said first.
+from gpu_check_parts import GPU, SMOKE, ScorerWatch, Sizes, host_sandbox, log_lines, make_data, the_track  # noqa: E402
 from gpu_check_parts import big_submission, compiled_forward_submission, open_submission  # noqa: E402
-from gpu_check_rows import FAIL, Column, cells, table  # noqa: E402
+from gpu_check_rows import FAIL, UNAVAILABLE, Column, cells, host_rows, table  # noqa: E402
 
 TOTAL_S = 460.0  # the GPU box's whole run: 8 minutes, less a cut phase's grace and the table
 MIN_PHASE_S = 20.0  # a phase is not started with less than this left
@@ -73,8 +94,8 @@ STOP_GRACE_S = 10.0  # a phase past its cap: SIGTERM (the launcher aborts its jo
 
 
 class Clock:
-    def __init__(self, total_s: float | None):
-        self.t0, self.total_s = time.monotonic(), total_s
+    def __init__(self, total_s: float | None, t0: float):
+        self.t0, self.total_s = t0, total_s
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -85,11 +106,72 @@ class Clock:
         return left if left >= MIN_PHASE_S else None
 
 
+# --------------------------------------------------------------------------- the interpreter
+
+MODULES = {"py-landlock": "py_landlock"}  # a distribution whose module is not its name with "_" for "-"
+WHEEL_PLATFORMS = " ".join(f"--platform {p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                                                       "manylinux_2_17_x86_64", "manylinux2014_x86_64"))
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def missing_packages() -> list[str]:
+    """pyproject.toml's dependencies (those this platform needs) that this interpreter lacks, or holds below
+    the version named (`>=` only: the one form the file uses), each as its requirement."""
+    missing = []
+    for requirement in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        spec, _, marker = (part.strip() for part in requirement.partition(";"))
+        only_on = re.search(r"sys_platform\s*==\s*['\"](\w+)['\"]", marker)
+        if only_on and only_on.group(1) != sys.platform:
+            continue
+        name = re.match(r"[A-Za-z0-9_.-]+", spec).group(0)
+        if importlib.util.find_spec(MODULES.get(name, name.replace("-", "_"))) is None:
+            missing.append(spec)
+            continue
+        least = re.search(r">=\s*([\w.]+)", spec)
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # importable without its metadata: taken as it is
+            continue
+        if least and _version(have) < _version(least.group(1)):
+            missing.append(f"{spec} (this one has {have})")
+    return missing
+
+
+def carry_hint(missing: list[str]) -> str:
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    names = " ".join(f"'{m.split(' (')[0]}'" for m in missing)
+    if any(m.startswith("torch") for m in missing):  # gigabytes, built for a CUDA: not a wheel to carry
+        return (f"{sys.executable} (Python {sys.version.split()[0]}) lacks {', '.join(missing)}: give "
+                "scripts/gpu-check an interpreter that holds a CUDA build of torch (--python PY or HARNESS_PYTHON; "
+                "on the lent H200 machine, its python3), and carry the rest as wheels (docs/performance.md, "
+                "\"The GPU path\").")
+    return (f"{sys.executable} (Python {sys.version.split()[0]}) lacks what the harness imports: "
+            f"{', '.join(missing)}.\nCarry it as wheels: on a machine with the network, in the repository root,\n"
+            f"  python3 -m pip download --no-deps --only-binary=:all: --python-version {py} --implementation cp "
+            f"{WHEEL_PLATFORMS} -d .whl {names}\n"
+            "(and each of their own requirements: `unzip -p .whl/NAME-*.whl '*/METADATA' | grep ^Requires-Dist`), "
+            "then name .whl in the run's carry list: scripts/gpu-check installs .whl/*.whl with pip --no-index "
+            "--target before it starts (docs/performance.md, \"The GPU path\").")
+
+
+def child_env(**extra: str) -> dict:
+    """This environment, the checkout first on PYTHONPATH: `python -P -m harness` imports this harness
+    (harness/ranks/interpreter.py does the same for the harness's own children)."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *parts]), **extra}
+
+
+# --------------------------------------------------------------------------- the phases
+
+
 def harness(args: list[str], env: dict, timeout_s: float | None) -> tuple[int | None, str, str, dict]:
     """`harness ...` in a fresh process, its scorers watched; (exit code or None if cut, stdout, stderr, scorers)."""
     if timeout_s is None:
         return None, "", f"not started: less than {MIN_PHASE_S:.0f} s left of the {TOTAL_S:.0f} s", {}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "harness", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     with ScorerWatch(proc.pid) as watch:
         try:
@@ -114,7 +196,8 @@ def run(col: Column, submission: Path, extra: list[str], *, track: str, track_na
     t0, before = time.monotonic(), set((runs / track_name / team).glob("*/run.json"))
     code, _, err, seen = harness(["run", str(submission), "--track", track, "--no-leaderboard",
                                   "--val-tokens", str(sizes.val_tokens), *extra], env, timeout_s)
-    print(f"[{col.name}] harness run {submission.name} {' '.join(extra)}: {time.monotonic() - t0:.0f} s", flush=True)
+    col.seconds["run"] = round(time.monotonic() - t0, 1)
+    print(f"[{col.name}] harness run {submission.name} {' '.join(extra)}: {col.seconds['run']:.0f} s", flush=True)
     col.scorers.update(seen)
     found = sorted(set((runs / track_name / team).glob("*/run.json")) - before)  # this run's, not a kept folder's
     if code is None or not found:
@@ -137,7 +220,8 @@ def evaluate(col: Column, env: dict, clock: Clock, cap_s: float) -> None:
         t0 = time.monotonic()
         code, out, err, seen = harness(["eval", str(col.run_dir), "--nproc-per-node", str(n), "--json"], env,
                                        clock.timeout(cap_s))
-        print(f"[{col.name}] harness eval at {n} rank(s): {time.monotonic() - t0:.0f} s", flush=True)
+        col.seconds[f"eval at {n}"] = round(time.monotonic() - t0, 1)
+        print(f"[{col.name}] harness eval at {n} rank(s): {col.seconds[f'eval at {n}']:.0f} s", flush=True)
         col.scorers.update(seen)
         try:
             result = json.loads(out)
@@ -163,12 +247,47 @@ def describe_machine(gpu: bool) -> str:
             f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
 
 
+FIGURES = ("status", "reason", "steps", "tokens_per_s", "mfu", "flops_per_token", "tokens_per_step", "median_step_s",
+           "max_step_s", "first_step_s", "peak_flops_per_device", "world_size", "peak_mem_gib", "startup_s",
+           "train_time_s", "val_loss", "loss_floor", "precision", "compiled", "device_name", "versions", "timings",
+           "warnings")
+
+
+def figures(record: dict | None) -> dict:
+    """The record's figures the docs quote (the whole record is in gpu-check-records.tar.gz)."""
+    r = record or {}
+    return {k: r[k] for k in FIGURES if k in r} | {"eval": {k: v for k, v in (r.get("eval") or {}).items()
+                                                            if not isinstance(v, (dict, list))}}
+
+
+def records_archive(path: Path, columns: list[Column]) -> None:
+    """Each run's record, metrics and logs (the last MiB of each log), without its checkpoint or submission:
+    what explains a failed cell once the machine that ran it is gone."""
+    with tarfile.open(path, "w:gz") as tar:
+        for col in columns:
+            if col.run_dir is None:
+                continue
+            logs = sorted((col.run_dir / "logs").glob("*.log"))
+            for f in [col.run_dir / "run.json", col.run_dir / "metrics.csv", *logs]:
+                if not f.is_file():
+                    continue
+                data = f.read_bytes()[-(1 << 20):]
+                info = tarfile.TarInfo(f"{col.run_dir.parent.name}/{f.relative_to(col.run_dir)}")
+                info.size, info.mtime = len(data), int(f.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+
+
 def main() -> int:
+    clock_started = time.monotonic()  # the 460 s count from here: the checks before the phases included
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="the same phases on a CPU at tiny sizes, steps not time")
     ap.add_argument("--keep", default=None, help="keep the data, submissions and records in this folder")
     ap.add_argument("--json", default=None, help="also write every cell of the table to this file")
     args = ap.parse_args()
+    missing = missing_packages()
+    if missing:
+        print(carry_hint(missing), file=sys.stderr)
+        return 2
     import torch
 
     sizes = SMOKE if args.cpu_smoke else GPU
@@ -176,17 +295,26 @@ def main() -> int:
         print("no CUDA device visible: this check needs a GPU box (or --cpu-smoke, its plumbing on a CPU)",
               file=sys.stderr)
         return 2
-    clock = Clock(TOTAL_S if sizes.gpu else None)  # the smoke is bounded by steps and caps, not a clock
+    clock = Clock(TOTAL_S if sizes.gpu else None, clock_started)  # the smoke: bounded by steps and caps, not a clock
     work = Path(args.keep or tempfile.mkdtemp(prefix="harness-gpu-check-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{describe_machine(sizes.gpu)}; work in {work}", flush=True)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None  # the lent machine's files that come back
+    import harness
 
-    # 0. the data, and the track: dev-gpu itself, or its CPU copy
+    machine = describe_machine(sizes.gpu)
+    print(f"{machine}; python {sys.executable} {sys.version.split()[0]}; harness from "
+          f"{Path(harness.__file__).resolve().parent.parent}; work in {work}", flush=True)
+    host = host_sandbox()
+    print("\n".join(host_rows(host)), flush=True)
+
+    # 0. the data, and the track: dev-gpu itself, or its CPU copy, or a copy without the sandbox
+    t0 = time.monotonic()
     make_data(work / "data", sizes)
-    print(f"[data] {clock.elapsed():.0f} s", flush=True)
-    track, track_name = ("dev-gpu", "dev-gpu") if sizes.gpu else (str(smoke_track(work)), "gpu-check-cpu")
+    data_s = round(time.monotonic() - t0, 1)
+    print(f"[data] {data_s:.0f} s", flush=True)
+    track, track_name = the_track(work, sizes, host)
     runs = work / "runs"
-    env = {**os.environ, "HARNESS_DATA_ROOT": str(work / "data"), "HARNESS_RUNS_DIR": str(runs)}
+    env = child_env(HARNESS_DATA_ROOT=str(work / "data"), HARNESS_RUNS_DIR=str(runs))
     caps = sizes.caps_s
 
     def bounded(budget_s: float) -> list[str]:
@@ -218,17 +346,30 @@ def main() -> int:
     evaluate(compiled, env, clock, caps["eval"])
 
     columns = [eager, compiled, small, opened]
-    grid = cells(columns, sizes)
+    grid = cells(columns, sizes, host)
     ok = not any(cell.state == FAIL for col in grid.values() for cell in col.values())
-    print("\n" + table(columns, grid))
-    print(f"\n{'all checks hold' if ok else 'SOME CHECKS FAILED'} in {clock.elapsed():.0f} s "
-          f"({'CPU smoke' if not sizes.gpu else 'dev-gpu'}; records under {runs})")
+    without = any(cell.state == UNAVAILABLE for col in grid.values() for cell in col.values())
+    text = table(columns, grid, host)
+    verdict = (f"{'all checks hold' if ok else 'SOME CHECKS FAILED'}"
+               f"{' (the sandbox not measured: this host has no Landlock)' if without else ''} in "
+               f"{clock.elapsed():.0f} s ({track_name}; records under {runs})")
+    print("\n" + text + "\n\n" + verdict)
+    result = {"mode": "gpu" if sizes.gpu else "cpu-smoke", "ok": ok, "elapsed_s": round(clock.elapsed(), 1),
+              "machine": machine, "python": sys.executable, "python_version": sys.version.split()[0],
+              "track": track_name, "host_sandbox": host.to_dict(), "sandbox_rows": host_rows(host),
+              "data_s": data_s, "verdict": verdict, "table": text,
+              "columns": {c.name: {"run_dir": str(c.run_dir) if c.run_dir else None, "evals": c.evals,
+                                   "seconds": c.seconds, "record": figures(c.record),
+                                   "cells": {label: vars(cell) for label, cell in grid[c.name].items()}}
+                          for c in columns}}
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "mode": "gpu" if sizes.gpu else "cpu-smoke", "ok": ok, "elapsed_s": clock.elapsed(),
-            "columns": {c.name: {"run_dir": str(c.run_dir) if c.run_dir else None, "evals": c.evals,
-                                 "cells": {label: vars(cell) for label, cell in grid[c.name].items()}}
-                        for c in columns}}, indent=1))
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "gpu-check.json").write_text(json.dumps(result, indent=1))
+        (out_dir / "gpu-check.txt").write_text(text + "\n\n" + verdict + "\n")
+        records_archive(out_dir / "gpu-check-records.tar.gz", columns)
+        print(f"figures in {out_dir}: gpu-check.json, gpu-check.txt, gpu-check-records.tar.gz")
     return 0 if ok else 1
 
 

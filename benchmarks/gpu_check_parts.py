@@ -1,17 +1,21 @@
-"""benchmarks/gpu_check.py's parts: the sizes of each mode, the data, the submissions it writes, the CPU
-smoke's track, and the watch on the scorers. The checks on what comes back are gpu_check_rows.py's."""
+"""benchmarks/gpu_check.py's parts: the sizes of each mode, the data, the submissions it writes, the track
+it runs (dev-gpu, or a copy), what this host offers the sandbox, and the watch on the scorers. The checks
+on what comes back are gpu_check_rows.py's.
+
+Standard library only at import: gpu_check.py says which package the interpreter lacks before anything
+imports one (numpy is imported where the data is made)."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
+import sys
 import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBS = Path(__file__).resolve().parent / "gpu_check_subs"
@@ -68,6 +72,8 @@ def make_data(folder: Path, sizes: Sizes) -> None:
     """A learnable token set in the event's format (raw uint16 shards laid out as dev-gpu expects:
     chunk_0001.bin ... and chunk_0049.bin for validation): an order-1 source with 4 successors per
     token, entropy ln 4 = 1.386 nats."""
+    import numpy as np
+
     rng = np.random.default_rng(0)
     table = rng.integers(0, sizes.vocab, size=(sizes.vocab, 4), dtype=np.int64)
 
@@ -86,10 +92,11 @@ def make_data(folder: Path, sizes: Sizes) -> None:
     chain(2 * sizes.val_tokens).astype("<u2").tofile(folder / "chunk_0049.bin")
 
 
-def smoke_track(folder: Path) -> Path:
-    """The CPU smoke's track file (SMOKE_TRACK over harness/tracks/dev-gpu.toml)."""
+def track_copy(folder: Path, changes: dict) -> Path:
+    """harness/tracks/dev-gpu.toml with `changes` over it (a key's table merged one level deep), written as
+    <name>.toml in `folder`."""
     table = tomllib.loads((ROOT / "harness" / "tracks" / "dev-gpu.toml").read_text())
-    for key, value in SMOKE_TRACK.items():
+    for key, value in changes.items():
         if isinstance(value, dict):
             table[key] = {**table.get(key, {}), **value}
         else:
@@ -98,9 +105,76 @@ def smoke_track(folder: Path) -> Path:
     for name, sub in ((k, v) for k, v in table.items() if isinstance(v, dict)):
         assert not any(isinstance(v, dict) for v in sub.values()), f"[{name}]: one level of tables only"
         lines += ["", f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in sub.items())]
-    path = folder / "gpu-check-cpu.toml"
+    path = folder / f"{table['name']}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def the_track(folder: Path, sizes: Sizes, host: HostSandbox) -> tuple[str, str]:
+    """(what `--track` gets, the track's name): dev-gpu itself on a GPU box whose kernel has Landlock; the
+    smoke's CPU copy; and, where Landlock is missing, a copy with `sandbox = "off"` named so in every record
+    (`-no-sandbox`). dev-gpu's own "auto" would also run there, but then each run and each model process
+    would still try the namespaces and the filesystem confinement one by one on a kernel that refuses them
+    (gVisor): off, those are not attempted at all, and every GPU path is measured without them."""
+    changes = dict(SMOKE_TRACK) if not sizes.gpu else {}
+    if host.landlock:
+        name = changes.get("name", "dev-gpu") + "-no-sandbox"
+        changes.update(name=name, sandbox="off", description=f"scripts/gpu-check on a host without Landlock "
+                       f"({host.landlock}): {changes.get('description', 'dev-gpu')}, the sandbox off")
+    if not changes:
+        return "dev-gpu", "dev-gpu"
+    return str(track_copy(folder, changes)), changes["name"]
+
+
+# --------------------------------------------------------------------------- the host's sandbox
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSandbox:
+    """What this machine offers the sandbox, found before any run: "" where available, else why not."""
+
+    landlock: str = ""
+    landlock_abi: int | None = None
+    userns: str = ""  # the user namespaces of the job's own (harness/launcher/job_namespace.py)
+
+    def to_dict(self) -> dict:
+        return {"landlock": self.landlock or "available", "landlock_abi": self.landlock_abi,
+                "user_namespaces": self.userns or "available"}
+
+
+def landlock_missing() -> tuple[str, int | None]:
+    """(why Landlock cannot confine a process here, "" when it can; its ABI): the tests harness/ranks/sandbox.py
+    `apply` makes before it adds a rule, without applying any to this process."""
+    if not sys.platform.startswith("linux"):
+        return f"Landlock is Linux-only; this is {sys.platform}", None
+    try:
+        from py_landlock import get_abi_version
+    except ImportError:
+        return "the py-landlock package is not installed", None
+    try:
+        abi = int(get_abi_version())
+    except Exception as exc:  # not compiled in, disabled at boot, or a kernel that has no such call (gVisor)
+        return f"not available on this kernel, {platform.release()} ({type(exc).__name__}: {exc})", None
+    if abi < 1:
+        return f"not available on this kernel, {platform.release()} (ABI {abi})", None
+    return "", abi
+
+
+def userns_missing() -> str:
+    """Why the training job cannot have namespaces of its own here, "" when it can: made for real, as `harness
+    doctor` does (harness/launcher/doctor_host.py namespaces_check)."""
+    from harness.launcher.job_namespace import JobNamespace
+
+    holder = JobNamespace(writable="")
+    try:
+        return "" if holder.active else holder.why
+    finally:
+        holder.close()
+
+
+def host_sandbox() -> HostSandbox:
+    landlock, abi = landlock_missing()
+    return HostSandbox(landlock=landlock, landlock_abi=abi, userns=userns_missing())
 
 
 def _set_team(folder: Path, team: str) -> None:

@@ -2,16 +2,18 @@
 watch on its scorers and its submission's own reports say, one row per figure or check.
 
 A cell is a figure (info), a check that holds (ok) or not (fail, with the reason under the table),
-skipped (cannot hold on a CPU: the CPU smoke), or "-" (does not apply to that run)."""
+skipped (cannot hold on a CPU: the CPU smoke), unavailable (the host lacks what it checks: the sandbox's
+rows on a kernel without Landlock, where every run is measured without it), or "-" (does not apply to
+that run). The table's first row says what the host offers the sandbox (`host_rows`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_check_parts import Sizes
+from gpu_check_parts import HostSandbox, Sizes
 
-OK, FAIL, SKIP, INFO, NA = "ok", "fail", "skip", "info", "na"
+OK, FAIL, SKIP, INFO, NA, UNAVAILABLE = "ok", "fail", "skip", "info", "na", "unavailable"
 AGREE = 1e-5  # evaluation at 1 rank and at every rank: the same figure (every token scored once either way)
 
 
@@ -20,6 +22,7 @@ class Cell:
     text: str
     state: str = INFO
     why: str = ""
+    note: str = ""  # said under the table whatever the state (what a figure does not cover)
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Column:
     scorers: dict = field(default_factory=dict)  # ScorerWatch.scorers, over the run and its re-evaluations
     probes: list = field(default_factory=list)  # the compiled-forward submission's model-process reports
     dataloader: dict | None = None  # the open-division script's report
+    seconds: dict = field(default_factory=dict)  # wall time of each harness command: "run", "eval at N"
 
 
 def check(holds: bool, text: str, why: str = "") -> Cell:
@@ -143,8 +147,12 @@ def agree(c: Column, s: Sizes) -> Cell:
     figures = {"the run": c.record.get("val_loss"), **{f"{n} rank(s)": v for n, v in c.evals.items()}}
     values = [v for v in figures.values() if isinstance(v, float)]
     spread = max(values) - min(values) if len(values) == len(figures) else None
-    return check(spread is not None and spread <= AGREE, num(spread, ".1e"),
+    cell = check(spread is not None and spread <= AGREE, num(spread, ".1e"),
                  "val_loss " + ", ".join(f"{k} {v}" for k, v in figures.items()) + f" (must agree within {AGREE})")
+    if s.gpu and set(c.evals) == {1}:  # every rank is one rank: the run's own figure against a fresh evaluation
+        cell.note = ("this machine has 1 GPU: evaluated at 1 process only (the run's figure against `harness eval`'s); "
+                     "the invariance across N processes needs a box with N GPUs")
+    return cell
 
 
 def scorers(c: Column, s: Sizes) -> Cell:
@@ -215,7 +223,23 @@ ROWS = [
 ]
 
 
-def cells(columns: list[Column], sizes: Sizes) -> dict[str, dict[str, Cell]]:
+SANDBOX_ROWS = ("sandbox: training", "sandbox: evaluation")
+
+
+def host_rows(host: HostSandbox) -> list[str]:
+    """The table's first row (two where both are missing): what this host offers the sandbox."""
+    if host.landlock:
+        rows = [f"sandbox: Landlock unavailable ({host.landlock}) — measured without it (the track's copy has "
+                f"sandbox = \"off\")"]
+        return rows + ([f"sandbox: user namespaces unavailable too ({host.userns})"] if host.userns else [])
+    if host.userns:
+        return [f"sandbox: Landlock ABI {host.landlock_abi}; user namespaces unavailable ({host.userns}) — "
+                "measured with Landlock alone"]
+    return [f"sandbox: Landlock ABI {host.landlock_abi} and user namespaces available — measured with them"]
+
+
+def cells(columns: list[Column], sizes: Sizes, host: HostSandbox | None = None) -> dict[str, dict[str, Cell]]:
+    """Every row of every run. `host` None: a host with the sandbox (the rows check that it was active)."""
     out = {}
     for c in columns:
         if c.record is None:
@@ -223,18 +247,30 @@ def cells(columns: list[Column], sizes: Sizes) -> dict[str, dict[str, Cell]]:
             out[c.name]["status"] = Cell("FAIL no record", FAIL, c.error)
             continue
         out[c.name] = {label: fn(c, sizes) for label, fn in ROWS}
+        if host is not None and host.landlock:  # the runs were told to go without: not the harness's failure
+            for label in SANDBOX_ROWS:
+                out[c.name][label] = Cell("unavailable", UNAVAILABLE,
+                                          f"Landlock unavailable on this host ({host.landlock}): measured without it")
     return out
 
 
-def table(columns: list[Column], table_cells: dict[str, dict[str, Cell]]) -> str:
+def table(columns: list[Column], table_cells: dict[str, dict[str, Cell]], host: HostSandbox | None = None) -> str:
     width = max(16, *(len(c.name) + 2 for c in columns))
-    lines = [f"{'':<24}" + "".join(f"{c.name:>{width}}" for c in columns)]
+    lines = host_rows(host) + [""] if host is not None else []
+    lines += [f"{'':<24}" + "".join(f"{c.name:>{width}}" for c in columns)]
     for label, _ in ROWS:
         row = [table_cells[c.name][label].text for c in columns]
         lines.append(f"{label:<24}" + "".join(f"{t[:width - 1]:>{width}}" for t in row))
     failed = [(c.name, label, cell.why) for c in columns for label, cell in table_cells[c.name].items()
               if cell.state == FAIL]
-    skipped = {(label, cell.why) for c in columns for label, cell in table_cells[c.name].items() if cell.state == SKIP}
+
+    def once(state: str) -> list[tuple[str, str]]:  # (row, why), each said once for every run it applies to
+        return sorted({(label, cell.why) for c in columns for label, cell in table_cells[c.name].items()
+                       if cell.state == state})
+
+    notes = sorted({(label, cell.note) for c in columns for label, cell in table_cells[c.name].items() if cell.note})
     lines += [""] + [f"FAIL  {name} / {label}: {why}" for name, label, why in failed]
-    lines += [f"skip  {label}: {why}" for label, why in sorted(skipped)]
+    lines += [f"off   {label}: {why}" for label, why in once(UNAVAILABLE)]
+    lines += [f"skip  {label}: {why}" for label, why in once(SKIP)]
+    lines += [f"note  {label}: {note}" for label, note in notes]
     return "\n".join(lines)

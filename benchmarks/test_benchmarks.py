@@ -115,20 +115,85 @@ GPU_ONLY_ROWS = {"MFU", "MFU at the median step", "precision bf16", "backend NCC
                  "logits buffer pinned"}
 
 
-@pytest.mark.timeout(900)  # a smoke run, not a timed test: 4 runs of 3 steps, 2 evaluations (63-100 s on 2 cores)
-def test_gpu_check_cpu_smoke_runs_every_phase_and_skips_only_what_needs_a_gpu(tmp_path):
-    """scripts/gpu-check's phases on the CPU (--cpu-smoke): every run ends ok, every check that can hold on a
-    CPU holds (the sandbox in training and evaluation, forked model processes, causality, 1 rank and every
-    rank agreeing, scorers without CUDA, Inductor's deterministic mode, both DataLoader workers), those that
-    cannot are skipped, not failed; the table on screen shows the cells the JSON holds."""
-    import json
+# A network namespace whose loopback is up (the ranks meet on 127.0.0.1) and nothing else: no route, no DNS.
+LOOPBACK_UP = ("import fcntl, os, socket, struct, sys; "
+               "fcntl.ioctl(socket.socket(), 0x8914, struct.pack('16sh22x', b'lo', 0x1 | 0x8 | 0x40)); "  # SIOCSIFFLAGS
+               "os.execvp(sys.argv[1], sys.argv[1:])")
+NETWORK_WORDS = ("Temporary failure in name resolution", "Network is unreachable", "NewConnectionError",
+                 "Could not fetch URL", "Retrying (Retry", "download.pytorch.org", "pypi.org")
+
+
+def offline_prefix() -> list[str]:
+    """`unshare -n` (root), or `unshare -rn` (a user namespace where root is not had), with the loopback up."""
+    import shutil
     import subprocess
 
-    out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "gpu_check.py"), "--cpu-smoke", "--keep",
-                           str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, timeout=880)
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): the offline run needs a network namespace")
+    for unshare in (["unshare", "-n"], ["unshare", "-rn"]):
+        if subprocess.run([*unshare, "true"], capture_output=True).returncode == 0:
+            return [*unshare, sys.executable, "-c", LOOPBACK_UP]
+    pytest.skip("this user may not make a network namespace (unshare -n, unshare -rn)")
+
+
+def checkout_copy(dest: Path) -> Path:
+    """What scripts/gpu-check needs of the checkout, copied (compiled modules too: their sources keep their
+    times), without .venv: an entry that made a venv of its own, or ran scripts/setup-venv, leaves one in it."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("harness", "benchmarks", "submissions", "scripts"):
+        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns(".pytest_cache"))
+    shutil.copy2(root / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """A pure-Python wheel of one empty module: the --wheels path (pip --no-index --target) without the network."""
+    import zipfile
+
+    folder.mkdir()
+    info = "gpu_check_carried-0.1.dist-info"
+    files = {"gpu_check_carried.py": "",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: gpu-check-carried\nVersion: 0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    path = folder / "gpu_check_carried-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+@pytest.mark.timeout(900)  # a smoke run, not a timed test: 4 runs of 3 steps, 2 evaluations (63-110 s on 2 cores)
+def test_gpu_check_cpu_smoke_runs_offline_in_the_given_python_every_phase_skipping_only_what_needs_a_gpu(tmp_path):
+    """scripts/gpu-check --cpu-smoke, the real entry, in a network namespace with nothing but a loopback, from a
+    copy of the checkout without .venv, this interpreter given (HARNESS_PYTHON) and no venv's folder on PATH, a
+    wheel folder given: it installs the wheel with --no-index, and every run ends ok, every check that can hold
+    on a CPU holds (the sandbox in training and evaluation, forked model processes, causality, 1 rank and every
+    rank agreeing, scorers without CUDA, Inductor's deterministic mode, both DataLoader workers), those that
+    cannot are skipped, not failed; the table on screen shows the cells the JSON holds, and $OUT gets the
+    figures. An entry that reached for the network or a venv fails here."""
+    import json
+    import os
+    import subprocess
+
+    checkout = checkout_copy(tmp_path / "checkout")
+    tiny_wheel(tmp_path / "wheels")
+    out, out_dir = tmp_path / "gpu_check.json", tmp_path / "OUT"
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "activate").exists()]
+    env = {**{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")},
+           "PATH": os.pathsep.join(path), "HARNESS_PYTHON": sys.executable, "OUT": str(out_dir)}
+    proc = subprocess.run([*offline_prefix(), "bash", str(checkout / "scripts" / "gpu-check"), "--cpu-smoke",
+                           "--wheels", str(tmp_path / "wheels"), "--keep", str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=880, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert not (checkout / ".venv").exists() and not any(w in proc.stdout + proc.stderr for w in NETWORK_WORDS)
+    assert "wheels: gpu_check_carried-0.1-py3-none-any.whl installed into " in proc.stdout
+    site = proc.stdout.split(" installed into ", 1)[1].split()[0]
+    assert site.endswith("site-packages") and not Path(site).exists()  # a temporary folder, gone after the run
     result = json.loads(out.read_text())
+    assert result["python"] == sys.executable and f"harness from {checkout.resolve()};" in proc.stdout
     columns = result["columns"]
     assert result["mode"] == "cpu-smoke" and result["ok"]
     assert list(columns) == ["124M eager", "124M compile", "compiled fwd", "open+DataLoader"]
@@ -146,6 +211,68 @@ def test_gpu_check_cpu_smoke_runs_every_phase_and_skips_only_what_needs_a_gpu(tm
     rows = {line[:24].strip(): line[24:].split() for line in proc.stdout.splitlines() if line[:24].strip()}
     assert rows["status"] == ["ok"] * 4 and rows["DataLoader workers"] == ["-", "-", "-", "2", "of", "2"]
     assert "all checks hold" in proc.stdout
+    assert sorted(p.name for p in out_dir.iterdir()) == ["gpu-check-records.tar.gz", "gpu-check.json", "gpu-check.txt"]
+    assert json.loads((out_dir / "gpu-check.json").read_text())["table"] in proc.stdout
+
+
+def test_gpu_check_says_which_package_the_interpreter_lacks_and_how_to_carry_it():
+    """An interpreter without the harness's packages is told so before any work, with the wheel recipe; torch is
+    not a wheel to carry: it names the interpreter to give instead."""
+    import gpu_check
+
+    assert gpu_check.missing_packages() == []  # this interpreter runs the harness
+    hint = gpu_check.carry_hint(["py-landlock>=0.1.1"])
+    assert "lacks what the harness imports: py-landlock>=0.1.1" in hint
+    assert "pip download --no-deps --only-binary=:all: --python-version" in hint
+    assert "-d .whl 'py-landlock>=0.1.1'" in hint
+    assert "--python PY or HARNESS_PYTHON" in gpu_check.carry_hint(["torch>=2.4", "py-landlock>=0.1.1"])
+
+
+def test_gpu_check_on_a_host_without_landlock_measures_without_the_sandbox_and_says_so(tmp_path, monkeypatch):
+    """A kernel without Landlock (gVisor: the call does not exist), found as harness/ranks/sandbox.py finds it:
+    the runs go on a copy of the track with the sandbox off, named so; the table's first row says Landlock is
+    unavailable and that every figure was measured without it; the sandbox's rows are unavailable, not failed,
+    so the other checks decide the exit code. With Landlock there, the same records fail those rows."""
+    import py_landlock
+    from gpu_check_parts import GPU, SMOKE, HostSandbox, landlock_missing, the_track
+    from gpu_check_rows import FAIL, UNAVAILABLE, Column, cells, table
+
+    from harness.tracks.spec import load_track
+
+    def no_such_call():
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(py_landlock, "get_abi_version", no_such_call)
+    why, abi = landlock_missing()
+    assert abi is None and why.startswith("not available on this kernel") and "Function not implemented" in why
+    monkeypatch.setitem(sys.modules, "py_landlock", None)  # the package itself missing: said so, not the kernel
+    assert landlock_missing() == ("the py-landlock package is not installed", None)
+
+    host = HostSandbox(landlock=why, userns="no namespace of the job's own: unshare failed: Operation not permitted")
+    assert the_track(tmp_path, GPU, HostSandbox(landlock_abi=7)) == ("dev-gpu", "dev-gpu")  # the track itself
+    for sizes, name, device in ((GPU, "dev-gpu-no-sandbox", "cuda"), (SMOKE, "gpu-check-cpu-no-sandbox", "cpu")):
+        path, got = the_track(tmp_path, sizes, host)
+        track = load_track(path)
+        assert got == track.name == name and track.sandbox == "off" and track.device == device
+
+    off = {"active": False, "why": "the track turns the sandbox off"}
+    records = [Column("124M compile", "big", compiled=True, evals={1: 2.1}, scorers={11: False},
+                      record=gpu_record(sandbox={"training": off, "evaluation": {"model": off, "check": off}}))]
+    grid = cells(records, GPU, host)
+    states = {label: cell.state for label, cell in grid["124M compile"].items()}
+    assert states["sandbox: training"] == states["sandbox: evaluation"] == UNAVAILABLE and FAIL not in states.values()
+    text = table(records, grid, host)
+    first, second = text.splitlines()[:2]
+    assert first == (f"sandbox: Landlock unavailable ({why}) — measured without it "
+                     "(the track's copy has sandbox = \"off\")")
+    assert second.startswith("sandbox: user namespaces unavailable too (no namespace of the job's own")
+    assert "off   sandbox: training: Landlock unavailable on this host" in text
+    assert "note  eval run/1/all ranks: this machine has 1 GPU: evaluated at 1 process only" in text
+
+    with_landlock = cells(records, GPU, HostSandbox(landlock_abi=7))["124M compile"]
+    assert with_landlock["sandbox: training"].state == with_landlock["sandbox: evaluation"].state == FAIL
+    assert table(records, cells(records, GPU, HostSandbox(landlock_abi=7)), HostSandbox(landlock_abi=7)).startswith(
+        "sandbox: Landlock ABI 7 and user namespaces available")
 
 
 def gpu_record(**changes) -> dict:
