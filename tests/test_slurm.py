@@ -22,15 +22,22 @@ def test_script_asks_for_the_tracks_allocation(script):
     text, tmp_path = script
     assert text.startswith("#!/bin/bash\n")
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
+                 "#SBATCH --mem=0", "#SBATCH --no-requeue",
                  "#SBATCH --partition=gpu", "#SBATCH --account=gpumode", "#SBATCH --job-name=harness-baseline"):
         assert line in text.splitlines(), line
     # Every limit the track itself allows must fit: SLURM must never end a run the harness would let finish.
+    # On several nodes that includes node 0's wait for the nodes' accounts (while they beat), its wait for their
+    # answer to the evaluation's offer, and the evaluation again on node 0 alone (issue 29).
+    from harness.launcher.heartbeat import silent_after_s
+
     t = load_track("paris2026")
-    longest = 300 + t.startup_timeout_s + t.budget_s + t.grace_s + t.save_allowance_s + t.eval.timeout_s
+    longest = (300 + t.startup_timeout_s + t.budget_s + t.grace_s + t.save_allowance_s + silent_after_s(t) + 30
+               + t.eval.timeout_s + t.eval.timeout_s + 8)
     line = next(l for l in text.splitlines() if l.startswith("#SBATCH --time="))
     h, m, s = (int(x) for x in line.split("=", 1)[1].split(":"))
     assert longest < h * 3600 + m * 60 + s <= longest + 120, line
-    assert "check 300 s + startup 600 s + budget 600 s + grace 60 s + save 120 s + eval 600 s + margin 60 s" in text
+    assert ("check 300 s + startup 600 s + budget 600 s + grace 60 s + save 120 s + accounts 35 s + offer 30 s + "
+            "eval 600 s + eval_alone 608 s + margin 60 s") in text
     assert (tmp_path / "slurm-logs").is_dir()
 
 
@@ -39,7 +46,9 @@ def test_one_launcher_per_node_with_rendezvous_on_the_first_node(script):
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
     srun = text[text.index("srun "):]
     assert '--ntasks-per-node=1' in srun and f"--output={tmp_path}/slurm-logs/%x-%j-node%n.out" in srun
-    assert '--node-rank "$SLURM_NODEID"' in srun and '--rdzv-endpoint "$HARNESS_RDZV_HOST:29500"' in srun
+    assert '--node-rank "$SLURM_NODEID"' in srun and '--rdzv-endpoint "$HARNESS_RDZV_HOST:$HARNESS_RDZV_PORT"' in srun
+    # each job its own port: two jobs whose first node is one host must not meet on one (issue 29)
+    assert "export HARNESS_RDZV_PORT=$((29500 + SLURM_JOB_ID % 1000))" in text
     assert '--run-id "$SLURM_JOB_ID"' in srun and '--track "$HARNESS_TRACK"' in srun
     # Since SLURM 20.11 a step gets only the CPUs it asks for (one per task): the launcher asks for the node's.
     assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
@@ -107,7 +116,7 @@ def test_the_doctor_job_runs_harness_doctor_on_every_node_of_the_allocation(cli,
     assert proc.returncode == 0, proc.stdout
     argv = run_as_slurm(path, tmp_path, SLURM_JOB_NUM_NODES="4", SLURM_JOB_ID="99")
     assert argv == ["-P", "-m", "harness", "doctor", "--track", "paris2026", "--node-rank", "0", "--rdzv-endpoint",
-                    "node0:29500"], argv
+                    "node0:29599"], argv  # 29500 + job id 99 mod 1000: the job's own port
 
 
 def test_slurm_wants_submissions_or_the_doctor_never_both(cli):

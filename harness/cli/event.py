@@ -3,6 +3,8 @@ They add themselves to the `harness` group (harness/cli/__init__.py imports this
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from harness.cli import SetupError, _overrides, _refresh_leaderboard, main
@@ -159,52 +161,71 @@ def finalize(run, reason, force, runs_dir, no_leaderboard):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Seeds per submission: the queue is an array of one job per team x seed.")
 @click.option("--resume", is_flag=True, help="Only the team x seed runs not settled yet (as `harness run --resume`).")
-@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
-              help="At most N runs of the queue at once [default: as many as the nodes allow].")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=1, show_default=True,
+              help="At most N runs of the queue at once: runs side by side share the network and the file system, "
+                   "so one at a time measures every team alike.")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default="runs", show_default=True,
               help="Records folder on the shared file system.")
 @click.option("--log-dir", default="slurm-logs", show_default=True, help="Folder for the per-node SLURM logs.")
 @click.option("--partition", default=None, help="SLURM partition.")
 @click.option("--account", default=None, help="SLURM account.")
 @click.option("--time", "time_limit", default=None, help="Wall time HH:MM:SS [default: computed from the track].")
+@click.option("--port", type=int, default=None,
+              help="Node 0's rendezvous port [default: 29500 + the job id mod 1000, a port of each job's own].")
+@click.option("--no-check", is_flag=True,
+              help="Queue every submission without running `harness check` on it first.")
 @click.option("--submit", is_flag=True, help="Hand the script to sbatch.")
 @click.option("--doctor", is_flag=True,
               help="Instead of runs: `harness doctor` on every node of the track's allocation (no SUBMISSION).")
 def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurrent, runs_dir, log_dir, partition,
-              account, time_limit, submit, doctor):
+              account, time_limit, port, no_check, submit, doctor):
     """Write an sbatch script that runs each SUBMISSION on the track's nodes (and submit it with --submit):
     one job for one run, or, for several submissions or seeds, a job array of one run per team x seed.
+    Each submission is checked first (as `harness check`): one the check rejects is named and left out.
     With --doctor, a job that runs `harness doctor` on every node of one run's allocation."""
     from pathlib import Path
 
-    from harness.submission.contract import SubmissionError, team_slug
-    from harness.launcher.slurm import SlurmOptions, render, render_doctor, render_queue
+    from harness.submission.contract import SubmissionError, find_submission, team_slug
+    from harness.launcher.slurm import SlurmOptions, node_local_warnings, rejected, render, render_doctor, render_queue
     from harness.launcher.slurm import submit as sbatch_submit
-    from harness.tracks.spec import TrackError
+    from harness.ranks.scratch import ScratchError
+    from harness.tracks.spec import TrackError, load_track
 
     if doctor == bool(submissions):
         raise SetupError("give the SUBMISSION folder(s) to run, or --doctor (and no submission) for the nodes' doctor")
-    opts = SlurmOptions(submission=submissions[0] if submissions else "", track=track, runs_dir=runs_dir,
-                        log_dir=log_dir, partition=partition, account=account, time_limit=time_limit)
     one_run = len(submissions) == 1 and repeat == 1 and not resume and seed == 1
     try:
+        opts = SlurmOptions(submission=submissions[0] if submissions else "", track=track, runs_dir=runs_dir,
+                            log_dir=log_dir, partition=partition, account=account, time_limit=time_limit, port=port)
+        folders = [find_submission(s) for s in submissions]
+        refused = {} if doctor or no_check else rejected(folders, track, runs_dir, lambda t: click.echo(t, err=True))
+        for folder, why in refused.items():
+            click.echo(f"left out: {folder} would be rejected on track {track!r}: {why}", err=True)
         if doctor:
             text, resolved = render_doctor(opts)
         elif one_run:
+            if refused:
+                raise SetupError(f"{folders[0]} would be rejected before its run (above): fix it, or pass --no-check "
+                                 "to queue it anyway (it would end `invalid`)")
             text, resolved, team = render(opts)
         else:
             from harness.launcher.queue import pending
 
             queue = _queue(submissions, track, runs_dir, seed, repeat, {})
             entries = pending(queue, lambda text: click.echo(text, err=True)) if resume else queue.entries
+            entries = [e for e in entries if e.folder not in refused]
             if not entries:  # done, not a usage error
-                click.echo("nothing left to run: every team x seed of the queue is settled or running "
-                           "(`harness queue` with the same arguments shows them)")
+                click.echo("nothing left to run: every team x seed of the queue is settled or running"
+                           + (", or left out by the check" if refused else "")
+                           + " (`harness queue` with the same arguments shows them)")
                 return
             runs = [(e.folder, e.team, e.seed) for e in entries]
             text, resolved = render_queue(opts, runs, max_concurrent)
-    except (SubmissionError, TrackError, ValueError, OSError) as exc:
+        warnings = node_local_warnings(opts, folders, load_track(track))
+    except (SubmissionError, TrackError, ValueError, OSError, ScratchError) as exc:
         raise SetupError(str(exc)) from None
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     default = "slurm-doctor.sbatch" if doctor else f"slurm-{team_slug(team)}.sbatch" if one_run else "slurm-queue.sbatch"
     path = Path(script_path or default)
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script runs
@@ -217,13 +238,58 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
     elif one_run:
         click.echo(f"wrote {path}: {resolved.nnodes} node(s), one launcher each, run id = the SLURM job id")
     else:
-        click.echo(f"wrote {path}: an array of {len(runs)} run(s), each on {resolved.nnodes} exclusive node(s), "
-                   "run id = <array job id>_<task>; `harness queue ...` shows where it stands")
+        click.echo(f"wrote {path}: an array of {len(runs)} run(s), each on {resolved.nnodes} exclusive node(s), at most "
+                   f"{max_concurrent} at once, run id = <array job id>_<task>; `harness queue ...` shows where it stands")
     if submit:
         try:
             click.echo(sbatch_submit(path))
         except RuntimeError as exc:
             raise SetupError(str(exc)) from None
+
+
+@main.command("rehearse")
+@click.argument("submissions", nargs=-1, required=True, metavar="SUBMISSION...")
+@click.option("--track", "-t", required=True, help="A CPU copy of the event's track (its nnodes, device cpu): name or file.")
+@click.option("--workdir", "-w", default="rehearsal", show_default=True,
+              help="Where everything goes: runs/, slurm-logs/, leaderboard/, report.md.")
+@click.option("--repeat", type=click.IntRange(min=1), default=2, show_default=True, help="Seeds per team.")
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True, help="The first seed.")
+@click.option("--fault", "faults", multiple=True, type=click.Choice(["node-lost", "cancel", "fs-stall", "scratch-full",
+                                                                    "team-hangs"]),
+              help="Inject this fault once (repeatable): a node's processes killed mid-run, scancel of the array, the "
+                   "records' file system frozen, the scratch filled, one more team that hangs.")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs at once (each on the track's nodes, exclusive).")
+@click.option("--nodes", type=click.IntRange(min=1, max=64), default=None,
+              help="The cluster's nodes [default: the track's nodes x --max-concurrent].")
+@click.option("--max-rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Rounds of `--resume` at most (round 1 is the whole queue).")
+@click.option("--stall-s", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
+              help="How long --fault fs-stall freezes the records' file system.")
+@click.option("--keep-cluster", is_flag=True, help="Leave the cluster up afterwards (scripts/slurm-cluster down stops it).")
+def rehearse_cmd(submissions, track, workdir, repeat, seed, faults, max_concurrent, nodes, max_rounds, stall_s,
+                 keep_cluster):
+    """The event's day on this machine, the week before: a real SLURM cluster of several nodes started here, every
+    team x seed queued as `harness slurm` queues it, the faults you ask for injected, the queue resumed as an
+    organiser would, the board built, the cluster stopped, and a report of what happened to each entry
+    (WORKDIR/report.md). Exit 1 when an entry or a fault did not end as it must. Needs root."""
+    import sys
+
+    from harness.launcher.cluster import ClusterError
+    from harness.launcher.rehearsal import RehearsalOptions, render, run_rehearsal
+    from harness.submission.contract import SubmissionError
+    from harness.tracks.spec import TrackError
+
+    try:
+        opts = RehearsalOptions(submissions=tuple(submissions), track=track, workdir=workdir, repeat=repeat, seed=seed,
+                                faults=tuple(dict.fromkeys(faults)), max_concurrent=max_concurrent, nodes=nodes,
+                                max_rounds=max_rounds, stall_s=stall_s, keep_cluster=keep_cluster)
+        report = run_rehearsal(opts, say=lambda text: click.echo(text, err=True))
+    except (TrackError, SubmissionError, ValueError, ClusterError) as exc:
+        raise SetupError(str(exc)) from None
+    click.echo("\n".join(render(report)))
+    click.echo(f"report: {Path(report.workdir) / 'report.md'}")
+    sys.exit(0 if report.ok else 1)
 
 
 @main.command("doctor")

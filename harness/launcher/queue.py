@@ -89,7 +89,7 @@ def _same_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> bool:
     return json.dumps(ran, sort_keys=True, default=str) == json.dumps(overrides, sort_keys=True, default=str)
 
 
-def _records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
+def records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
                 budget_s: float | None = None) -> list[tuple[Path, dict]]:
     team_dir = track_dir / team_slug(entry.team)
     found = []
@@ -110,7 +110,7 @@ def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s:
     """Where one team x seed stands, from its records: a settled record first (the newest), then a live
     one, then a lost one. With budget_s, only records of that budget count (the same track name in a
     rehearsal's file with another budget is another queue)."""
-    records = _records_of(entry, track_dir, overrides, budget_s)
+    records = records_of(entry, track_dir, overrides, budget_s)
     newest_first = sorted(records, key=lambda r: (str(r[1].get("started_at") or ""), r[0].name), reverse=True)
     for run_dir, raw in newest_first:
         if raw.get("status") == "ok":

@@ -2,11 +2,12 @@
 (`harness slurm --doctor --track T`: the same allocation running `harness doctor` on every node.)
 
 One `harness run` launcher per node through srun, node 0 (the first host of the allocation)
-as the rendezvous endpoint, the run id from the job id, exclusive nodes, a wall time that covers
-every limit the track itself allows (the check before the run, start-up, budget, grace, the save
-allowance, evaluation, and a margin: each part written in the script, so SLURM never ends a run
-the harness would still have let finish), and one log per node. Every path is absolute, for a
-shared file system.
+as the rendezvous endpoint on a port of the job's own, the run id from the job id, exclusive nodes
+and all their memory, a wall time that covers every limit the track itself allows (the check before
+the run, start-up, budget, grace, the save allowance, the nodes' accounts, evaluation and its retry
+on node 0 alone, and a margin: each part written in the script, so SLURM never ends a run the
+harness would still have let finish), no requeue by SLURM, and one log per node. Every path is
+absolute, for a shared file system.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from harness.tracks.spec import Track, load_track
 
 MARGIN_S = 60.0  # data preparation, writing the record, the leaderboard
 RDZV_PORT = 29500
+# A job's rendezvous port is RDZV_PORT + its job id modulo this: two jobs whose first node is one host (a
+# test cluster on one machine, nodes shared between runs) never meet on one port; jobs 1,000 ids apart
+# would, and never run at once in a day's queue.
+RDZV_PORT_SPAN = 1000
 MAX_ARRAY_TASKS = 1000  # SLURM's default MaxArraySize is 1001: task ids 0..1000
+# Folders that are each node's own on a cluster: a path the script names there is not what the other nodes see.
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 
 
 @dataclass(kw_only=True)
@@ -38,16 +45,31 @@ class SlurmOptions:
     account: str | None = None
     time_limit: str | None = None  # HH:MM:SS, replaces the computed wall time
     python: str = sys.executable  # the environment that has the harness, on every node
-    port: int = RDZV_PORT
+    port: int | None = None  # a fixed rendezvous port; None: RDZV_PORT + the job id modulo RDZV_PORT_SPAN
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1024 <= self.port <= 65535 - RDZV_PORT_SPAN:
+            raise ValueError(f"--port must be in 1024..{65535 - RDZV_PORT_SPAN}, got {self.port}")
 
 
 def wall_time_s(track: Track) -> tuple[float, dict[str, float]]:
-    """The longest a run of the track can take with every phase at its own limit."""
+    """The longest a run of the track can take with every phase at its own limit. On several nodes: node 0's
+    wait for the other nodes' accounts (harness/launcher/nodes.py), its wait for their answer to the evaluation's
+    offer, and the evaluation again on node 0 alone when the one over every node failed without a cause of the
+    team's (harness/launcher/evaluation.py)."""
+    from harness.launcher.evaluation import ACCOUNT_WITHIN_S, READY_WITHIN_S
+    from harness.launcher.heartbeat import silent_after_s
     from harness.launcher.phases import PREFLIGHT_TIMEOUT_S
 
     parts = {"check_s": PREFLIGHT_TIMEOUT_S, "startup_s": track.startup_timeout_s, "budget_s": track.budget_s,
-             "grace_s": track.grace_s, "save_s": track.save_allowance_s, "eval_s": track.eval.timeout_s,
-             "margin_s": MARGIN_S}
+             "grace_s": track.grace_s, "save_s": track.save_allowance_s}
+    if track.nnodes > 1:
+        parts["accounts_s"] = silent_after_s(track)
+        parts["offer_s"] = READY_WITHIN_S
+    parts["eval_s"] = track.eval.timeout_s
+    if track.nnodes > 1:
+        parts["eval_alone_s"] = track.eval.timeout_s + ACCOUNT_WITHIN_S
+    parts["margin_s"] = MARGIN_S
     return sum(parts.values()), parts
 
 
@@ -67,7 +89,8 @@ def _header(opts: SlurmOptions, track: Track, job_name: str, comment: str, outpu
              f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={track.nnodes}", "#SBATCH --ntasks-per-node=1"]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
-    lines += ["#SBATCH --exclusive", f"#SBATCH --time={opts.time_limit or hhmmss(total)}",
+    # --exclusive alone does not give the node's memory where the cluster sets a default per CPU: --mem=0 does
+    lines += ["#SBATCH --exclusive", "#SBATCH --mem=0", f"#SBATCH --time={opts.time_limit or hhmmss(total)}",
               f"#SBATCH --output={Path(opts.log_dir).resolve()}/{output}", *extra]
     if opts.partition:
         lines.append(f"#SBATCH --partition={opts.partition}")
@@ -102,6 +125,7 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, command: str) -> li
         "# Node 0 of the allocation hosts the rendezvous and global rank 0 (which writes a run's record).",
         'HARNESS_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export HARNESS_RDZV_HOST",
+        *_port_lines(opts),
         "",
         "# One launcher per node; SLURM_NODEID (0..N-1) is expanded on each node, not here.",
         "# shellcheck disable=SC2016  # the single quotes are the point: each task expands its own variables",
@@ -114,9 +138,17 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, command: str) -> li
     ]
 
 
+def _port_lines(opts: SlurmOptions) -> list[str]:
+    if opts.port is not None:
+        return [f"export HARNESS_RDZV_PORT={opts.port}"]
+    return [f"# The job's own port: two jobs whose first node is one host never meet on one ({RDZV_PORT} + job id "
+            f"mod {RDZV_PORT_SPAN}).",
+            f"export HARNESS_RDZV_PORT=$(({RDZV_PORT} + SLURM_JOB_ID % {RDZV_PORT_SPAN}))"]
+
+
 def _run_command(opts: SlurmOptions, seed_arg: str, run_id: str) -> str:
     return (f'run "$HARNESS_SUBMISSION" --track "$HARNESS_TRACK" {seed_arg}--node-rank "$SLURM_NODEID" '
-            f'--rdzv-endpoint "$HARNESS_RDZV_HOST:{opts.port}" --run-id "{run_id}"')
+            f'--rdzv-endpoint "$HARNESS_RDZV_HOST:$HARNESS_RDZV_PORT" --run-id "{run_id}"')
 
 
 def render(opts: SlurmOptions) -> tuple[str, Track, str]:
@@ -124,7 +156,10 @@ def render(opts: SlurmOptions) -> tuple[str, Track, str]:
     folder = find_submission(opts.submission)
     team = read_team(folder).name
     lines = _header(opts, track, f"harness-{team_slug(team)}",
-                    f"# Generated by `harness slurm` for team {team!r} on track {track.name!r}.", "%x-%j.out")
+                    f"# Generated by `harness slurm` for team {team!r} on track {track.name!r}.", "%x-%j.out",
+                    # SLURM's own requeue would start the run again under the same run id, into a folder that
+                    # holds the lost run: a lost run is run again by hand (or by a queue's --resume), with a new id.
+                    ["#SBATCH --no-requeue"])
     lines += ["set -euo pipefail", "", f"export HARNESS_SUBMISSION={shlex.quote(str(folder))}"]
     lines += _launch(opts, track, "%x-%j-node%n.out", _run_command(opts, "", "$SLURM_JOB_ID"))
     return "\n".join(lines), track, team
@@ -175,8 +210,45 @@ def render_doctor(opts: SlurmOptions) -> tuple[str, Track]:
                     "`harness doctor` on each node; each node's table is in its own log.", "%x-%j.out", parts=parts)
     lines += ["set -euo pipefail", ""]
     lines += _launch(opts, track, "%x-%j-node%n.out", f'doctor --track "$HARNESS_TRACK" --node-rank "$SLURM_NODEID" '
-                                                      f'--rdzv-endpoint "$HARNESS_RDZV_HOST:{opts.port}"')
+                                                      '--rdzv-endpoint "$HARNESS_RDZV_HOST:$HARNESS_RDZV_PORT"')
     return "\n".join(lines), track
+
+
+def node_local_warnings(opts: SlurmOptions, folders: list[Path], track: Track) -> list[str]:
+    """Paths the script names that are under a folder each node has of its own (/tmp on most clusters): node 0
+    would write the records where the other nodes never look, and a node would not find a submission."""
+    named = {"--runs-dir": Path(opts.runs_dir), "--log-dir": Path(opts.log_dir), "the harness's python": Path(opts.python)}
+    track_file = track_option(track)
+    if "/" in track_file:
+        named["the track file"] = Path(track_file)
+    named.update({f"submission {folder.name}": folder for folder in folders})
+    out = []
+    for what, path in named.items():
+        absolute = path.absolute()
+        if any(absolute == Path(p) or Path(p) in absolute.parents for p in NODE_LOCAL):
+            out.append(f"{what} is {absolute}, under a folder each node of a cluster has of its own: every node must "
+                       "read and write the same files (a shared file system); ignore this on a cluster of one machine")
+    return out
+
+
+def rejected(folders: list[Path], track_name: str, runs_dir: str, say=lambda text: None) -> dict[Path, str]:
+    """The submissions the check before a run would reject on this track ({folder: the first problem}), each
+    checked as `harness check` does: a queue that holds one spends an allocation on a run that ends `invalid`."""
+    from harness.launcher.check import check
+    from harness.submission.contract import SubmissionError
+
+    out = {}
+    for i, folder in enumerate(folders, 1):
+        say(f"checking {i}/{len(folders)}: {folder.name} (harness check --track {track_name})")
+        try:
+            result = check(str(folder), track_name, runs_dir=runs_dir)
+        except SubmissionError as exc:
+            out[folder] = str(exc)
+            continue
+        if not result.accepted:
+            first = result.report["problems"][0]
+            out[folder] = f"{first['file']}: {first['problem']}" + (f" Fix: {first['fix']}" if first.get("fix") else "")
+    return out
 
 
 def submit(script_path: Path) -> str:
