@@ -160,29 +160,32 @@ def test_while_the_shared_file_system_stalls_every_write_nobody_is_lost_and_afte
     while time.monotonic() < deadline:
         assert node0.lost_nodes() == [] and node1.lost_nodes() == []
         time.sleep(0.05)
-    node0_thawed.set()
-    time.sleep(0.8)  # both write again; each sees the other's beat move
-    assert node0.lost_nodes() == [] and node1.lost_nodes() == []
+    node0_thawed.set()  # node 1's writes go through first; node 0's stall ends a little later (its own 2 s)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # right after the stall every beat is old: still nobody lost
+        assert node0.lost_nodes() == [] and node1.lost_nodes() == []
+        time.sleep(0.02)
     node0.stop()
     node1.stop()
 
 
 def test_a_node_is_lost_only_after_several_reads_that_saw_no_change(tmp_path):
-    """One read can be stale (an NFS client's cache); the verdict waits for several since the last change."""
+    """One read can be stale (an NFS client's cache); the verdict waits for several since the last change, as
+    well as for lost_after seconds of this node's own healthy reads and writes (a fake clock: no thread runs)."""
     clock = [100.0]
-    node0 = NodeHeartbeat(tmp_path, 0, 2, 1.0, interval_s=0.05, clock=lambda: clock[0], fresh_reads=3)
+    node0 = NodeHeartbeat(tmp_path, 0, 2, 1.0, interval_s=0.05, clock=lambda: clock[0], fresh_reads=30)
     (tmp_path / "nodes").mkdir()
-    node0._write = lambda: setattr(node0, "_last_write_s", clock[0])  # its own writes go through, at once
     (tmp_path / "nodes" / "alive-node1.json").write_text('{"beat": 1, "done": false}')
-    node0._read()  # heard once
-    clock[0] += 5.0  # long past lost_after, but no read since
     node0._write()
-    node0._read()
-    assert node0.lost_nodes() == []  # one read without a change
-    node0._read()
-    assert node0.lost_nodes() == []  # two
-    node0._read()
-    assert node0.lost_nodes() == [1]  # three reads, all current, none with a new beat
+    node0._read()  # heard once, at 100.0
+    verdicts = []
+    for _ in range(40):  # a write and a read every 0.05 s of the fake clock, node 1's beat never moving
+        clock[0] += 0.05
+        node0._write()
+        node0._read()
+        verdicts.append(node0.lost_nodes())
+    # past lost_after (1 s) after 21 reads, but lost only at the 30th read without a change
+    assert verdicts[:29] == [[]] * 29 and verdicts[29:] == [[1]] * 11
 
 
 def test_the_silence_that_makes_a_node_lost_is_well_inside_the_collective_timeout():

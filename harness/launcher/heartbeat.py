@@ -58,6 +58,9 @@ class NodeHeartbeat:
         self._reads_total = 0  # completed read passes since this heartbeat started
         self._last_pass_s: float | None = None  # when the reader last completed a pass over every node
         self._last_write_s: float | None = None  # when this node's own last write completed
+        # Since when this node's own reads and writes have gone through without a stall: a peer's silence counts
+        # only from there (right after a stall of the shared file system, every beat is old until read again).
+        self._healthy_since_s = clock()
         self._done: set[int] = set()  # nodes whose launchers ended their training phase and said so
         self._started_s = clock()
         self._lock = threading.Lock()
@@ -106,7 +109,10 @@ class NodeHeartbeat:
             except OSError:
                 return  # the shared file system did not take it: the next beat tries again
             with self._lock:
-                self._last_write_s = self.clock()
+                now = self.clock()
+                if self._last_write_s is not None and now - self._last_write_s > self._fresh_s():
+                    self._healthy_since_s = now  # this write stalled: what was read meanwhile proves nothing
+                self._last_write_s = now
 
     def _read(self) -> None:
         seen = {}
@@ -128,6 +134,8 @@ class NodeHeartbeat:
                 if got is not None and got[1]:
                     self._done.add(r)
             self._reads_total += 1
+            if self._last_pass_s is not None and now - self._last_pass_s > self._fresh_s():
+                self._healthy_since_s = now  # this pass stalled
             self._last_pass_s = now
 
     def _write_loop(self) -> None:
@@ -142,19 +150,23 @@ class NodeHeartbeat:
 
     # ------------------------------------------------------------------ what the watchdog asks
 
+    def _fresh_s(self) -> float:
+        # Shorter than lost_after less an interval: in a stall of every node's writes, a node's own last write is
+        # older than this before its peer's beat has been still for lost_after (lost_after >= 2 intervals).
+        return self.interval_s + self.lost_after / 4.0
+
     def _reads_current(self, now: float) -> bool:
         """The reader's last pass ended recently, and so did this node's own last write: a reader stalled on the
         file system knows nothing new, and a node whose own writes stall sees the file system fail, not its peers
         (a stall of the shared file system silences every node's beat at once)."""
-        # Shorter than lost_after less an interval: in a stall of every node's writes, a node's own last write is
-        # older than this before its peer's beat has been still for lost_after (lost_after >= 2 intervals).
-        fresh_s = self.interval_s + self.lost_after / 4.0
+        fresh_s = self._fresh_s()
         return (self._last_pass_s is not None and now - self._last_pass_s <= fresh_s
                 and self._last_write_s is not None and now - self._last_write_s <= fresh_s)
 
     def _quiet(self, r: int, now: float) -> bool:
-        """Node r's beat has not moved for `lost_after` seconds, as several current reads of this node say."""
-        since = self._changed_s.get(r, self._started_s)
+        """Node r's beat has not moved for `lost_after` seconds of this node's own healthy reads and writes, as
+        several current reads say."""
+        since = max(self._changed_s.get(r, self._started_s), self._healthy_since_s)
         reads = self._reads_since.get(r, self._reads_total)
         return now - since > self.lost_after and reads >= self.fresh_reads and self._reads_current(now)
 
