@@ -49,3 +49,34 @@ def test_other_processes_limits_and_priorities_are_refused_and_its_own_are_not()
         "its own limit by prlimit(0)": "ok", "another's priority": "errno 1", "the user's priority": "errno 1",
         "its own priority": "ok", "another's scheduler": "errno 1", "a child, another's limit": "errno 1",
         "torch": "ok"}
+
+
+FOREIGN = """
+import ctypes, mmap, os, sys
+from harness.ranks import seccomp
+if sys.argv[1] == "filtered":
+    assert seccomp.install() == "", "not installed"
+# i386 getpid (20) through int $0x80, as a 64-bit process may call it where the kernel has IA32 emulation
+code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20; int $0x80; ret
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+i386 = ctypes.CFUNCTYPE(ctypes.c_int32)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+libc = ctypes.CDLL(None, use_errno=True)
+x32 = libc.syscall(0x40000000 | 39)  # getpid through the x32 table (__X32_SYSCALL_BIT)
+print({"i386": "pid" if i386 == os.getpid() else i386, "x32": "pid" if x32 == os.getpid() else ctypes.get_errno()})
+"""
+
+
+def test_calls_through_a_foreign_abi_are_refused():
+    """Issue 30: prlimit64 through the i386 table (int $0x80) changed another process's limit past a filter that
+    judged native numbers only. Every call of a foreign ABI is refused: a real int $0x80, and an x32 number."""
+    import platform
+
+    assert platform.machine() == "x86_64", "this test makes x86-64 calls"
+    bare = subprocess.run([sys.executable, "-c", FOREIGN, "bare"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    filtered = subprocess.run([sys.executable, "-c", FOREIGN, "filtered"], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+    assert filtered.returncode == 0, filtered.stderr
+    assert eval(filtered.stdout) == {"i386": -1, "x32": 1}  # -EPERM from int $0x80; EPERM from the x32 call
+    # Without the filter the i386 call reaches the kernel (where it has IA32 emulation, as here): the door is real.
+    assert bare.returncode != 0 or eval(bare.stdout)["i386"] == "pid", bare.stdout + bare.stderr

@@ -11,6 +11,12 @@ run is run again by a queue) or fail the teams after it. This filter refuses, wi
 - ioprio_set other than (IOPRIO_WHO_PROCESS, 0);
 - sched_setscheduler, sched_setparam, sched_setattr with a pid other than 0.
 
+and every call through another ABI than the native one: on x86_64 the i386 table (`int $0x80`, open to
+64-bit processes wherever the kernel has IA32 emulation, as stock kernels do) and x32 numbers (the native
+arch with bit 30 set), on aarch64 the 32-bit ARM table. Those tables number the same calls differently,
+so a filter that judges native numbers alone would let prlimit through them; no harness, Python or
+torch code makes such calls.
+
 A process's own calls (pid or who 0: how glibc, Python and torch make them) are untouched. The filter is
 classic BPF on seccomp_data, installed with prctl after no_new_privs (which Landlock has set), on one
 thread: every thread and child started afterwards inherits it. Architectures: x86_64 and aarch64; on
@@ -24,7 +30,8 @@ import platform
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
-LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06
+LD_W_ABS, JEQ_K, JSET_K, RET_K = 0x20, 0x15, 0x45, 0x06
+X32_SYSCALL_BIT = 0x40000000  # x86_64: a call numbered with this bit goes to the x32 table
 # seccomp_data: nr (u32) at 0, arch (u32) at 4, instruction pointer (u64) at 8, args (6 x u64) from 16.
 NR, ARCH = 0, 4
 
@@ -61,6 +68,9 @@ class _Program:
     def jeq(self, value: int, if_true: str | int = 0, if_false: str | int = 0) -> None:
         self.ops.append((JEQ_K, if_true, if_false, value))
 
+    def jset(self, mask: int, if_true: str | int = 0, if_false: str | int = 0) -> None:
+        self.ops.append((JSET_K, if_true, if_false, mask))
+
     def ret(self, value: int) -> None:
         self.ops.append((RET_K, 0, 0, value))
 
@@ -80,8 +90,10 @@ def build_filter(arch: str) -> bytes | None:
     audit, nr = ARCHES[arch]
     p = _Program()
     p.load(ARCH)
-    p.jeq(audit, 0, "allow")  # another ABI (x32, a 32-bit process): left as it is
+    p.jeq(audit, 0, "deny")  # another ABI's table (i386 through int $0x80, 32-bit ARM): refused
     p.load(NR)
+    if arch == "x86_64":
+        p.jset(X32_SYSCALL_BIT, "deny")  # the x32 table, through the native arch
     p.jeq(nr["prlimit64"], "prlimit")
     p.jeq(nr["setpriority"], "setpriority")
     p.jeq(nr["ioprio_set"], "ioprio")
