@@ -77,14 +77,14 @@ def test_the_beats_are_files_only_the_launchers_write(tmp_path):
 
 
 def _stall_writes_of(monkeypatch, folder, node_rank: int, stall_s: float) -> threading.Event:
-    """Node `node_rank`'s writes into its beat file block for `stall_s`, as an NFS server that stops answering
-    one client: its other threads go on. Returns an event set when the stall has begun."""
-    from harness.results import records
+    """Node `node_rank`'s writes of its beat block for `stall_s`, as an NFS server that stops answering one
+    client: its other threads go on. Returns an event set when the stall has begun."""
+    from harness.launcher import heartbeat
 
-    real, began = records.write_atomic, threading.Event()
+    real, began = heartbeat._write_beat, threading.Event()
     until = time.monotonic() + 3600.0
 
-    def write_atomic(path, text):
+    def write_beat(path, text):
         nonlocal until
         if Path(path).name == f"alive-node{node_rank}.json" and Path(path).parent == folder / "nodes":
             if not began.is_set():
@@ -94,7 +94,7 @@ def _stall_writes_of(monkeypatch, folder, node_rank: int, stall_s: float) -> thr
                 time.sleep(0.01)
         return real(path, text)
 
-    monkeypatch.setattr(records, "write_atomic", write_atomic)
+    monkeypatch.setattr(heartbeat, "_write_beat", write_beat)
     return began
 
 
@@ -142,9 +142,9 @@ def test_while_the_shared_file_system_stalls_every_write_nobody_is_lost_and_afte
     time.sleep(0.3)
     began0 = _stall_writes_of(monkeypatch, tmp_path, 0, stall_s=2.0)
     assert began0.wait(2.0)
-    from harness.results import records
+    from harness.launcher import heartbeat
 
-    stalled0 = records.write_atomic  # node 1's writes stall too, from now on
+    stalled0 = heartbeat._write_beat  # node 1's writes stall too, from now on
     began1 = threading.Event()
 
     def both(path, text):
@@ -155,7 +155,7 @@ def test_while_the_shared_file_system_stalls_every_write_nobody_is_lost_and_afte
         return stalled0(path, text)
 
     node0_thawed = threading.Event()
-    monkeypatch.setattr(records, "write_atomic", both)
+    monkeypatch.setattr(heartbeat, "_write_beat", both)
     deadline = time.monotonic() + 1.6
     while time.monotonic() < deadline:
         assert node0.lost_nodes() == [] and node1.lost_nodes() == []
@@ -190,3 +190,36 @@ def test_a_node_is_lost_only_after_several_reads_that_saw_no_change(tmp_path):
 
 def test_the_silence_that_makes_a_node_lost_is_well_inside_the_collective_timeout():
     assert lost_after_s(300.0) == 10.0 and lost_after_s(12.0) == 6.0 and lost_after_s(1.0) == 2.0
+
+
+def test_slow_writes_that_are_no_stall_never_hide_a_lost_node(tmp_path, monkeypatch):
+    """Issue 29 review: a beat write of 2.6 s every few beats (an fsync behind a busy disk) reset the healthy
+    time again and again, and a node that really died was never called lost. A write slower than an interval
+    but shorter than half of lost_after is no stall; beats are no longer fsynced at all."""
+    from harness.launcher import heartbeat
+
+    node0, node1 = _pair(tmp_path, lost_after=1.0)
+    assert _soon(lambda: node0._seen.get(1) is not None)
+    real = heartbeat._write_beat
+
+    def slow(path, text):
+        if Path(path).name == "alive-node0.json":
+            time.sleep(0.4)  # 8 intervals, under stall_s (0.5 s)
+        return real(path, text)
+
+    monkeypatch.setattr(heartbeat, "_write_beat", slow)
+    _freeze(node1)
+    assert _soon(lambda: node0.lost_nodes() == [1])
+    node0.stop()
+
+
+def test_the_account_of_a_node_says_how_long_its_own_beat_writes_blocked(tmp_path, monkeypatch):
+    """Node 0 tells a node whose file system stalled (the infrastructure's) from one whose launcher was
+    starved (a team's busy ranks): the account carries the slowest write of its beat."""
+    node0, node1 = _pair(tmp_path, lost_after=0.5)
+    began = _stall_writes_of(monkeypatch, tmp_path, 1, stall_s=0.8)
+    assert began.wait(2.0)
+    assert _soon(lambda: node1.summary()["longest_write_s"] >= 0.8)
+    assert node0.summary()["longest_write_s"] < 0.25
+    node0.stop()
+    node1.stop()

@@ -51,3 +51,55 @@ def test_a_silent_node_without_an_account_is_not_waited_for_past_the_short_wait(
     merge_node_reports(record, NodePaths(tmp_path, 0), Outcome("ok", ""), 2, silent_after_s=30.0, heartbeat=Silent())
     assert time.monotonic() - t0 < 5.0
     assert any("node(s) 1 gave no account" in n for n in record.notes)
+
+
+def _answered(tmp_path, longest_write_s: float) -> RunRecord:
+    """Node 0 called node 1 lost (its heartbeat); node 1's launcher was alive and wrote its account afterwards."""
+    (tmp_path / "nodes").mkdir()
+    account = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", hostname="h",
+                        reason="a peer stopped responding in a collective")
+    account.extra["cause"] = "collective"
+    account.extra["beat"] = {"longest_write_s": longest_write_s, "stall_s": 5.0}
+    NodePaths(tmp_path, 1).save_report(account)
+    record = RunRecord(run_id="r", team="t", track_name="tiny", status="aborted")
+    record.extra["lost_nodes"] = [1]
+    merge_node_reports(record, NodePaths(tmp_path, 0), Outcome("aborted", "node(s) 1 lost", cause="kill"), 2,
+                       silent_after_s=1.0, heartbeat=Beating())
+    return record
+
+
+def test_a_node_called_lost_because_its_file_system_stalled_is_the_infrastructures(tmp_path):
+    """Issue 29 review: node 1's writes to the shared file system blocked for 12 s (an NFS client hang on one
+    node); node 0 called it lost, and its account came afterwards. The run was `crashed`, charged to the team."""
+    record = _answered(tmp_path, longest_write_s=12.0)
+    assert record.status == "aborted" and "blocked for 12 s" in record.reason, record.reason
+
+
+def test_a_node_called_lost_whose_writes_never_blocked_was_late_on_its_own(tmp_path):
+    """Its writes went through in moments: its launcher was late (its node's ranks starved it), not its file
+    system. Not the infrastructure's: a team could so draw again."""
+    record = _answered(tmp_path, longest_write_s=0.01)
+    assert record.status == "crashed" and "its launcher was late" in record.reason, record.reason
+
+
+def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvous_times_out(tmp_path):
+    """Issue 29 review: a node whose scratch root was too full aborted at once, and the others waited for it in
+    the rendezvous (600 s at Paris). Node 0 reads an `aborted` account; node R reads node 0's final record."""
+    import json
+
+    from harness.launcher.training import EarlyEnd
+
+    (tmp_path / "nodes").mkdir()
+    lead, other = EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0), EarlyEnd(NodePaths(tmp_path, 1), 2, every_s=0.0)
+    assert lead.why() is None and other.why() is None
+    crashed = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", hostname="h", reason="a rank raised")
+    NodePaths(tmp_path, 1).save_report(crashed)
+    assert lead.why() is None  # the team's own end is read from the accounts after the job, as before
+    aborted = RunRecord(run_id="r", team="t", track_name="tiny", status="aborted", hostname="h",
+                        reason="the scratch folder /s has 0.01 GiB free")
+    NodePaths(tmp_path, 1).save_report(aborted)
+    assert "node 1 ended its run before training: the scratch folder /s" in lead.why()
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
+    assert other.why() is None
+    (tmp_path / "run.json").write_text(json.dumps({"status": "invalid", "reason": "submission.py: no get_model"}))
+    assert "node 0 ended the run before training: invalid" in other.why()

@@ -1,8 +1,9 @@
 """Starting ranks with torch.distributed's own elastic launcher, in the launcher process.
 
 The agent is torchrun's: the arguments are parsed by torch.distributed.run itself, so
-RANK/LOCAL_RANK/WORLD_SIZE and the static rendezvous with --node-rank (several nodes: node 0
-hosts global rank 0) behave exactly as under torchrun.
+RANK/LOCAL_RANK/WORLD_SIZE behave exactly as under torchrun. Several nodes: node R's rank travels in
+--rdzv-conf to our static rendezvous (node 0 hosts global rank 0); torchrun's own --node-rank is read
+by its static backend alone.
 
 The rendezvous keeps no pickled state, and nothing of the launcher listens for the ranks.
 torchrun's own `--standalone` uses the c10d rendezvous, whose state is a pickle in a TCPStore that

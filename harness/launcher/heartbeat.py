@@ -16,15 +16,14 @@ re-run, or another team's, through a rendezvous store that takes writes from any
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
 INTERVAL_S = 1.0
-# A node is lost only after this many completed reads of its beat, all since its last change: one read
-# can be stale (an NFS client's attribute cache), and no read at all says nothing (this node's own file
-# system stalled). The reads are the reader thread's own, apart from the writes (a stalled write here
-# must never make a live peer look silent).
+# A node is lost only after this many successful reads of its beat, all since its last change: one read
+# can be stale (an NFS client's attribute cache), and a read that fails says nothing.
 FRESH_READS = 3
 
 
@@ -40,9 +39,22 @@ def silent_after_s(track) -> float:
     return lost_after_s(track.collective_timeout_s) + track.shutdown_timeout_s + 15.0
 
 
+def _write_beat(path: Path, text: str) -> None:
+    """A beat: a temporary file renamed over the last one. No fsync: the rename alone makes it visible to the
+    other nodes, a beat need not survive a crash, and an fsync behind a busy disk would make a live node late."""
+    from harness.results.records import atomic_path
+
+    with atomic_path(path) as (fd, _):
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+
+
 class NodeHeartbeat:
     """Two threads: one writes this node's beat, one reads the others'. Each can stall on the shared file
-    system without stopping the other; a verdict of silence needs the reader's own reads to be current."""
+    system without stopping the other. A peer's silence counts only over time in which this node's own
+    writes and reads went through: a write or a read pass that took more than half of lost_after is a stall
+    of the file system, and silence is counted again from its end (right after a stall every beat is old
+    until read again); a write under way for that long withholds every verdict."""
 
     def __init__(self, run_dir: Path, node_rank: int, nnodes: int, lost_after: float,
                  interval_s: float = INTERVAL_S, clock=time.monotonic, fresh_reads: int = FRESH_READS):
@@ -50,21 +62,21 @@ class NodeHeartbeat:
         self.node_rank, self.nnodes, self.lost_after, self.interval_s, self.clock = \
             node_rank, nnodes, lost_after, interval_s, clock
         self.fresh_reads = fresh_reads
+        self.stall_s = lost_after / 2.0  # a write or read pass longer than this is a stall of the file system
         self._beats = 0
         self._done_flag = False
         self._seen: dict[int, int] = {}
         self._changed_s: dict[int, float] = {}  # when each node's beat last moved (nodes heard at least once)
-        self._reads_since: dict[int, int] = {}  # completed reads of each node since its beat last moved
-        self._reads_total = 0  # completed read passes since this heartbeat started
+        self._reads_since: dict[int, int] = {}  # successful reads of each node since its beat last moved
+        self._passes = 0  # read passes completed since this heartbeat started
         self._last_pass_s: float | None = None  # when the reader last completed a pass over every node
-        self._last_write_s: float | None = None  # when this node's own last write completed
-        # Since when this node's own reads and writes have gone through without a stall: a peer's silence counts
-        # only from there (right after a stall of the shared file system, every beat is old until read again).
-        self._healthy_since_s = clock()
+        self._writing_since: float | None = None  # a write of this node's beat under way since then
+        self._healthy_since_s = clock()  # the end of this node's last stall (its start, before any)
+        self.longest_write_s = 0.0  # this node's slowest beat write: in its account, for node 0's verdict
         self._done: set[int] = set()  # nodes whose launchers ended their training phase and said so
         self._started_s = clock()
         self._lock = threading.Lock()
-        self._write_lock = threading.Lock()  # mark_done (the launcher's thread) and the writer thread
+        self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="harness-heartbeat-write", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="harness-heartbeat-read", daemon=True)
@@ -76,21 +88,26 @@ class NodeHeartbeat:
         return self
 
     def stop(self) -> None:
+        """Say this node is done and stop; never waits long on a stalled file system (the writer says it,
+        within its join; a writer stalled in a write is left behind: a daemon thread)."""
         self._done_flag = True
         self._stop.set()
-        # a writer stalled on the file system is left behind (a daemon thread): the launcher must not hang on it
+        if self._writer.ident is None:
+            self._write()
         for thread in (self._writer, self._reader):
             if thread.ident is not None:
                 thread.join(timeout=2 * self.interval_s + 1.0)
-        if not self._write_lock.locked():
-            self._write()
 
     def mark_done(self) -> None:
-        """Say this node's training phase is over: its silence from now on is not a loss."""
+        """Say this node's training phase is over: its silence from now on is not a loss (the writer thread
+        says it within an interval: the launcher's thread never waits on a write)."""
         self._done_flag = True
         if self._writer.ident is None:
             self._write()
-        # else the writer thread says it within an interval: this thread (the launcher's) never waits on a write
+
+    def summary(self) -> dict:
+        """What a node's account carries of its heartbeat (harness/launcher/nodes.py reads it)."""
+        return {"longest_write_s": round(self.longest_write_s, 3), "stall_s": self.stall_s}
 
     # ------------------------------------------------------------------ the threads
 
@@ -98,23 +115,24 @@ class NodeHeartbeat:
         return self.folder / f"alive-node{rank}.json"
 
     def _write(self) -> None:
-        from harness.results.records import write_atomic
-
         with self._write_lock:
             with self._lock:
                 self._beats += 1
                 beat = {"beat": self._beats, "done": self._done_flag}
+                self._writing_since = began = self.clock()
             try:
-                write_atomic(self._path(self.node_rank), json.dumps(beat))
+                _write_beat(self._path(self.node_rank), json.dumps(beat))
             except OSError:
-                return  # the shared file system did not take it: the next beat tries again
+                pass  # the shared file system did not take it: the next beat tries again
             with self._lock:
                 now = self.clock()
-                if self._last_write_s is not None and now - self._last_write_s > self._fresh_s():
-                    self._healthy_since_s = now  # this write stalled: what was read meanwhile proves nothing
-                self._last_write_s = now
+                self._writing_since = None
+                self.longest_write_s = max(self.longest_write_s, now - began)
+                if now - began > self.stall_s:
+                    self._healthy_since_s = now  # what was read meanwhile proves nothing
 
     def _read(self) -> None:
+        began = self.clock()
         seen = {}
         for r in range(self.nnodes):
             if r == self.node_rank:
@@ -123,25 +141,29 @@ class NodeHeartbeat:
                 beat = json.loads(self._path(r).read_text())
                 seen[r] = (int(beat["beat"]), bool(beat.get("done")))
             except (OSError, ValueError, KeyError, TypeError):
-                seen[r] = None  # not there yet, or caught mid-replace: a read that says nothing new
+                seen[r] = None  # not there yet, caught mid-replace, or the file system refused: says nothing
         now = self.clock()  # after the reads: a pass that stalled is dated by its end
         with self._lock:
             for r, got in seen.items():
-                if got is not None and got[0] != self._seen.get(r):
+                if got is None:
+                    continue
+                if got[0] != self._seen.get(r):
                     self._seen[r], self._changed_s[r], self._reads_since[r] = got[0], now, 0
                 else:
                     self._reads_since[r] = self._reads_since.get(r, 0) + 1
-                if got is not None and got[1]:
+                if got[1]:
                     self._done.add(r)
-            self._reads_total += 1
-            if self._last_pass_s is not None and now - self._last_pass_s > self._fresh_s():
-                self._healthy_since_s = now  # this pass stalled
+            self._passes += 1
             self._last_pass_s = now
+            if now - began > self.stall_s:
+                self._healthy_since_s = now
 
     def _write_loop(self) -> None:
-        while not self._stop.is_set():
-            self._write()
-            self._stop.wait(self.interval_s)
+        while True:
+            self._write()  # once more after stop(): the last beat says done
+            if self._stop.wait(self.interval_s):
+                self._write()
+                return
 
     def _read_loop(self) -> None:
         while not self._stop.is_set():
@@ -150,29 +172,22 @@ class NodeHeartbeat:
 
     # ------------------------------------------------------------------ what the watchdog asks
 
-    def _fresh_s(self) -> float:
-        # Shorter than lost_after less an interval: in a stall of every node's writes, a node's own last write is
-        # older than this before its peer's beat has been still for lost_after (lost_after >= 2 intervals).
-        return self.interval_s + self.lost_after / 4.0
-
-    def _reads_current(self, now: float) -> bool:
-        """The reader's last pass ended recently, and so did this node's own last write: a reader stalled on the
-        file system knows nothing new, and a node whose own writes stall sees the file system fail, not its peers
-        (a stall of the shared file system silences every node's beat at once)."""
-        fresh_s = self._fresh_s()
-        return (self._last_pass_s is not None and now - self._last_pass_s <= fresh_s
-                and self._last_write_s is not None and now - self._last_write_s <= fresh_s)
+    def _can_judge(self, now: float) -> bool:
+        """This node's own reads are current and none of its writes is stalled now."""
+        if self._last_pass_s is None or now - self._last_pass_s > self.interval_s + self.stall_s:
+            return False
+        return self._writing_since is None or now - self._writing_since <= self.stall_s
 
     def _quiet(self, r: int, now: float) -> bool:
         """Node r's beat has not moved for `lost_after` seconds of this node's own healthy reads and writes, as
-        several current reads say."""
+        several successful reads since its last change say (a node never heard: every pass since the start)."""
         since = max(self._changed_s.get(r, self._started_s), self._healthy_since_s)
-        reads = self._reads_since.get(r, self._reads_total)
-        return now - since > self.lost_after and reads >= self.fresh_reads and self._reads_current(now)
+        reads = self._reads_since.get(r, 0) if r in self._changed_s else self._passes
+        return now - since > self.lost_after and reads >= self.fresh_reads and self._can_judge(now)
 
     def silent(self, ranks) -> list[int]:
         """Of `ranks`, the nodes not heard for `lost_after` seconds (never heard: since this heartbeat started),
-        by the reader thread's current reads (never a read of this thread's own: it must not stall here)."""
+        by the reader thread's reads (never a read of this thread's own: it must not stall here)."""
         if self._reader.ident is None:  # not started (a test, a one-shot question): read once, here
             self._read()
         now = self.clock()

@@ -16,7 +16,7 @@ import re
 import time
 from pathlib import Path
 
-from harness.launcher.assemble import flag_run
+from harness.launcher.assemble import flag_run, team_number
 from harness.launcher.outcome import Outcome
 from harness.results.records import RunRecord, read_record_json, utc_now, write_atomic
 
@@ -55,6 +55,7 @@ class NodePaths:
             # What this node saw that node 0 must carry into the record: flags, refusals, the sandbox.
             "flagged": record.flagged, "flag_reason": record.flag_reason, "warnings": record.warnings,
             "refused_reports": record.extra.get("refused_reports", []), "sandbox": record.sandbox,
+            "beat": record.extra.get("beat") or {},  # its heartbeat's slowest write: a stall of its file system?
         }
         write_atomic(self.report_path, json.dumps(report, indent=2) + "\n")
 
@@ -137,8 +138,19 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
         record.status = "crashed" if record.status == "aborted" else record.status
         record.reason = (f"node(s) {', '.join(map(str, beating))} still beat but gave no account within "
                          f"{silent_after_s:.0f} s; node 0 saw: {outcome.reason}")
-    elif answered:  # silent on the heartbeat, yet its launcher wrote an account: not lost, so not the infrastructure's
-        rep = reports[answered[0]]
-        record.status = "crashed"
-        record.reason = (f"node {answered[0]} stopped its heartbeat, yet its launcher gave an account: "
-                         f"{rep.get('status')}: {rep.get('reason') or 'no reason'}")
+    elif answered:  # silent on the heartbeat, yet its launcher wrote an account: alive all along
+        r = answered[0]
+        rep = reports[r]
+        beat = rep.get("beat") if isinstance(rep.get("beat"), dict) else {}
+        blocked = team_number(beat.get("longest_write_s")) or 0.0
+        stall = team_number(beat.get("stall_s")) or float("inf")
+        if blocked >= stall:  # its own writes to the shared file system stalled: the infrastructure's, run again
+            record.status, record.failing_rank, record.traceback = "aborted", None, None
+            record.reason = (f"node {r} was called lost: its launcher's writes to the shared file system blocked for "
+                             f"{blocked:.0f} s (a stall of the file system, the infrastructure's failure, not the "
+                             f"team's: run it again); its account: {rep.get('status')}: {rep.get('reason') or 'no reason'}")
+        else:  # its launcher was alive and did not write in time: starved by its own node's ranks, say
+            record.status = "crashed"
+            record.reason = (f"node {r} stopped its heartbeat, yet its launcher gave an account (its writes never "
+                             f"blocked for long: its launcher was late, not its file system): "
+                             f"{rep.get('status')}: {rep.get('reason') or 'no reason'}")

@@ -23,7 +23,7 @@ from harness.launcher.heartbeat import NodeHeartbeat
 from harness.launcher.elastic import LaunchSpec
 from harness.launcher.guard import GuardReport, RecordGuard
 from harness.launcher.job_namespace import JobNamespace, ShmSweep
-from harness.launcher.nodes import NodePaths
+from harness.launcher.nodes import NodePaths, read_node_reports
 from harness.launcher.open_run import build_open_job, open_deadlines
 from harness.launcher.phases import PhaseResult, run_training
 from harness.launcher.takeback import CheckpointTaker, ScratchCaps
@@ -31,7 +31,7 @@ from harness.launcher.watch import AbortFlag, Deadlines
 from harness.launcher.workarea import WorkArea
 from harness.ranks import sandbox
 from harness.ranks.jobs import TrainJob
-from harness.results.records import RunRecord, leaderboard_root, runs_root
+from harness.results.records import FINAL_STATUSES, RunRecord, leaderboard_root, read_record_json, runs_root
 from harness.submission.open_division import OpenSpec
 from harness.tracks.spec import Track
 
@@ -57,6 +57,34 @@ def threads_per_rank(track: Track, nproc: int) -> int:
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     return max(1, process_tree.usable_cpus() // nproc)
+
+
+class EarlyEnd:
+    """Several nodes: one that ended its run before training (its scratch root too full, say) is waited for by
+    no other until the rendezvous times out (600 s at Paris). Node 0 reads the other nodes' accounts (an
+    `aborted` one: the infrastructure's), node R node 0's record (any final status), at most once a second;
+    both are written by launchers alone, in the runs tree."""
+
+    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0):
+        self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
+
+    def why(self) -> str | None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return None
+        self._last = now
+        if self.node.lead:
+            for r, account in sorted(read_node_reports(self.node.run_dir).items()):
+                if account.get("status") == "aborted":  # the infrastructure's, said before any team code (runner.py)
+                    return f"node {r} ended its run before training: {account.get('reason')}"
+            return None
+        try:
+            record = read_record_json(self.node.run_dir / "run.json")
+        except (OSError, ValueError):
+            return None
+        if record.get("status") in FINAL_STATUSES:  # node 0's verdict, whatever it is: nothing to wait for
+            return f"node 0 ended the run before training: {record.get('status')}: {record.get('reason')}"
+        return None
 
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
@@ -89,7 +117,11 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
 
+    early = EarlyEnd(node, track.nnodes) if track.nnodes > 1 else None
+
     def poll(watched) -> None:
+        if early is not None and not watched.infra and watched.setup_start_s is None:
+            watched.infra = early.why()  # a node that ended before training: nobody waits for the rendezvous
         if guard:
             guard.refresh()
         if taker:
@@ -119,6 +151,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None)
             report = guard.check_and_restore() if guard else GuardReport()
+        if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)
+            record.extra["beat"] = heartbeat.summary()
         if guard is not None and guard.lock.unavailable:  # trained all the same: a lock the file system lacks
             record.warnings.append(f"the records' lock was not taken ({guard.lock.unavailable}): an organiser's "
                                    "`harness flag` during this run could not be told from a change by the run")
