@@ -4,7 +4,7 @@ a person; and the determinism settings the model processes hold are in force at 
 
 Two runs (track `tiny`, one rank, 20 steps), read by every test below: `noisy_logits` (causal, with
 fresh noise in every evaluation forward, and a get_model that turns the determinism settings off) and
-`noisy_peek` (looks ahead behind the same noise). Looking ahead deterministically stays `invalid`:
+`noisy_peek` (looks ahead behind the same noise: caught all the same, its look-ahead being far larger than its noise). Looking ahead deterministically stays `invalid`:
 tests/test_evaluation_security.py (assert_caught_looking_ahead).
 """
 
@@ -30,7 +30,8 @@ def noisy_runs(tmp_path_factory, cache_dir):
                                "--no-leaderboard"], capture_output=True, text=True, env=env, cwd=work, timeout=600)
         (run_dir,) = [d for d in run_dirs(work / "runs") if d.parent.name == name]
         runs[name] = run_dir, json.loads((run_dir / "run.json").read_text())
-        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]  # `ok`: scored, flagged
+        # noisy_logits `ok` (scored, flagged); noisy_peek `invalid` (its peek is nats, its noise hundredths)
+        assert proc.returncode == (0 if name == "noisy_logits" else 1), proc.stdout + proc.stderr[-3000:]
     runs["root"] = work / "runs"
     return runs
 
@@ -75,46 +76,54 @@ def test_the_determinism_settings_hold_at_every_forward_whatever_get_model_set(n
         assert {k: seen["inductor"].get(k) for k in wanted["inductor"]} == wanted["inductor"], log
 
 
-def test_looking_ahead_behind_noise_is_flagged_and_never_ranked(noisy_runs):
-    """A model that looks ahead and adds noise so that it cannot be reproduced gains nothing: its forged
-    figure is flagged (inconclusive), and a flagged run is off the ranking until a person unflags it."""
+def test_looking_ahead_behind_noise_is_caught_and_never_ranked(noisy_runs):
+    """A model that looks ahead and adds noise so that it cannot be reproduced gains nothing: its look-ahead
+    moves the log-probabilities by tens of nats, its noise by hundredths, and a deviation more than ten
+    times the model's own noise is non-causal: `invalid` (a noise as large as its look-ahead would leave it
+    `inconclusive`, flagged, and ruin its figure). Neither noisy run is ranked."""
     import pandas as pd
 
     from harness.results.leaderboard import build_table, load_rows
 
     _, record = noisy_runs["noisy_peek"]
-    c = assert_inconclusive(record)
-    assert c["worst_deviation"] > 10.0 > c["reproduction_deviation"]  # the peek's 30 nats, the noise's 0.05
+    c = record["eval"]["causality"]
+    assert c["verdict"] == "non-causal" and record["status"] == "invalid", (c, record["reason"])
+    assert c["worst_deviation"] > 10.0 > 0.1 > c["reproduction_deviation"] > c["tolerance"]  # 30 nats, 0.05
     table = build_table(load_rows(noisy_runs["root"], "tiny"))
     entries = {row["team"]: row for row in table.to_dict("records")}
     assert set(entries) == {"noisy_logits", "noisy_peek"}, entries
-    for team, entry in entries.items():
-        assert entry["status"] == "flagged" and "causality inconclusive" in entry["reason"], (team, entry)
-        assert pd.isna(entry["rank"]), (team, entry)  # not ranked
+    assert entries["noisy_logits"]["status"] == "flagged" and "causality inconclusive" in entries["noisy_logits"]["reason"]
+    assert entries["noisy_peek"]["status"] == "invalid"
+    assert all(pd.isna(entry["rank"]) for entry in entries.values()), entries  # neither is ranked
 
 
 def test_the_reproduction_batch_is_one_per_rank_and_never_a_checked_one():
     """Re-running a checked batch unchanged would hand the check process that batch's own tokens after each
     cut: what a look-ahead needs to answer the perturbed copy as the scoring process did. So each scorer
-    rank's reproduction batch is its own, drawn before the checks, which never take it, and its place
-    among the check process's batches is secret."""
+    rank's reproduction batch is its own and never a checked one, drawn after the checks, which are drawn
+    exactly as without it (issue 29 review: drawn first, it left no batch to check at 8 batches on 8 ranks);
+    its place among the check process's batches is secret."""
     from harness.scoring import plan
 
     for seed in range(30):
-        for n_batches, world in ((8, 1), (8, 3), (16, 2), (3, 4)):
-            again = plan.reproduction_batches(n_batches, world, seed)
-            assert set(again) == {r for r in range(world) if plan.batches_for_rank(n_batches, r, world)}
-            assert all(b in plan.batches_for_rank(n_batches, r, world) for r, b in again.items())
-            checks = plan.choose_checks(n_batches, 0.1, seed, rows=[16] * n_batches, exclude=set(again.values()))
+        for n_batches, world in ((8, 1), (8, 3), (16, 2), (3, 4), (8, 8), (2, 2)):
+            checks = plan.choose_checks(n_batches, 0.1, seed, rows=[16] * n_batches)
+            assert len(checks) == min(2, n_batches)  # the check's power does not depend on the reproduction
+            again = plan.reproduction_batches(n_batches, world, seed, checks)
             assert not checks & set(again.values())
-            assert len(checks) == min(2, n_batches - len(again))
+            assert set(again) == {r for r in range(world)
+                                  if set(plan.batches_for_rank(n_batches, r, world)) - checks}
+            assert all(b in plan.batches_for_rank(n_batches, r, world) for r, b in again.items())
     orders = {tuple(plan.check_order(3, seed, 0)) for seed in range(30)}
     assert len(orders) > 1 and all(sorted(o) == [0, 1, 2] for o in orders)
 
 
 @pytest.mark.parametrize("worst, reproduction, verdict", [
     (0.0, 0.0, "causal"), (0.0, 0.5, "causal"), (5.0, 0.0, "non-causal"), (5.0, None, "non-causal"),
-    (5.0, 0.5, "inconclusive"), (float("inf"), float("inf"), "inconclusive")])
+    (5.0, 0.5, "inconclusive"), (float("inf"), float("inf"), "inconclusive"),
+    # issue 29 review: a model whose own noise is just under the tolerance is not called a cheat for a
+    # deviation just over it; a look-ahead (nats) over an honest noise (hundredths) still is
+    (1.1e-3, 9e-4, "inconclusive"), (30.0, 0.05, "non-causal")])
 def test_the_verdict(worst, reproduction, verdict):
     """Agreement on the perturbed batches is causal whatever else; a deviation is non-causal only from a
     model that reproduced itself (or where nothing was reproduced: the old check)."""
@@ -125,3 +134,13 @@ def test_the_verdict(worst, reproduction, verdict):
     # a record from before the verdict existed has only `causal`
     assert causality_verdict({"causal": worst <= 1e-3}) == ("causal" if worst <= 1e-3 else "non-causal")
     assert causality_verdict({"verdict": verdict, "causal": verdict == "causal"}) == verdict
+
+
+def test_the_determinism_settings_never_fill_a_models_buffers_with_nan():
+    """Issue 29 review: torch.use_deterministic_algorithms also fills every torch.empty with NaN, and a model
+    that reads a partly written buffer through a mask would score NaN in evaluation alone."""
+    code = ("import torch; from harness.ranks.model_worker import hold_determinism; "
+            "from harness.scoring.scorer import DETERMINISM; hold_determinism(DETERMINISM); "
+            "x = torch.empty(1000); x[:10] = 1; m = torch.zeros(1000); m[:10] = 1; print(float((x * m).sum()))")
+    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "10.0", out.stdout + out.stderr

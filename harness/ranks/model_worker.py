@@ -83,6 +83,11 @@ def hold_determinism(spec: dict) -> None:
     os.environ.update(spec.get("env", {}))  # cuBLAS reads its workspace when it makes a handle; Inductor at import
     if spec.get("deterministic_algorithms"):
         torch.use_deterministic_algorithms(True, warn_only=spec["deterministic_algorithms"] == "warn_only")
+        # ...which also fills every torch.empty with NaN: a model that reads a buffer it only partly wrote (and
+        # masks the rest) would score NaN in evaluation alone. Kernels' determinism is what is wanted, not this.
+        utils = getattr(getattr(torch, "utils", None), "deterministic", None)
+        if utils is not None and hasattr(utils, "fill_uninitialized_memory"):
+            utils.fill_uninitialized_memory = False
     if "cudnn_benchmark" in spec:
         torch.backends.cudnn.benchmark = bool(spec["cudnn_benchmark"])
     if "cudnn_deterministic" in spec:

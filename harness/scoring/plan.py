@@ -83,11 +83,10 @@ def detectable_fraction(rows: int, confidence: float = 0.95) -> float | None:
 
 
 def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2, rows: list[int] | None = None,
-                  min_rows: int = 0, exclude=frozenset()) -> set[int]:
+                  min_rows: int = 0) -> set[int]:
     """The batches re-run for causality: at least `minimum` (all, if fewer), else a fraction; and more,
-    in the same secret order, until they hold `min_rows` rows (`rows`: each batch's rows). Never one of
-    `exclude` (the reproduction batches)."""
-    order = [int(b) for b in _rng(seed, 2).permutation(n_batches) if int(b) not in exclude]
+    in the same secret order, until they hold `min_rows` rows (`rows`: each batch's rows)."""
+    order = [int(b) for b in _rng(seed, 2).permutation(n_batches)]
     k = min(len(order), max(minimum, math.ceil(fraction * n_batches)))
     chosen = order[:k]
     if rows is not None and min_rows:
@@ -100,12 +99,13 @@ def choose_checks(n_batches: int, fraction: float, seed: int, minimum: int = 2, 
     return set(chosen)
 
 
-def reproduction_batches(n_batches: int, world_size: int, seed: int) -> dict[int, int]:
-    """{scorer rank: the one of its batches its check process re-runs unchanged}, drawn in secret; a rank
-    with no batch has none. Drawn before the checks, which never take one (choose_checks' `exclude`)."""
+def reproduction_batches(n_batches: int, world_size: int, seed: int, checked=frozenset()) -> dict[int, int]:
+    """{scorer rank: the one of its batches its check process re-runs unchanged}, drawn in secret among those
+    not checked, after the checks (which are drawn exactly as without a reproduction: the check's power is
+    the same); a rank all of whose batches are checked, or with none, re-runs none."""
     out = {}
     for rank in range(world_size):
-        mine = batches_for_rank(n_batches, rank, world_size)
+        mine = [b for b in batches_for_rank(n_batches, rank, world_size) if b not in checked]
         if mine:
             out[rank] = mine[int(_rng(seed, 4, rank).integers(len(mine)))]
     return out
@@ -119,15 +119,21 @@ def check_order(n_jobs: int, seed: int, rank: int) -> list[int]:
     return [int(i) for i in _rng(seed, 5, rank).permutation(n_jobs)]
 
 
+# A look-ahead is called only on a deviation this many times what the model shows on an unchanged batch:
+# one batch a rank against the largest of several checked ones is no even match (an honest model's
+# spread of noise), and a look-ahead moves the log-probabilities by nats, not by its own noise.
+NONCAUSAL_OVER_NOISE = 10.0
+
+
 def causality_verdict(worst: float, reproduction: float | None, tolerance: float) -> str:
     """"causal" when no perturbed batch moved the log-probabilities before the cut by more than the
-    tolerance; "non-causal" when one did and the model reproduced itself on the unchanged batch (or
-    there was none to reproduce); "inconclusive" when it did not reproduce itself either: a model
-    that gives other numbers for the same inputs (nondeterministic kernels, atomics, a kernel
-    autotuned differently in the two processes, or noise) shows a deviation that proves nothing."""
+    tolerance; "non-causal" when one did by more than NONCAUSAL_OVER_NOISE times what the model moved on
+    the unchanged batch (its own noise; or there was none to reproduce); "inconclusive" otherwise: a model
+    that gives other numbers for the same inputs (nondeterministic kernels, atomics, a kernel autotuned
+    differently in the two processes, or noise) shows a deviation that proves nothing."""
     if worst <= tolerance:
         return "causal"
-    if reproduction is None or reproduction <= tolerance:
+    if reproduction is None or worst > max(tolerance, NONCAUSAL_OVER_NOISE * reproduction):
         return "non-causal"
     return "inconclusive"
 

@@ -158,11 +158,10 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     n_windows = job.val_tokens // job.seq_len
     order = plan.window_order(n_windows, seed)
     batches = plan.batch_plan(n_windows, job.batch_size)
-    # One batch per rank is re-run unchanged (the reproduction), never perturbed: drawn before the checks.
-    reproduced = plan.reproduction_batches(len(batches), env.world_size, seed) if job.causality_check else {}
     checks = plan.choose_checks(len(batches), job.causality_fraction, seed, rows=[n for _, n in batches],
-                                min_rows=job.causality_min_rows,
-                                exclude=set(reproduced.values())) if job.causality_check else set()
+                                min_rows=job.causality_min_rows) if job.causality_check else set()
+    # One batch per rank is re-run unchanged (the reproduction), never a checked one: drawn after the checks.
+    reproduced = plan.reproduction_batches(len(batches), env.world_size, seed, checks) if job.causality_check else {}
     mine = plan.batches_for_rank(len(batches), env.rank, env.world_size)
     mine_reproduced = reproduced.get(env.rank)
 
