@@ -190,3 +190,19 @@ def test_a_rank_that_floods_the_channel_is_cut_off_and_the_job_is_ended():
         assert held <= channel_module.MAX_BYTES_PER_CONNECTION
     finally:
         ch.close()
+
+
+def test_an_object_nested_past_a_few_levels_breaks_its_schema():
+    """Red team (issue 29): a config nested 600 deep (4 kB) passed json on the channel's thread, then
+    dataclasses.asdict in save_record raised RecursionError: the record stayed `running`, a free re-run. Every
+    object a report carries is measured without recursion and refused past MAX_DEPTH levels."""
+    from harness.launcher import reports
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(600):
+        inner["x"] = {}
+        inner = inner["x"]
+    assert not reports.obj().ok(deep)
+    assert reports.obj().ok({"n_layer": 2, "betas": [0.9, 0.95], "nested": {"a": {"b": [1, {"c": 2}]}}})
+    assert "levels" in reports.obj().what

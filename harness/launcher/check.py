@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.launcher.identity import name_clash
 from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
 from harness.launcher.phases import run_preflight
-from harness.ranks.scratch import refuse_unusable
+from harness.ranks.scratch import refuse_unusable, remove_tree
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths
 from harness.submission.printable import printable
@@ -50,14 +50,19 @@ def _open_division(folder: Path, track: Track) -> dict | None:
             "target_track": portability_target(track)}  # this check runs on a CPU; the script on the track's device
 
 
-def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None) -> CheckResult:
+def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: str | None = None,
+          sandbox_mode: str = "auto", protected: list[str] = ()) -> CheckResult:
+    """`sandbox_mode` and `protected`: as a run's check process gets them; an organiser's command that checks
+    every team's folder (harness slurm) passes the track's mode and what no team may read there."""
     refuse_unusable()  # where the check process's private folder goes: noexec is refused before anything runs
     folder = find_submission(submission)
     track = load_track(track_name)
     open_division = _open_division(folder, track)
-    with tempfile.TemporaryDirectory(prefix="harness-check-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="harness-check-")  # removed as any folder team code may have touched
+    try:
         report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed,
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
+                               sandbox_mode=sandbox_mode, protected=list(protected),
                                precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower
                                open_division={k: open_division[k] for k in ("model_file", "script", "config",
                                                                               "config_declared", "track_device",
@@ -68,6 +73,8 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
         if not report["ok"] and not report["problems"]:
             report["problems"].append({"file": str(folder), "problem": "the check process failed", "fix": ""})
         log = (Path(tmp) / "check.log").read_text(errors="replace")[-4000:]
+    finally:
+        remove_tree(tmp)
     report["log_tail"] = log
     problems = report["problems"]
     try:

@@ -101,7 +101,10 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
     report.pop("interim", None)  # a finished check's report: nothing provisional about it
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not scratch.remove_tree(tmp):  # team code ran there: whatever it made, removed, or said
+        report.setdefault("warnings", []).append(f"the check process's folder {tmp} could not be removed: "
+                                                 "it is left in the scratch root")
+        report["leftover"] = str(tmp)
     try:
         sent = json.loads(box)
     except ValueError:

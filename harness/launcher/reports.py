@@ -101,9 +101,26 @@ def _json_size(v: Any) -> int:
         return MAX_OBJECT_BYTES + 1
 
 
+MAX_DEPTH = 32  # objects and lists inside one another; a config, a sandbox report: a few levels
+
+
+def _shallow(v: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """At most `max_depth` containers deep, measured without recursion: a report nested hundreds deep passes
+    json on the channel's thread and then breaks every recursive reader of the record (dataclasses.asdict,
+    json.dumps in save_record: RecursionError, the record left `running`, a free re-run)."""
+    todo = [(v, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                return False
+            todo.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
 def obj(max_bytes: int = MAX_OBJECT_BYTES, optional: bool = False) -> Field:
-    return Field(lambda v: isinstance(v, dict) and _json_size(v) <= max_bytes,
-                 f"an object of at most {max_bytes} bytes", optional)
+    return Field(lambda v: isinstance(v, dict) and _shallow(v) and _json_size(v) <= max_bytes,
+                 f"an object of at most {max_bytes} bytes and {MAX_DEPTH} levels", optional)
 
 
 def texts(max_items: int = 1000, optional: bool = False) -> Field:

@@ -253,8 +253,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                          "a model must be trained on the clock, from get_model's initialisation")
     if node.lead:
         save_record(run_dir, record)  # status "running": visible at once, never lost
-    short = short_of_space(int(track.scratch_cap_gib * 2**30))
-    if short:  # before any team code: a root too full for what the track allows is not the team's to pay for
+    short = short_of_space(int(scratch_need_gib(track) * 2**30), why=SCRATCH_NEED_WHY)
+    if short:  # before any team code: a root too full for an honest run is not the team's to pay for
         set_outcome(record, "aborted", short)
         return
 
@@ -279,6 +279,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
     record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
     record.sandbox["check"] = report.get("sandbox") or {}
+    if report.get("leftover"):  # what the team made in the check's folder outlives it: a person reads it
+        flag_run(record, f"the check process's folder {report['leftover']} could not be removed after the check")
     record.warnings += screen_warnings(record.extra["screen"])
     for warning in [*portability_warnings(record.extra["portability"]), *report.get("warnings", [])]:
         warning = relative_paths(str(warning), copies)  # the team's files as it names them
@@ -358,7 +360,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 set_outcome(record, "crashed", "rank 0 reported success but never said its checkpoint was saved")
             return
     finally:
-        area.cleanup()
+        if not area.cleanup():  # a team that leaves what cannot be removed would fill the scratch for the runs after
+            flag_run(record, f"the ranks' private folder {area.dir} could not be removed after the job: what is left "
+                             "there (read it before removing it by hand) fills the scratch root for the runs after")
     record.checkpoint_sha256 = file_sha256(checkpoint)
     saves = [m.body for m in phase.messages if m.kind == "checkpoint_saved" and m.body.get("rank") == 0]
     said = saves[0].get("sha256") if saves and spec is None else None  # the report the launcher took the file on
@@ -386,6 +390,17 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     evaluate_run(opts, track, data, node, record, plan, abort, reporter)
     record.timings["eval_s"] = time.monotonic() - t_eval
     record.timings["total_s"] = time.monotonic() - t_begin
+
+
+SCRATCH_NEED_WHY = "rank 0 stages its checkpoint there, up to the track's checkpoint_cap_gib, and 1 GiB more"
+
+
+def scratch_need_gib(track: Track) -> float:
+    """What an honest run must find free in the scratch root at its start: room for its checkpoint (up to
+    checkpoint_cap_gib) and 1 GiB of logs and caches, never more than the whole scratch_cap_gib. Not the whole
+    cap: a 64 GiB cap on a node whose disk is 64 GiB would refuse every run; a team that writes past what it
+    found free meets ENOSPC of its own making. `harness doctor` measures the whole cap (a warning)."""
+    return min(track.scratch_cap_gib, track.checkpoint_cap_gib + 1.0)
 
 
 def _sha256_or_none(folder: Path) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from harness.launcher.workarea import WorkArea
+from harness.launcher.workarea import Unmeasurable, WorkArea
 
 MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
 
@@ -86,6 +86,9 @@ def _announced(watch) -> bool:
         and watch.checkpoint_saved_s >= watch.train_end_s
 
 
+MAX_FAILED_MEASURES = 5  # in a row, a second apart
+
+
 class ScratchCaps:
     def __init__(self, area: WorkArea, track, every_s: float = 1.0):
         self.area, self.every_s = area, every_s
@@ -103,14 +106,23 @@ class ScratchCaps:
         self._thread.join(timeout=30.0)
 
     def _watch(self) -> None:
+        failures = 0
         while not self._stop.wait(self.every_s) and self.violation is None:
             try:
                 self.violation = self.measure()
-            except Exception:  # noqa: BLE001 (a folder changing under the walk: measured again next time)
-                continue
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 (a folder changing under the walk: measured again next time)
+                failures += 1  # ...but a cap that cannot be checked, again and again, is no cap: the run ends
+                if failures >= MAX_FAILED_MEASURES:
+                    self.violation = (f"the ranks' private folder could not be measured {failures} times in a row "
+                                      f"({type(exc).__name__}: {exc}): its caps cannot hold")
 
     def measure(self) -> str | None:
-        logs, disk, entries = self.area.usage(MAX_ENTRIES)
+        try:
+            logs, disk, entries = self.area.usage(MAX_ENTRIES)
+        except Unmeasurable as exc:
+            return (f"the ranks' private folder holds a folder the harness cannot list ({exc}): what it holds is "
+                    "not under the track's caps (leave every folder readable)")
         if logs > self.log_cap:
             return (f"the ranks wrote more than {self.log_cap >> 20} MiB to their logs (the track's log_cap_mib): "
                     "print less")

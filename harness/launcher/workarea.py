@@ -89,27 +89,69 @@ def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
         os.close(fd)
 
 
+class Unmeasurable(OSError):
+    """A folder of the team's that the launcher cannot list (it took its own rights away: mode 0300 hides what
+    it holds from a harness that does not run as root): what cannot be measured is not under the cap."""
+
+
 def tree_usage(dir_fd: int, max_entries: int | None = None) -> tuple[int, int, int]:
     """(apparent bytes of regular files, bytes on disk, entries) under the folder open as dir_fd, without
     following a link: a log is capped by what it would copy into the record, the folder by what it holds
     on disk and by its number of entries (empty files fill a file system's inodes). Stops counting past
-    max_entries."""
+    max_entries. Never recursive and at most two folders open at once, whatever the depth (a chain of a
+    thousand folders broke os.fwalk with RecursionError, and the cap went unchecked); raises Unmeasurable for
+    a subfolder it cannot list (the caller ends the run: never a cap passed by hiding)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     apparent = on_disk = entries = 0
+    fd = os.dup(dir_fd)
+    levels: list[tuple[str, list[str]]] = []
+
+    def scan(fd: int, where: str) -> list[str]:
+        nonlocal apparent, on_disk, entries
+        try:
+            with os.scandir(fd) as it:
+                found = list(it)
+        except PermissionError as exc:
+            raise Unmeasurable(f"{where or '.'}: {exc.strerror}") from None
+        except OSError:
+            return []
+        subs = []
+        entries += len(found)
+        for e in found:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                subs.append(e.name)
+            elif stat.S_ISREG(st.st_mode):
+                apparent += st.st_size
+            on_disk += st.st_blocks * 512
+        return subs
+
     try:
-        for _root, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-            entries += len(dirs) + len(files)
-            if max_entries is not None and entries > max_entries:
-                break
-            for name in files:
+        levels.append(("", scan(fd, "")))
+        while levels and (max_entries is None or entries <= max_entries):
+            name, pending = levels[-1]
+            if pending:
+                sub = pending.pop()
                 try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except OSError:
+                    child = os.open(sub, flags, dir_fd=fd)
+                except PermissionError as exc:
+                    raise Unmeasurable(f"{'/'.join([n for n, _ in levels[1:]] + [sub])}: {exc.strerror}") from None
+                except OSError:  # gone meanwhile, or replaced by a link: nothing of it is counted here
                     continue
-                if stat.S_ISREG(st.st_mode):
-                    apparent += st.st_size
-                on_disk += st.st_blocks * 512
-    except OSError:
-        pass
+                os.close(fd)
+                fd = child
+                levels.append((sub, scan(fd, "/".join([n for n, _ in levels[1:]] + [sub]))))
+                continue
+            levels.pop()
+            if levels:
+                parent = os.open("..", flags, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+    finally:
+        os.close(fd)
     return apparent, on_disk, entries
 
 
@@ -221,9 +263,11 @@ class WorkArea:
     def take_checkpoint(self, dest: Path) -> bool:
         return self.take_staged("checkpoint.pt", dest) is True
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> bool:
+        """Remove the private folder, whatever the ranks made in it; False when something of it is left
+        (the runner flags the run: what a team leaves fills the scratch root for the runs after)."""
         try:
             os.close(self._dir_fd)
         except OSError:
             pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return scratch.remove_tree(self.dir)

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 SCRATCH_ENV = "HARNESS_SCRATCH_DIR"
+MIN_FREE_INODES = 10_000  # a run's ranks, check and model processes make a few thousand files (compiler caches)
 
 
 class ScratchError(ValueError):
@@ -62,21 +63,25 @@ def unusable(root: Path | None = None) -> str:
     return ""
 
 
-def short_of_space(need_bytes: int, root: Path | None = None) -> str:
-    """"" when the scratch root has `need_bytes` free (what the track lets a job's ranks write there); else one
-    sentence with the figures and the fix. A root too full for what the track allows would end an honest team's
-    run in ENOSPC, charged to the team: the infrastructure's failure, said before any team code runs."""
+def short_of_space(need_bytes: int, root: Path | None = None, why: str = "") -> str:
+    """"" when the scratch root has `need_bytes` free; else one sentence with the figures, `why` that much is
+    needed, and the fix. A root too full for an honest run would end it in ENOSPC, charged to the team: the
+    infrastructure's failure, said before any team code runs."""
     root = root or scratch_root()
     try:
         st = os.statvfs(root)
     except OSError as exc:
         return f"the scratch folder {root} cannot be measured ({exc})"
     free = st.f_bavail * st.f_frsize
+    if st.f_files and st.f_favail < MIN_FREE_INODES:  # empty files fill a file system too (f_files 0: not counted)
+        return (f"the scratch folder {root} has {st.f_favail:,} free inodes (files) left, and a run makes thousands: "
+                f"the infrastructure's failure, not the team's. Fix: remove what fills it, or set {SCRATCH_ENV} to "
+                "another file system; then run it again")
     if free >= need_bytes:
         return ""
-    return (f"the scratch folder {root} has {free / 2**30:.2f} GiB free, and the track lets a job's ranks write "
-            f"{need_bytes / 2**30:.2f} GiB there (scratch_cap_gib): the infrastructure's failure, not the team's. "
-            f"Fix: free space there, or set {SCRATCH_ENV} to a folder with room; then run it again")
+    return (f"the scratch folder {root} has {free / 2**30:.2f} GiB free, and a run needs {need_bytes / 2**30:.2f} GiB "
+            f"there{' (' + why + ')' if why else ''}: the infrastructure's failure, not the team's. Fix: free space "
+            f"there, or set {SCRATCH_ENV} to a folder with room; then run it again")
 
 
 def refuse_unusable(root: Path | None = None) -> None:
@@ -84,6 +89,93 @@ def refuse_unusable(root: Path | None = None) -> None:
     problem = unusable(root)
     if problem:
         raise ScratchError(problem)
+
+
+def remove_tree(root: str | os.PathLike) -> bool:
+    """Remove a folder team code wrote in, whatever it made there; True when it is gone.
+
+    Never recursive (a chain of 1,000 folders broke shutil.rmtree with RecursionError, and the folder stayed,
+    filling the scratch root for the runs after), never by a path longer than one name (a deep chain's path
+    passes PATH_MAX), never through a link, at most two folders open at once, and a folder the team took its
+    own rights away from (mode 0300: enter and write, not list) is given them back first. Safe only once every
+    process of the team is gone: nothing may move the tree meanwhile. What cannot be removed is left, and
+    the answer says so."""
+    import stat
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    root = os.fspath(root)
+    try:
+        fd = os.open(root, flags)
+    except FileNotFoundError:
+        return True
+    except OSError:  # not a folder (a link, a file): remove the name itself
+        try:
+            os.unlink(root)
+        except OSError:
+            pass
+        return not os.path.lexists(root)
+    levels: list[tuple[str, list[str]]] = []  # (this folder's name in its parent, its subfolders still to empty)
+
+    def open_level(fd: int) -> list[str]:
+        """Unlink what is not a folder; return the subfolders."""
+        try:
+            with os.scandir(fd) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            return []
+        subs = []
+        for name, is_dir in entries:
+            if is_dir:
+                subs.append(name)
+                continue
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+        return subs
+
+    try:
+        try:
+            os.fchmod(fd, stat.S_IRWXU)
+        except OSError:
+            pass
+        levels.append(("", open_level(fd)))
+        while levels:
+            name, pending = levels[-1]
+            if pending:
+                sub = pending.pop()
+                try:
+                    os.chmod(sub, stat.S_IRWXU, dir_fd=fd, follow_symlinks=False)
+                except (OSError, NotImplementedError):
+                    try:  # a folder (scandir said so, and nothing of the team runs to swap it): rights back to list it
+                        os.chmod(sub, stat.S_IRWXU, dir_fd=fd)
+                    except OSError:
+                        pass
+                try:
+                    child = os.open(sub, flags, dir_fd=fd)
+                except OSError:
+                    continue
+                os.close(fd)
+                fd = child
+                levels.append((sub, open_level(fd)))
+                continue
+            levels.pop()
+            if not levels:
+                break
+            parent = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+    return not os.path.lexists(root)
 
 
 def private_folder(prefix: str, root: str | os.PathLike | None = None) -> Path:

@@ -369,21 +369,9 @@ class ModelWorker:
 
 
 def remove_tree(folder: Path) -> None:
-    """Remove the model process's folder even where it took its own permissions away (a subfolder
-    of mode 000 stops a plain rmtree for a user other than root): each refusal restores the owner's
-    rights on the folder in the way and tries again."""
-    def retry(func, path, _exc):
-        try:
-            os.chmod(os.path.dirname(path), 0o700)
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-            func(path)
-        except OSError:
-            pass
-
-    shutil.rmtree(folder, onerror=retry)
-    if folder.exists():
-        shutil.rmtree(folder, ignore_errors=True)
+    """Remove the model process's folder whatever it made there (harness/ranks/scratch.py remove_tree: never
+    recursive, rights given back to a folder that took its own away)."""
+    scratch.remove_tree(folder)
 
 
 def _logits_buffer(folder: Path, size: int) -> int:
