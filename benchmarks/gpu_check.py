@@ -109,6 +109,9 @@ class Clock:
 # --------------------------------------------------------------------------- the interpreter
 
 MODULES = {"py-landlock": "py_landlock"}  # a distribution whose module is not its name with "_" for "-"
+# Dependencies no phase of the check imports: the local-text track's BPE and `harness data prepare` alone.
+# One missing would stop the single device call before it measured anything.
+NOT_ON_THE_GPU_PATH = {"tokenizers"}
 WHEEL_PLATFORMS = " ".join(f"--platform {p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
                                                        "manylinux_2_17_x86_64", "manylinux2014_x86_64"))
 
@@ -127,6 +130,8 @@ def missing_packages() -> list[str]:
         if only_on and only_on.group(1) != sys.platform:
             continue
         name = re.match(r"[A-Za-z0-9_.-]+", spec).group(0)
+        if name in NOT_ON_THE_GPU_PATH:
+            continue
         if importlib.util.find_spec(MODULES.get(name, name.replace("-", "_"))) is None:
             missing.append(spec)
             continue
@@ -306,6 +311,16 @@ def main() -> int:
           f"{Path(harness.__file__).resolve().parent.parent}; work in {work}", flush=True)
     host = host_sandbox()
     print("\n".join(host_rows(host)), flush=True)
+    if sizes.gpu:  # Triton builds each kernel's launcher with a C compiler against Python.h; the smoke never does
+        import shutil
+        import sysconfig
+
+        lacking = [what for what, ok in (("a C compiler (cc, gcc)", shutil.which("cc") or shutil.which("gcc")),
+                                         ("Python.h", (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()))
+                   if not ok]
+        if lacking:
+            print(f"WARNING: this interpreter's machine lacks {' and '.join(lacking)}: Triton (torch.compile on a GPU) "
+                  "cannot build its launchers, and the compiled phases will fail", flush=True)
 
     # 0. the data, and the track: dev-gpu itself, or its CPU copy, or a copy without the sandbox
     t0 = time.monotonic()

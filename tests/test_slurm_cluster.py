@@ -51,13 +51,16 @@ def teams(tmp_path_factory) -> list[Path]:
     for name, lr in TEAMS.items():
         team = folder / name
         team.mkdir()
-        (team / "submission.py").write_text(text.replace("LEARNING_RATE = 0.05", f"LEARNING_RATE = {lr}"))
+        (team / "submission.py").write_text(text.replace("LEARNING_RATE = 0.05", f"LEARNING_RATE = {lr}")
+                                            .replace("PACE_S = 0.3", f"PACE_S = {PACE_S}"))
         (team / "submission.toml").write_text(f'[team]\nname = "{name}"\n')
         out.append(team)
     return out
 
 
-STEPS = 10  # each paced 0.3 s (tests/fixtures/paced_bigram): 3 s of training, where the faults land
+# 10 steps of 0.5 s: 5 s of training, where the faults land. A node is lost after 3 s here (half the collective
+# timeout): the stall of the file system (5 s) outlasts it, and training outlasts the stall's first 3 s.
+STEPS, PACE_S, COLLECTIVE_TIMEOUT_S = 10, 0.5, 6.0
 
 
 def _cheap(track: Path) -> Path:
@@ -72,7 +75,7 @@ def _two_node_track(folder: Path) -> Path:
     (the hanging team's run ends at it: budget + grace)."""
     folder.mkdir(parents=True, exist_ok=True)
     return _cheap(tiny_track_with(folder, nnodes=2, nproc_per_node=1, cpu_threads_per_rank=1, max_steps=STEPS,
-                                  budget_s=25.0))
+                                  budget_s=25.0, collective_timeout_s=COLLECTIVE_TIMEOUT_S))
 
 
 @pytest.mark.timeout(900)
@@ -155,7 +158,7 @@ def test_the_day_rehearsed_every_fault_ends_as_it_must_and_the_board_ranks_as_th
 
     # the same queue in the foreground, on one node of two ranks (the same world size): the same ranking
     fg_track = _cheap(tiny_track_with(_mkdir(tmp_path / "fg"), nproc_per_node=2, cpu_threads_per_rank=1,
-                                      max_steps=STEPS, budget_s=25.0))
+                                      max_steps=STEPS, budget_s=25.0, collective_timeout_s=COLLECTIVE_TIMEOUT_S))
     fg = cli("run", *map(str, teams), "--track", str(fg_track), "--repeat", "2", runs_dir=tmp_path / "fg-runs",
              timeout=900)
     assert fg.code == 0, fg.text

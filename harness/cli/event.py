@@ -264,8 +264,9 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
               help="The cluster's nodes [default: the track's nodes x --max-concurrent].")
 @click.option("--max-rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Rounds of `--resume` at most (round 1 is the whole queue).")
-@click.option("--stall-s", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
-              help="How long --fault fs-stall freezes the records' file system.")
+@click.option("--stall-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="How long --fault fs-stall freezes the records' file system [default: the time that makes a "
+                   "node lost on the track, + 2 s].")
 @click.option("--keep-cluster", is_flag=True, help="Leave the cluster up afterwards (scripts/slurm-cluster down stops it).")
 def rehearse_cmd(submissions, track, workdir, repeat, seed, faults, max_concurrent, nodes, max_rounds, stall_s,
                  keep_cluster):

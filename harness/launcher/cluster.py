@@ -53,12 +53,22 @@ def submitted_job_id(sbatch_output: str) -> str:
     return found.group(1)
 
 
-def active_tasks(job_id: str) -> list[str]:
-    """The job's tasks SLURM still has queued, running or completing (an array's as `<id>_<task>`)."""
-    proc = _run(["squeue", "-h", "-j", job_id, "-o", "%i %T"], check=False)
-    if proc.returncode != 0:  # "Invalid job id specified": gone from the controller's memory, so not active
-        return []
-    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+def active_tasks(job_id: str, attempts: int = 5) -> list[str]:
+    """The job's tasks SLURM still has queued, running or completing (an array's as `<id>_<task>`). "Invalid job
+    id" means gone from the controller's memory, so not active; any other failure (a controller slow to answer
+    on a busy machine) is asked again, and raises after `attempts`: a round must never end early on a hiccup."""
+    for attempt in range(attempts):
+        try:
+            proc = _run(["squeue", "-h", "-j", job_id, "-o", "%i %T"], timeout_s=60.0, check=False)
+        except ClusterError:
+            proc = None
+        if proc is not None and proc.returncode == 0:
+            return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+        if proc is not None and "invalid job id" in (proc.stderr + proc.stdout).lower():
+            return []
+        time.sleep(min(10.0, 2.0 ** attempt))
+    raise ClusterError(f"squeue -j {job_id} failed {attempts} times: "
+                       f"{(proc.stderr or proc.stdout).strip() if proc is not None else 'no answer'}")
 
 
 def wait_for_job(job_id: str, timeout_s: float, poll_s: float = 1.0, while_waiting=None) -> bool:

@@ -62,7 +62,7 @@ def model_process_check(track: Track, runs: Path, data) -> Check:
     from harness.launcher.runner import resolve_nproc
     from harness.launcher.training import threads_per_rank
     from harness.ranks.scratch import scratch_root
-    from harness.scoring.scorer import one_visible_device
+    from harness.scoring.scorer import DETERMINISM, one_visible_device
 
     try:
         nproc = resolve_nproc(track)
@@ -75,7 +75,8 @@ def model_process_check(track: Track, runs: Path, data) -> Check:
              "cuda_visible_devices": one_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), 0) if cuda else None,
              "precision": resolve_precision(track.dtype, track.device)[0],
              "threads": threads_per_rank(track, track.eval.nproc_per_node or nproc), "vocab_out": VOCAB,
-             "sandbox": track.sandbox, "model_file": "submission.py"}
+             "sandbox": track.sandbox, "model_file": "submission.py",
+             "determinism": DETERMINISM}  # what a scorer gives its model processes (harness/scoring/scorer.py)
     try:
         return _probe(track, probe, setup, _protected(runs, data), str(scratch_root()))
     finally:

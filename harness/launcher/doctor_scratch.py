@@ -95,9 +95,15 @@ def _socket_path_check(root: Path) -> Check:
                              f"{scratch.SCRATCH_ENV} to a folder on a local disk mounted exec")
         try:
             env = {"TMPDIR": area.rank_environment()["TMPDIR"], "PATH": os.environ.get("PATH", "")}
-            ran = subprocess.run([sys.executable, "-I", "-c", BIND_LISTENER], capture_output=True, text=True,
-                                 env=env, cwd=area.dir, timeout=LISTENER_TIMEOUT_S)
             folder = str(area.dir)
+            try:
+                ran = subprocess.run([sys.executable, "-I", "-c", BIND_LISTENER], capture_output=True, text=True,
+                                     env=env, cwd=area.dir, timeout=LISTENER_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return Check(name="scratch-root", status="fail",
+                             measured=f"binding a multiprocessing listener in {folder} took more than "
+                                      f"{LISTENER_TIMEOUT_S:.0f} s", fix=f"read why {root} is so slow, or set "
+                                      f"{scratch.SCRATCH_ENV} to a folder on a local disk")
         finally:
             area.cleanup()
     finally:

@@ -1,13 +1,18 @@
 """The faults a rehearsal injects into a real SLURM queue (harness/launcher/rehearsal.py), each one real:
 
-- `node-lost`: every process of one run's node 1 is killed at once (SIGKILL, its launcher and whatever it
-  started), mid-training: the power of a node going out. The run must end `aborted` (the infrastructure's)
-  and be run again.
+- `node-lost`: every process of one run's node 1 stopped at once (SIGSTOP: its launcher and whatever it
+  started), mid-training: a node that stops answering with its sockets left open, as when its power goes
+  or its kernel hangs (a SIGKILL would close them, and its peers would learn at once). The run must end
+  `aborted` (the infrastructure's) and be run again; once node 0's record is final the stopped processes
+  are killed, so that SLURM's step ends. (slurmd itself is left running: SLURM's own NODE_FAIL, after its
+  SlurmdTimeout, and a node left DOWN, are not rehearsed.)
 - `cancel`: the organiser's `scancel` of the whole array while a run trains, once every task has started:
   SLURM's SIGTERM to every step. The runs it cut must be lost, and run again.
 - `fs-stall`: the file system that holds the records (a loop-mounted ext4 the rehearsal made) frozen with
-  `fsfreeze` for some seconds while a run trains: writes block, as on an NFS server that stops answering.
-  The run must go on and end as it would have (no node called lost for a stall of the file system).
+  `fsfreeze` for longer than a node's loss takes (the track's lost_after_s + 2 s by default) while runs
+  train: writes block, as on an NFS server that stops answering. Every run training then must end as it
+  would have (no node called lost for a stall of the file system); one whose training ended before the
+  stall could have made a node lost did not exercise it, and the report says so.
 - `scratch-full`: the scratch root (a tmpfs the rehearsal mounted, HARNESS_SCRATCH_DIR of every job)
   filled once the first run has ended, emptied once a run has been refused for it. The run that met it
   must end `aborted` before any team code ran, and be run again.
@@ -25,6 +30,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -140,15 +146,15 @@ def _arg(cmd: list[str], name: str) -> str | None:
     return cmd[cmd.index(name) + 1] if name in cmd and cmd.index(name) + 1 < len(cmd) else None
 
 
-def kill_node(run_id: str, node_rank: int) -> int:
-    """SIGKILL every process of one node's part of a run at once; returns how many."""
+def stop_node(run_id: str, node_rank: int) -> list:
+    """SIGSTOP every process of one node's part of a run at once; returns them (to be killed later)."""
     procs = node_processes(run_id, node_rank)
     for proc in procs:
         try:
-            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(proc.pid, signal.SIGSTOP)
         except OSError:
             pass
-    return len(procs)
+    return procs
 
 
 def stall(mount: Path, seconds: float) -> None:
@@ -160,16 +166,20 @@ def stall(mount: Path, seconds: float) -> None:
 
 @dataclass
 class FaultPlan:
-    """Which faults to inject and the state of each; `tick` is called every second while a round runs."""
+    """Which faults to inject and the state of each; `tick` is called every half second while a round runs."""
 
     faults: tuple[str, ...]
     stall_mount: Path | None = None
     stall_s: float = 6.0
+    lost_after_s: float = 10.0
     scratch: Path | None = None
-    scratch_cap_bytes: int = 0
+    scratch_need_bytes: int = 0  # what a run needs free there at its start (runner.scratch_need_gib)
     say: object = print
     injected: list[Injection] = field(default_factory=list)
+    stall_window: tuple[float, float] | None = None  # unix times of the freeze
+    stall_runs: list[str] = field(default_factory=list)  # the runs training when it began
     _filler: Path | None = None
+    _stopped: list[tuple[Task, list]] = field(default_factory=list)
 
     def done(self, fault: str) -> bool:
         return any(i.fault == fault for i in self.injected)
@@ -179,57 +189,77 @@ class FaultPlan:
         self.say(f"fault {fault}: {what} ({task.team} seed {task.seed}, run {task.run_id})")
 
     def tick(self, array_id: str, tasks: list[Task], first_round: bool) -> None:
+        self._end_stopped(force=False)
+        if "scratch-full" in self.faults:
+            self._release_scratch(tasks)
         if not first_round:
-            self._release_scratch(tasks, force=False)
             return
         training = [t for t in tasks if t.team != HANG_TEAM and t.training()]
-        if "node-lost" in self.faults and not self.done("node-lost") and training:
-            task = training[0]
-            n = kill_node(task.run_id, 1)
-            if n:
-                self._note("node-lost", task, f"SIGKILL to node 1's launcher and its {n - 1} process(es), mid-training")
-        elif "fs-stall" in self.faults and not self.done("fs-stall") and self.stall_mount is not None:
-            candidates = [t for t in training if not any(i.run_id == t.run_id for i in self.injected)]
-            if candidates:
-                stall(self.stall_mount, self.stall_s)
-                self._note("fs-stall", candidates[0], f"fsfreeze of {self.stall_mount} for {self.stall_s:.0f} s, "
-                           "mid-training")
-        elif "cancel" in self.faults and not self.done("cancel") and all(t.record() is not None for t in tasks) and \
-                all(self.done(f) for f in ("node-lost", "fs-stall") if f in self.faults):
+        fresh = [t for t in training if not any(i.run_id == t.run_id for i in self.injected)]
+        if "node-lost" in self.faults and not self.done("node-lost") and fresh:
+            task = fresh[0]
+            procs = stop_node(task.run_id, 1)
+            if procs:
+                self._stopped.append((task, procs))
+                self._note("node-lost", task, f"SIGSTOP to node 1's launcher and its {len(procs) - 1} process(es), "
+                           "mid-training (killed once node 0's record is final)")
+        elif "fs-stall" in self.faults and not self.done("fs-stall") and self.stall_mount is not None and fresh:
+            began = time.time()
+            stall(self.stall_mount, self.stall_s)
+            self.stall_window = (began, began + self.stall_s)
+            self.stall_runs = [t.run_id for t in training]
+            self._note("fs-stall", fresh[0], f"fsfreeze of {self.stall_mount} for {self.stall_s:.0f} s, mid-training "
+                       f"of {', '.join(self.stall_runs)}")
+        elif "cancel" in self.faults and not self.done("cancel") and fresh and all(t.record() is not None for t in tasks) \
+                and all(self.done(f) for f in ("node-lost", "fs-stall") if f in self.faults):
             # late in the round, every task started: what it cuts is a run, never a wait in SLURM's queue
-            candidates = [t for t in training if not any(i.run_id == t.run_id for i in self.injected)]
-            if candidates:
-                cancel(array_id)
-                self._note("cancel", candidates[0], f"scancel {array_id} (the whole array), mid-training")
-        if "scratch-full" in self.faults and self.scratch is not None:
-            if not self.done("scratch-full") and any(t.final() for t in tasks):
-                task = next(t for t in tasks if t.final())
+            cancel(array_id)
+            self._note("cancel", fresh[0], f"scancel {array_id} (the whole array), mid-training")
+        if "scratch-full" in self.faults and self.scratch is not None and not self.done("scratch-full"):
+            ended = [t for t in tasks if t.final()]
+            if ended:
                 self._fill_scratch()
-                self._note("scratch-full", task, f"{self.scratch} filled once this run had ended")
-            self._release_scratch(tasks, force=False)
+                self._note("scratch-full", ended[0], f"{self.scratch} filled once this run had ended")
+
+    def _end_stopped(self, force: bool) -> None:
+        """Kill a lost node's stopped processes once node 0's record is final (or at the round's end)."""
+        for task, procs in list(self._stopped):
+            if force or task.final():
+                for proc in procs:
+                    for sig in (signal.SIGKILL, signal.SIGCONT):
+                        try:
+                            os.kill(proc.pid, sig)
+                        except OSError:
+                            pass
+                self._stopped.remove((task, procs))
 
     def _fill_scratch(self) -> None:
         st = os.statvfs(self.scratch)
         free = st.f_bavail * st.f_frsize
-        keep = max(0, min(free, self.scratch_cap_bytes // 2))  # less than one job may write
+        keep = max(0, min(free, self.scratch_need_bytes // 2))  # less than a run needs at its start
         self._filler = self.scratch / "rehearsal-filler"
         with open(self._filler, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, max(1, free - keep))
 
-    def _release_scratch(self, tasks: list[Task], force: bool) -> None:
-        """Empty the scratch once a run has met it full (refused, `aborted`), or at the round's end."""
+    def _release_scratch(self, tasks: list[Task]) -> None:
+        """Empty the scratch once a run has met it full (refused, `aborted`)."""
         if self._filler is None:
             return
         met = any((t.record() or {}).get("status") == "aborted" and "GiB free" in str((t.record() or {}).get("reason"))
                   for t in tasks)
-        if met or force:
+        if met:
+            self.release()
+
+    def release(self) -> None:
+        """Whatever a fault still holds: the scratch emptied, a lost node's stopped processes ended."""
+        self._end_stopped(force=True)
+        if self._filler is not None:
             self._filler.unlink(missing_ok=True)
             self._filler = None
             self.say(f"fault scratch-full: {self.scratch} emptied again")
 
     def end_round(self, tasks: list[Task]) -> None:
-        self._release_scratch(tasks, force=True)
+        self.release()
 
     def to_list(self) -> list[dict]:
         return [asdict(i) for i in self.injected]
-

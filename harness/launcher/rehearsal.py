@@ -49,7 +49,7 @@ class RehearsalOptions:
     max_concurrent: int = 1
     nodes: int | None = None  # the cluster's size; default: the track's nodes x max_concurrent
     max_rounds: int = 3
-    stall_s: float = 6.0
+    stall_s: float | None = None  # default: the track's lost_after_s + 2 s, so that a stall outlasts a loss
     keep_cluster: bool = False
 
     def __post_init__(self) -> None:
@@ -60,7 +60,7 @@ class RehearsalOptions:
             raise ValueError("give the SUBMISSION folders of the teams to rehearse with")
         if self.repeat < 1 or self.max_rounds < 1 or self.max_concurrent < 1:
             raise ValueError("--repeat, --max-rounds and --max-concurrent must be at least 1")
-        if self.stall_s <= 0:
+        if self.stall_s is not None and self.stall_s <= 0:
             raise ValueError("--stall-s must be positive")
 
 
@@ -157,7 +157,33 @@ def _round_tasks(array: str, todo, runs_root: Path, track: Track, log_dir: Path)
                  log_dir / f"harness-queue-{array}_{i}-node0.out") for i, e in enumerate(todo)]
 
 
+def _scratch_tmpfs_bytes(track: Track, nodes: int) -> int:
+    """The scratch tmpfs of `scratch-full`: room for every node's run at once, twice over. tmpfs pages are this
+    machine's memory, and the fault fills them: refused where that is more than half of what is available."""
+    from harness.launcher.runner import scratch_need_gib
+
+    size = int(max(1.0, 2 * nodes * scratch_need_gib(track)) * 2**30)
+    available = _mem_available_bytes()
+    if available is not None and size > available // 2:
+        raise ValueError(f"--fault scratch-full mounts a {size / 2**30:.0f} GiB tmpfs (memory) for the jobs' scratch "
+                         f"and fills it, more than half of this machine's available memory ({available / 2**30:.0f} "
+                         "GiB): rehearse on a track copy with a smaller checkpoint_cap_gib and scratch_cap_gib")
+    return size
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def run_rehearsal(opts: RehearsalOptions, say=print) -> RehearsalReport:
+    from harness.launcher.heartbeat import lost_after_s
+
     t0 = time.monotonic()
     track = load_track(opts.track)
     if track.device != "cpu":
@@ -169,45 +195,52 @@ def run_rehearsal(opts: RehearsalOptions, say=print) -> RehearsalReport:
     workdir = Path(opts.workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     nodes = opts.nodes or track.nnodes * opts.max_concurrent
+    scratch_bytes = _scratch_tmpfs_bytes(track, nodes) if "scratch-full" in opts.faults else 0
+    lost_after = lost_after_s(track.collective_timeout_s)
+    stall_s = opts.stall_s if opts.stall_s is not None else lost_after + 2.0  # longer than a node's loss takes
     report = RehearsalReport(track=track.name, workdir=str(workdir), nodes=nodes)
     mounts = Mounts()
     # every run refreshes the board where its launcher stands: the rehearsal's, not the caller's folder
     env: dict[str, str] = {"HARNESS_LEADERBOARD_DIR": str(workdir / "leaderboard"), "HARNESS_PLOTS_DIR": str(workdir / "plots")}
-    say(f"rehearsal: a SLURM cluster of {nodes} node(s) on this machine (scripts/slurm-cluster up {nodes})...")
-    one_machine("up", nodes)
     try:
-        shared = mounts.loop_ext4(workdir / "records.img", workdir / "shared", FS_IMAGE_GIB) \
-            if "fs-stall" in opts.faults else workdir
-        runs_root, log_dir = shared / "runs", workdir / "slurm-logs"
-        if "scratch-full" in opts.faults:
-            env[SCRATCH_ENV] = str(mounts.tmpfs(int(max(1.0, 4 * nodes * track.scratch_cap_gib) * 2**30)))
-        entries = _entries(opts, workdir)
-        queue = Queue(entries, runs_root / track.name, {}, track.budget_s)
-        plan = FaultPlan(tuple(opts.faults), stall_mount=shared if "fs-stall" in opts.faults else None,
-                         stall_s=opts.stall_s, scratch=Path(env[SCRATCH_ENV]) if SCRATCH_ENV in env else None,
-                         scratch_cap_bytes=int(track.scratch_cap_gib * 2**30), say=say)
-        slurm_opts = SlurmOptions(submission="", track=track_option(track), runs_dir=str(runs_root),
-                                  log_dir=str(log_dir))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for round_no in range(1, opts.max_rounds + 1):
-            todo = entries if round_no == 1 else pending(queue, say)
-            if not todo:
-                break
-            _run_round(round_no, todo, slurm_opts, track, runs_root, log_dir, workdir, env, opts, plan, report, say)
-        if runs_root != workdir / "runs":  # out of the loop-mounted image, which is unmounted below
-            shutil.copytree(runs_root, workdir / "runs", dirs_exist_ok=True)
-        _settle(report, entries, workdir / "runs" / track.name, track, plan)
-        _board(report, workdir, track)
-    finally:
-        if not opts.keep_cluster:
-            try:
-                one_machine("down")
-            except ClusterError as exc:
-                report.problems.append(f"the cluster did not stop cleanly: {exc}")
+        try:
+            say(f"rehearsal: a SLURM cluster of {nodes} node(s) on this machine (scripts/slurm-cluster up {nodes})...")
+            one_machine("up", nodes)
+            shared = mounts.loop_ext4(workdir / "records.img", workdir / "shared", FS_IMAGE_GIB) \
+                if "fs-stall" in opts.faults else workdir
+            runs_root, log_dir = shared / "runs", workdir / "slurm-logs"
+            if scratch_bytes:
+                env[SCRATCH_ENV] = str(mounts.tmpfs(scratch_bytes))
+            entries = _entries(opts, workdir)
+            queue = Queue(entries, runs_root / track.name, {}, track.budget_s)
+            plan = FaultPlan(tuple(opts.faults), stall_mount=shared if "fs-stall" in opts.faults else None,
+                             stall_s=stall_s, lost_after_s=lost_after,
+                             scratch=Path(env[SCRATCH_ENV]) if SCRATCH_ENV in env else None,
+                             scratch_need_bytes=scratch_bytes // max(1, 2 * nodes), say=say)
+            slurm_opts = SlurmOptions(submission="", track=track_option(track), runs_dir=str(runs_root),
+                                      log_dir=str(log_dir))
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for round_no in range(1, opts.max_rounds + 1):
+                todo = entries if round_no == 1 else pending(queue, say)
+                if not todo:
+                    break
+                _run_round(round_no, todo, slurm_opts, track, runs_root, log_dir, workdir, env, opts, plan, report, say)
+            plan.release()
+            if runs_root != workdir / "runs":  # out of the loop-mounted image, which is unmounted below
+                shutil.copytree(runs_root, workdir / "runs", dirs_exist_ok=True)
+            _settle(report, entries, workdir / "runs" / track.name, track, plan)
+            _board(report, workdir, track)
+        finally:
+            if not opts.keep_cluster:
+                try:
+                    one_machine("down")
+                except ClusterError as exc:
+                    report.problems.append(f"the cluster did not stop cleanly: {exc}")
+    finally:  # a second Ctrl-C in the first cleanup still unmounts (and thaws) what the rehearsal mounted
         mounts.close()
-    report.seconds = time.monotonic() - t0
-    (workdir / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
-    (workdir / "report.md").write_text("\n".join(render(report)) + "\n")
+        report.seconds = time.monotonic() - t0
+        (workdir / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+        (workdir / "report.md").write_text("\n".join(render(report)) + "\n")
     return report
 
 
@@ -260,6 +293,8 @@ def _settle(report: RehearsalReport, entries, track_dir: Path, track: Track, pla
         if inj["fault"] == "scratch-full":  # the run refused for it, not the run after which it was filled
             met = [a for a in by_run.values() if a["status"] == "aborted" and "GiB free" in a["reason"]]
             seen = met[0]["status"] if met else "no run met it"
+        elif inj["fault"] == "fs-stall":  # every run training when it began, and only if it lasted long enough
+            seen = _stall_outcome(plan, track_dir)
         else:
             seen = (by_run.get(inj["run_id"]) or {}).get("status", "no record")
             if inj["fault"] == "cancel" and seen == "running":
@@ -271,6 +306,24 @@ def _settle(report: RehearsalReport, entries, track_dir: Path, track: Track, pla
     for fault in plan.faults:
         if fault != "team-hangs" and not plan.done(fault):
             report.problems.append(f"fault {fault} was asked for and never injected (no run was in the state it needs)")
+
+
+def _stall_outcome(plan: FaultPlan, track_dir: Path) -> str:
+    """"ok" when every run that trained through the stall ended ok and at least one still trained when a node's
+    silence could have been called a loss (the stall's start + lost_after); else what happened."""
+    began, _ = plan.stall_window
+    exercised, seen = False, []
+    for run_id in plan.stall_runs:
+        paths = list(track_dir.glob(f"*/{run_id}/run.json"))
+        record = json.loads(paths[0].read_text()) if paths else {}
+        t = record.get("timings") or {}
+        if isinstance(t.get("train_start_unix"), (int, float)) and isinstance(t.get("train_s"), (int, float)):
+            exercised |= t["train_start_unix"] + t["train_s"] > began + plan.lost_after_s
+        seen.append(f"{run_id} {record.get('status', 'no record')}")
+    if any(not s.endswith(" ok") for s in seen):
+        return ", ".join(seen)
+    return "ok" if exercised else (f"not exercised: every run's training ended within {plan.lost_after_s:.0f} s of the "
+                                   "stall's start, before a node could be called lost (give the teams longer training)")
 
 
 def _board(report: RehearsalReport, workdir: Path, track: Track) -> None:

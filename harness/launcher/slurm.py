@@ -222,6 +222,9 @@ def node_local_warnings(opts: SlurmOptions, folders: list[Path], track: Track) -
     if "/" in track_file:
         named["the track file"] = Path(track_file)
     named.update({f"submission {folder.name}": folder for folder in folders})
+    checkout = interpreter.harness_path({}).get("PYTHONPATH")  # a harness outside site-packages, named in the script
+    if checkout:
+        named["the harness (PYTHONPATH)"] = Path(checkout.split(":")[0])
     out = []
     for what, path in named.items():
         absolute = path.absolute()
@@ -233,21 +236,47 @@ def node_local_warnings(opts: SlurmOptions, folders: list[Path], track: Track) -
 
 def rejected(folders: list[Path], track_name: str, runs_dir: str, say=lambda text: None) -> dict[Path, str]:
     """The submissions the check before a run would reject on this track ({folder: the first problem}), each
-    checked as `harness check` does: a queue that holds one spends an allocation on a run that ends `invalid`."""
+    checked as its run's check process will be: the track's sandbox, and the records, the board and every other
+    team's folder out of its reach (this command runs each team's code on the organiser's machine). A queue
+    that holds a rejected one spends an allocation on a run that ends `invalid`. A check that could not
+    finish for a reason that is not the team's (its process died: killed by this machine's limits, say) is
+    said and the folder queued: its run checks it again. Raises ValueError when the track requires a sandbox
+    this machine does not give (then --no-check, or another machine)."""
     from harness.launcher.check import check
+    from harness.ranks.scratch import ScratchError
+    from harness.results.records import leaderboard_root, runs_root
     from harness.submission.contract import SubmissionError
 
+    track = load_track(track_name)
     out = {}
     for i, folder in enumerate(folders, 1):
         say(f"checking {i}/{len(folders)}: {folder.name} (harness check --track {track_name})")
+        others = [str(f) for f in folders if f != folder]
+        protected = [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *others]
         try:
-            result = check(str(folder), track_name, runs_dir=runs_dir)
+            result = check(str(folder), track_name, runs_dir=runs_dir, sandbox_mode=track.sandbox, protected=protected)
         except SubmissionError as exc:
             out[folder] = str(exc)
             continue
-        if not result.accepted:
-            first = result.report["problems"][0]
-            out[folder] = f"{first['file']}: {first['problem']}" + (f" Fix: {first['fix']}" if first.get("fix") else "")
+        except ScratchError:  # this machine's scratch root, not the team: the command says it
+            raise
+        except Exception as exc:  # noqa: BLE001 (what one team's folder does to its check is that team's, never the queue's)
+            out[folder] = f"its check failed: {type(exc).__name__}: {exc}"[:2000]
+            continue
+        box = result.report.get("sandbox") or {}
+        if track.sandbox == "required" and not box.get("active"):
+            raise ValueError(f"checking the submissions runs each team's code here, and track {track.name!r} requires "
+                             f"the sandbox, which this machine does not give ({box.get('why', 'unknown')}): run "
+                             "`harness slurm` on a machine with Landlock, or pass --no-check (each run checks its "
+                             "submission again before it trains)")
+        if result.accepted:
+            continue
+        first = result.report["problems"][0]
+        if "the check process died" in first["problem"]:
+            say(f"warning: {folder.name} could not be checked here ({first['problem']}); queued all the same: its "
+                "run checks it again")
+            continue
+        out[folder] = f"{first['file']}: {first['problem']}" + (f" Fix: {first['fix']}" if first.get("fix") else "")
     return out
 
 

@@ -31,7 +31,16 @@ CTLD_PORT=6817
 PARTITION=harness
 
 say() { echo "slurm-cluster: $*" >&2; }
-die() { say "$*"; exit 1; }
+STARTING=0
+die() {
+  say "$*"
+  if [ "$STARTING" = 1 ]; then  # an `up` that fails leaves nothing it started running
+    say "stopping what this up started"
+    stop_daemons
+    remove_hosts
+  fi
+  exit 1
+}
 
 need_root() {
   [ "$(id -u)" -eq 0 ] || die "needs root (it installs packages, writes $CONF and /etc/hosts, starts daemons): run it with sudo"
@@ -44,15 +53,18 @@ install_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get here: install SLURM and munge with this system's package manager"
   say "installing ${missing[*]} from Debian's packages"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt-get update -qq 9>&-
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 9>&-  # a postinst daemon keeps no lock
 }
 
-alive() {  # alive PIDFILE: the pid in it runs
-  local pid
+alive() {  # alive PIDFILE: the pid in it runs, and is the daemon the file is named for (never a reused pid)
+  local pid name
   [ -s "$1" ] || return 1
   pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  name=$(basename "$1" .pid)
+  name=${name%%-*}  # slurmd-n3 -> slurmd
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]
 }
 
 start_munge() {
@@ -176,7 +188,12 @@ stop_daemons() {
   kill_steps
 }
 
+ours() {  # the configuration is this script's: the SLURM processes here are the test cluster's
+  [ -e "$CONF" ] && grep -qxF "$MARK" "$CONF"
+}
+
 kill_steps() {
+  ours || return 0  # on a machine with a SLURM of its own, its users' job steps are never touched
   local pids
   pids=$(pgrep -x slurmstepd || true)
   [ -z "$pids" ] && return 0
@@ -207,10 +224,13 @@ up() {
     scancel --full --quiet --user=root 2>/dev/null || true
     stop_daemons
   fi
+  STARTING=1
   start_munge
   write_conf "$n"
   write_hosts "$n"
-  rm -rf "$STATE/ctld" && mkdir -p "$STATE/ctld"  # a fresh controller: no jobs or node states of an earlier one
+  # The controller's state is kept from one `up` to the next: its job ids go on from where they were, so run ids
+  # (<array job>_<task>) never repeat in a records folder; -i reads past what no longer fits (other nodes).
+  mkdir -p "$STATE/ctld"
   for i in $(seq "$n"); do mkdir -p "$STATE/spool/n$i"; done
   # 9>&-: a daemon that kept the lock's descriptor would hold the lock for ever
   slurmctld -i 9>&- || die "slurmctld did not start: $STATE/log/slurmctld.log"
@@ -219,6 +239,7 @@ up() {
   done
   for _ in $(seq 300); do
     if [ "$(idle_nodes)" = "$n" ]; then
+      STARTING=0
       say "up: $n node(s) idle in partition '$PARTITION' (sinfo, squeue, sbatch work now; logs in $STATE/log)"
       return 0
     fi
@@ -230,6 +251,9 @@ up() {
 
 down() {
   need_root
+  if [ -e "$CONF" ] && ! ours; then
+    die "$CONF is not this script's: this machine runs a SLURM of its own, which down never stops"
+  fi
   mkdir -p "$STATE"
   exec 9>"$STATE/lock"
   flock 9
