@@ -74,6 +74,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -312,9 +313,6 @@ def main() -> int:
     host = host_sandbox()
     print("\n".join(host_rows(host)), flush=True)
     if sizes.gpu:  # Triton builds each kernel's launcher with a C compiler against Python.h; the smoke never does
-        import shutil
-        import sysconfig
-
         lacking = [what for what, ok in (("a C compiler (cc, gcc)", shutil.which("cc") or shutil.which("gcc")),
                                          ("Python.h", (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()))
                    if not ok]

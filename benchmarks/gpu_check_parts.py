@@ -135,7 +135,7 @@ class HostSandbox:
 
     landlock: str = ""
     landlock_abi: int | None = None
-    userns: str = ""  # the user namespaces of the job's own (harness/launcher/job_namespace.py)
+    userns: str = ""  # the user namespaces of the job's own (harness/launcher/control/job_namespace.py)
 
     def to_dict(self) -> dict:
         return {"landlock": self.landlock or "available", "landlock_abi": self.landlock_abi,
@@ -143,7 +143,7 @@ class HostSandbox:
 
 
 def landlock_missing() -> tuple[str, int | None]:
-    """(why Landlock cannot confine a process here, "" when it can; its ABI): the tests harness/ranks/sandbox.py
+    """(why Landlock cannot confine a process here, "" when it can; its ABI): the tests harness/ranks/confine/sandbox.py
     `apply` makes before it adds a rule, without applying any to this process."""
     if not sys.platform.startswith("linux"):
         return f"Landlock is Linux-only; this is {sys.platform}", None
@@ -162,8 +162,8 @@ def landlock_missing() -> tuple[str, int | None]:
 
 def userns_missing() -> str:
     """Why the training job cannot have namespaces of its own here, "" when it can: made for real, as `harness
-    doctor` does (harness/launcher/doctor_host.py namespaces_check)."""
-    from harness.launcher.job_namespace import JobNamespace
+    doctor` does (harness/launcher/doctor/host.py namespaces_check)."""
+    from harness.launcher.control.job_namespace import JobNamespace
 
     holder = JobNamespace(writable="")
     try:

@@ -229,7 +229,7 @@ def test_gpu_check_says_which_package_the_interpreter_lacks_and_how_to_carry_it(
 
 
 def test_gpu_check_on_a_host_without_landlock_measures_without_the_sandbox_and_says_so(tmp_path, monkeypatch):
-    """A kernel without Landlock (gVisor: the call does not exist), found as harness/ranks/sandbox.py finds it:
+    """A kernel without Landlock (gVisor: the call does not exist), found as harness/ranks/confine/sandbox.py finds it:
     the runs go on a copy of the track with the sandbox off, named so; the table's first row says Landlock is
     unavailable and that every figure was measured without it; the sandbox's rows are unavailable, not failed,
     so the other checks decide the exit code. With Landlock there, the same records fail those rows."""

@@ -86,7 +86,7 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmd = proc.cmdline()
-            if "harness.ranks.model_template" in cmd and run_id in cmd:
+            if "harness.ranks.models.model_template" in cmd and run_id in cmd:
                 found.append(proc)
             elif proc.environ().get("HARNESS_RUN_ID") == run_id:
                 found.append(proc)

@@ -87,10 +87,10 @@ def test_the_results_side_touches_no_process():
 
 def test_the_scorer_never_reaches_the_code_that_imports_a_submission():
     """Evaluation's scorer holds the targets: nothing it imports may load a team's code (that happens
-    only in harness/ranks/model_worker.py, a process of its own)."""
+    only in harness/ranks/models/model_worker.py, a process of its own)."""
     forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib",
-                 "harness.ranks.model_worker", "harness.ranks.model_template", "harness.ranks.loop",
-                 "harness.ranks.preflight", "harness.ranks.open_checks",
+                 "harness.ranks.models.model_worker", "harness.ranks.models.model_template", "harness.ranks.loop",
+                 "harness.ranks.models.preflight", "harness.ranks.models.open_checks",
                  "harness.ranks.checkpoint.load_model", "harness.submission.contract.import_submission_module")
     assert _violations("harness.scoring", forbidden) == []
 
@@ -105,17 +105,112 @@ def test_shared_rooms_do_not_reach_back_up(room, forbidden):
     assert _violations(room, forbidden) == []
 
 
-def test_every_module_lives_in_a_room():
+# The rooms inside the big ones, each with what it may not import: a room imports only rooms below it.
+# launcher: control < run < scaling < doctor < event; ranks: confine < the training ranks (the room's own
+# modules) and models; results: its records and tables < charts < the views that draw them.
+LAUNCHER = ("harness.launcher.control", "harness.launcher.run", "harness.launcher.scaling", "harness.launcher.doctor",
+            "harness.launcher.event")
+SUBROOMS = {
+    **{room: LAUNCHER[i + 1:] for i, room in enumerate(LAUNCHER)},
+    "harness.ranks.confine": ("harness.ranks.models", "harness.ranks.train", "harness.ranks.loop",
+                              "harness.ranks.checkpoint", "harness.ranks.process", "harness.ranks.open_rank"),
+    "harness.ranks.models": ("harness.ranks.train", "harness.ranks.loop", "harness.ranks.open_rank",
+                             "harness.ranks.after_clock", "harness.ranks.doctor_rank"),
+    "harness.results.charts": ("harness.results.views", "harness.results.page", "harness.results.tables"),
+}
+# A room's modules, for the rule of a room that is a package's own files (harness.ranks: its training ranks).
+OWN = {"harness.ranks": ("harness.ranks.confine", "harness.ranks.models")}
+
+
+@pytest.mark.parametrize("room", sorted(SUBROOMS))
+def test_each_room_imports_only_the_rooms_below_it(room):
+    """What each room may import, as the README's rooms table says it; the rule follows every import through
+    other modules (a room that reaches an upper one through a third breaks it too)."""
+    assert _violations(room, SUBROOMS[room]) == []
+
+
+def test_the_training_ranks_never_load_the_check_or_the_model_processes_code():
+    """A training rank runs the fixed loop beside the team's code: the check's and evaluation's model processes'
+    code (harness/ranks/models/) is theirs, never loaded there."""
+    own = [m for m in GRAPH if m.startswith("harness.ranks.") and not m.startswith(OWN["harness.ranks"])]
+    found = sorted({v for m in own for v in _violations(m, ("harness.ranks.models",))})
+    assert found == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    edges = {m: sorted(t for t in targets if t in graph and t != m) for m, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(edges[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circles: a module that needs another's piece, and is needed by it, means the piece belongs
+    below both (every import counts, those inside functions and under TYPE_CHECKING too)."""
+    assert _cycles(GRAPH) == []
+
+
+def test_the_circle_finder_finds_circles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_module_lives_in_a_room_and_every_room_says_its_job():
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py", "cli.py"))
     assert loose == [], f"modules outside the rooms: {loose} (see README, Architecture)"
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert rooms == ROOMS, f"a room without a rule: {rooms ^ ROOMS} (add it here and to the README)"
+    inner = {_module_name(p.parent / "__init__.py") for p in PACKAGE.glob("*/*/__init__.py")}
+    assert inner == set(SUBROOMS), f"a room without a rule: {inner ^ set(SUBROOMS)} (SUBROOMS, and the README)"
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.splitlines()[0]) <= 120, f"{init}: its first line must say the room's job"
+    for folder in [PACKAGE, *PACKAGE.rglob("*/")]:
+        if (folder / "__init__.py").is_file():
+            modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            assert len(modules) <= 17, f"{folder} holds {len(modules)} modules: it wants rooms"
 
 
 def test_the_graph_is_the_real_one():
     """The rules above must not pass on an empty or partial graph."""
-    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.model_worker", "harness.scoring.scorer",
-            "harness.results.views", "harness.launcher.runner", "harness.cli"} <= set(GRAPH)
+    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.models.model_worker", "harness.scoring.scorer",
+            "harness.results.views", "harness.launcher.run.runner", "harness.cli"} <= set(GRAPH)
     assert "torch" in reach("harness.ranks") and "pandas" in reach("harness.results")
 
 
@@ -125,7 +220,7 @@ def test_a_rank_process_really_imports_no_launcher_or_results_modules():
     import subprocess
     import sys
 
-    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.model_worker, harness.ranks.preflight, "
+    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.models.model_worker, harness.ranks.models.preflight, "
             "harness.scoring.scorer, harness.scoring.workers; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pandas', 'matplotlib') "
             "or m.startswith(('harness.launcher', 'harness.results', 'harness.cli'))); print(bad)")
@@ -139,8 +234,8 @@ def test_a_run_loads_no_pandas_or_matplotlib_until_it_refreshes_the_leaderboard(
     import subprocess
     import sys
 
-    code = ("import sys, harness.cli, harness.launcher.runner, harness.launcher.rescore, harness.launcher.scale, "
-            "harness.launcher.console, harness.launcher.assemble; "
+    code = ("import sys, harness.cli, harness.launcher.run.runner, harness.launcher.run.rescore, harness.launcher.scaling.scale, "
+            "harness.launcher.run.console, harness.launcher.run.assemble; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'matplotlib')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

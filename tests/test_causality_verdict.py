@@ -127,7 +127,7 @@ def test_the_reproduction_batch_is_one_per_rank_and_never_a_checked_one():
 def test_the_verdict(worst, reproduction, verdict):
     """Agreement on the perturbed batches is causal whatever else; a deviation is non-causal only from a
     model that reproduced itself (or where nothing was reproduced: the old check)."""
-    from harness.launcher.assemble import causality_verdict
+    from harness.launcher.run.assemble import causality_verdict
     from harness.scoring.plan import causality_verdict as plan_verdict
 
     assert plan_verdict(worst, reproduction, 1e-3) == verdict
@@ -139,7 +139,7 @@ def test_the_verdict(worst, reproduction, verdict):
 def test_the_determinism_settings_never_fill_a_models_buffers_with_nan():
     """Issue 29 review: torch.use_deterministic_algorithms also fills every torch.empty with NaN, and a model
     that reads a partly written buffer through a mask would score NaN in evaluation alone."""
-    code = ("import torch; from harness.ranks.model_worker import hold_determinism; "
+    code = ("import torch; from harness.ranks.models.model_worker import hold_determinism; "
             "from harness.scoring.scorer import DETERMINISM; hold_determinism(DETERMINISM); "
             "x = torch.empty(1000); x[:10] = 1; m = torch.zeros(1000); m[:10] = 1; print(float((x * m).sum()))")
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

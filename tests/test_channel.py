@@ -5,14 +5,14 @@ import subprocess
 import sys
 import time
 
-from harness.launcher.channel import ChannelServer
+from harness.launcher.control.channel import ChannelServer
 
 CLIENT = r"""
 import os, sys
 from harness.ranks.channel import ChannelClient
 rank = int(sys.argv[2])
 c = ChannelClient(sys.argv[1], rank)
-BODIES = {  # what a harness rank sends of each kind (each fits its schema: harness/launcher/reports.py)
+BODIES = {  # what a harness rank sends of each kind (each fits its schema: harness/launcher/control/reports.py)
     "hello": dict(pid=os.getpid(), local_rank=rank, group_rank=0, world_size=2),
     "progress": dict(step=3, train_time_s=0.5, train_loss=2.5, lr_scale=1.0, tokens=384, tokens_per_s=768.0,
                      grad_norm=None),
@@ -172,7 +172,7 @@ def test_a_report_that_breaks_its_schema_is_dropped_and_noted():
 def test_a_rank_that_floods_the_channel_is_cut_off_and_the_job_is_ended():
     """Report volume is capped per connection: past it the connection is cut and `violation` says so (the
     watchdog then ends the job as invalid), and the launcher holds no more than the cap."""
-    from harness.launcher import channel as channel_module
+    from harness.launcher.control import channel as channel_module
 
     flood = json.dumps([{"kind": "progress", "step": 1, "train_time_s": 1.0, "tokens": 5, "lr_scale": 1.0,
                          "pad": "x" * 50}] * 2)
@@ -196,7 +196,7 @@ def test_an_object_nested_past_a_few_levels_breaks_its_schema():
     """Red team (issue 29): a config nested 600 deep (4 kB) passed json on the channel's thread, then
     dataclasses.asdict in save_record raised RecursionError: the record stayed `running`, a free re-run. Every
     object a report carries is measured without recursion and refused past MAX_DEPTH levels."""
-    from harness.launcher import reports
+    from harness.launcher.control import reports
 
     deep: dict = {}
     inner = deep

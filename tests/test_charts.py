@@ -8,12 +8,12 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex, to_rgb
 
-from harness.results.colors import NOT_FINISHED, PALETTE, TeamColors, team_colors
+from harness.results.charts.colors import NOT_FINISHED, PALETTE, TeamColors, team_colors
 from harness.results.compare import Side
-from harness.results.compare_chart import overlay_figure, side_colors
+from harness.results.charts.compare_chart import overlay_figure, side_colors
 from harness.results.leaderboard import build_table, current_runs, load_rows, scored
-from harness.results.loss_charts import loss_figure, val_loss_figure
-from harness.results.rate_charts import scaling_figure, throughput_figure
+from harness.results.charts.loss_charts import loss_figure, val_loss_figure
+from harness.results.charts.rate_charts import scaling_figure, throughput_figure
 from records_factory import make_run
 
 NO_TEAMS = TeamColors([])  # charts of a track whose teams' order does not matter to the test: colours by hash
@@ -129,7 +129,7 @@ def test_scaling_chart_draws_measured_and_predicted_differently():
 
 
 def test_a_track_with_many_teams_keeps_its_charts_readable(tmp_path):
-    from harness.results.loss_charts import CURVE_TEAMS, ROW_TEAMS
+    from harness.results.charts.loss_charts import CURVE_TEAMS, ROW_TEAMS
 
     for i in range(40):
         make_run(tmp_path, f"team{i:02d}", 2.0 + i / 100)
@@ -232,7 +232,7 @@ def test_token_axes_are_written_in_tokens(tmp_path):
 def test_empty_charts_say_why_and_what_to_type(tmp_path):
     """Every run so far unofficial (a --max-steps seed, say): the charts say so and name the command that shows them,
     instead of empty axes or 'no finished runs yet'."""
-    from harness.results.empty import empty_state
+    from harness.results.charts.empty import empty_state
 
     make_run(tmp_path, "alpha", 2.0, official=False)
     rows = load_rows(tmp_path, "local")

@@ -118,7 +118,7 @@ def test_the_check_at_the_events_sizes_does_its_arithmetic_small(cli, tmp_path):
     """Shapes at the real micro-batch and FLOPs on the meta device; for real only batch 1 and a short
     causality window (benchmarks/check_size.py times the 124M version)."""
     from harness.ranks.flops import count_training_flops_per_token
-    from harness.ranks.preflight import CAUSALITY_WINDOW
+    from harness.ranks.models.preflight import CAUSALITY_WINDOW
 
     result = cli("check", _small_gpt(tmp_path, "gpt_small"), "--track", "paris2026", "--json")
     assert result.code == 0, result.out + result.err

@@ -21,7 +21,7 @@ import math
 
 import pytest
 
-from harness.launcher.comm_model import (
+from harness.launcher.scaling.comm_model import (
     BUCKET_BYTES,
     Links,
     allreduce_time,

@@ -94,7 +94,7 @@ def _model_processes(run_id: str) -> list:
     entries; the template and the parent that only waits have one)."""
     found = []
     for p in processes_of_run(run_id):
-        if not any(m in " ".join(_cmdline(p)) for m in ("harness.ranks.model_template", "harness.ranks.model_worker")):
+        if not any(m in " ".join(_cmdline(p)) for m in ("harness.ranks.models.model_template", "harness.ranks.models.model_worker")):
             continue
         try:
             nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))

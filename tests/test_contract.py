@@ -15,7 +15,7 @@ from harness.submission.contract import (
     submission_sha256,
     team_slug,
 )
-from harness.ranks.preflight import run_checks
+from harness.ranks.models.preflight import run_checks
 
 
 def test_missing_folder_and_missing_file_are_explained(tmp_path):

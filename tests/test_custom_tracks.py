@@ -95,7 +95,7 @@ def _texts(fig) -> str:
 def test_the_scaling_chart_suggests_scale_with_the_track_files_path(tmp_path, monkeypatch):
     """Before any `harness scale`, the chart says what to run: for an organiser's track, its file's path (the one
     its records were made with, or the file given to `harness leaderboard`), which `harness scale` loads."""
-    import harness.results.rate_charts as rate_charts
+    import harness.results.charts.rate_charts as rate_charts
     from harness.results.views import rebuild
 
     drawn = []

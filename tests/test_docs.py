@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT
 from harness.cli import main
-from harness.ranks.preflight import run_checks
+from harness.ranks.models.preflight import run_checks
 from harness.tracks.ddp import DdpSpec
 from harness.tracks.spec import DataSpec, EvalSpec, InterconnectSpec, SyntheticSpec, TextSpec, Track
 

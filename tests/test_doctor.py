@@ -1,5 +1,5 @@
 """`harness doctor`: one line per check with what to do, an exit code, a real all-reduce through the launcher
-(harness/launcher/doctor.py, doctor_host.py, doctor_comm.py, doctor_scratch.py, doctor_eval.py;
+(harness/launcher/doctor/: checkup.py, table.py, host.py, comm.py, scratch.py, model.py;
 harness/ranks/doctor_rank.py)."""
 
 import errno
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY_TRACK
-from harness.launcher.doctor import CHECKS, Check, DoctorOptions
-from harness.launcher.doctor_comm import BENCH_CHECKS
+from harness.launcher.doctor.table import CHECKS, Check, DoctorOptions
+from harness.launcher.doctor.comm import BENCH_CHECKS
 from harness.tracks.spec import load_track
 
 
@@ -74,7 +74,7 @@ def test_skipping_an_unknown_check_is_a_usage_error(cli):
 def test_the_doctor_fails_a_host_whose_apparmor_refuses_user_namespaces(tmp_path):
     """Issue 23, item 11: Ubuntu 24.04's AppArmor default weakens the sandbox to Landlock alone; the doctor says
     it is a failure, and gives the fix."""
-    from harness.launcher.doctor_host import namespaces_check
+    from harness.launcher.doctor.host import namespaces_check
 
     proc_sys = tmp_path / "kernel"
     proc_sys.mkdir()
@@ -90,7 +90,7 @@ def test_a_file_system_without_flock_is_a_warning_with_the_mount_option(tmp_path
     doctor says how to mount them."""
     import fcntl
 
-    from harness.launcher.doctor_host import locks_check
+    from harness.launcher.doctor.host import locks_check
 
     def no_locks(*_args):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -113,7 +113,7 @@ NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Socket/0
 
 def test_infiniband_from_inside_the_sandbox_is_read_from_nccls_own_log():
     """NET/IB in NCCL's INFO log is the proof; a fall-back to sockets between nodes is a failure, said plainly."""
-    from harness.launcher.doctor_comm import Bench, infiniband_check
+    from harness.launcher.doctor.comm import Bench, infiniband_check
 
     track = load_track("paris2026")
     ok = infiniband_check(track, Bench({}, "", NCCL_IB, {}), None)
@@ -129,7 +129,7 @@ def test_infiniband_from_inside_the_sandbox_is_read_from_nccls_own_log():
 @pytest.mark.parametrize("share, status", [(0.9, "ok"), (0.5, "warn"), (0.1, "fail")])
 def test_the_bus_bandwidth_is_judged_against_the_tracks_declared_links(share, status):
     """busbw against comm_model's figure for the same size and ranks (NVLink's, on paris2026)."""
-    from harness.launcher.doctor_comm import Bench, bandwidth_check, expected_busbw
+    from harness.launcher.doctor.comm import Bench, bandwidth_check, expected_busbw
 
     track = load_track("paris2026")
     size = 256 << 20
@@ -151,7 +151,7 @@ def test_a_check_is_typed():
 
 def test_a_kernel_whose_landlock_does_not_scope_signals_is_a_warning_with_the_reason():
     """Below Landlock ABI 6 a rank can signal its node's launcher, and a stopped launcher reads as a lost node."""
-    from harness.launcher.doctor_comm import Bench, sandbox_check
+    from harness.launcher.doctor.comm import Bench, sandbox_check
     from harness.tracks.spec import load_track
 
     track = load_track("local")
@@ -176,8 +176,8 @@ def short_root():
 IN_A_MOUNT = """
 import json, os, sys
 from dataclasses import asdict
-from harness.ranks.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
-from harness.ranks.rootfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, Libc, Refused
+from harness.ranks.confine.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.confine.rootfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, Libc, Refused
 root, flags, data, check = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 uid, gid = os.getuid(), os.getgid()
 try:
@@ -189,11 +189,11 @@ except (OSError, Refused) as exc:
     sys.exit(0)
 os.environ["HARNESS_SCRATCH_DIR"] = root
 if check == "scratch-root":
-    from harness.launcher.doctor_scratch import scratch_root_check
+    from harness.launcher.doctor.scratch import scratch_root_check
     found = scratch_root_check()
 else:
     from pathlib import Path
-    from harness.launcher.doctor_eval import model_process_check
+    from harness.launcher.doctor.model import model_process_check
     from harness.tracks.spec import load_track
     found = model_process_check(load_track(sys.argv[5]), Path(sys.argv[6]), None)
 print(json.dumps(asdict(found)))
@@ -203,7 +203,7 @@ print(json.dumps(asdict(found)))
 def _in_a_tmpfs(root: Path, check: str, *, noexec: bool = False, options: str = "", args=()) -> dict:
     """One of the doctor's checks in a user and mount namespace of the test's own, with a real tmpfs mounted
     over the scratch root (no root needed; skipped where the host refuses them)."""
-    from harness.ranks.rootfs import MS_NOEXEC
+    from harness.ranks.confine.rootfs import MS_NOEXEC
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ran = subprocess.run([sys.executable, "-c", IN_A_MOUNT, str(root), str(MS_NOEXEC if noexec else 0), options, check,
@@ -227,8 +227,8 @@ def test_a_noexec_scratch_root_fails_the_doctor_with_the_folder_and_the_fix(shor
 def test_a_scratch_root_too_long_for_a_ranks_sockets_fails_with_the_fix(tmp_path, monkeypatch):
     """A rank's multiprocessing socket (<root>/harness-train-XXXXXXXX/tmp/pymp-XXXXXXXX/listener-XXXXXXXX) must
     fit 107 bytes: bound for real in a training folder made as a run makes it; a short root passes."""
-    from harness.launcher.doctor_scratch import SOCKET_PATH_MAX_BYTES, scratch_root_check
-    from harness.ranks.scratch import SCRATCH_ENV
+    from harness.launcher.doctor.scratch import SOCKET_PATH_MAX_BYTES, scratch_root_check
+    from harness.ranks.confine.scratch import SCRATCH_ENV
 
     long_root = tmp_path / ("x" * 60)
     long_root.mkdir()
@@ -266,7 +266,7 @@ def test_the_gloo_all_reduce_runs_beside_the_tracks_in_one_job():
     transport); here on one node with 2 ranks, judged as gloo-nodes judges it."""
     import dataclasses
 
-    from harness.launcher.doctor_comm import Bench, gloo_nodes_check, run_bench
+    from harness.launcher.doctor.comm import Bench, gloo_nodes_check, run_bench
 
     track = load_track(str(TINY_TRACK))
     bench = run_bench(track, nproc=2, nnodes=1, gloo=True)

@@ -194,7 +194,7 @@ def _window_record(window_s, budget_s=10.0, steps=50, median=0.1, slowest=0.0):
 def test_the_window_bound_is_two_median_steps_or_the_tracks_allowance_and_never_above_five_percent():
     from types import SimpleNamespace
 
-    from harness.launcher.assemble import check_window
+    from harness.launcher.run.assemble import check_window
 
     track = SimpleNamespace(max_steps=0, overrun_allowance_s=1.0)
     assert check_window(_window_record(10.9), track) == ""  # within 1 s
@@ -222,7 +222,7 @@ def test_relabelling_the_vocabulary_costs_an_untrained_model_nothing_and_a_train
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from harness.launcher.assemble import RELABEL_GAIN_BOUND
+    from harness.launcher.run.assemble import RELABEL_GAIN_BOUND
 
     torch.manual_seed(0)
     V, n = 256, 8192
@@ -283,7 +283,7 @@ def test_a_figure_below_the_floor_by_more_than_chance_is_flagged():
     """The tripwire for any leak of the validation tokens: below the true source's own loss by more than
     five standard errors of the gap (and 0.01 nats), the run is flagged; an honest model near the floor
     is not."""
-    from harness.launcher.assemble import below_floor_margin, check_below_floor
+    from harness.launcher.run.assemble import below_floor_margin, check_below_floor
     from harness.results.records import RunRecord
 
     def checked(val_loss, floor=1.6, n=131072, s_model=1.2, s_floor=1.1):
@@ -395,7 +395,7 @@ def test_team_code_sees_an_allowed_environment_and_never_the_launchers(cli, tmp_
     text = "\n".join(p.read_text(errors="replace") for p in (run_dir / "logs").iterdir() if p.is_file())
     assert "READS-ENVIRONMENT rank /proc/launcher/environ" in text and "READS-ENVIRONMENT model" in text
     assert secret not in text and secret not in (run_dir / "run.json").read_text()
-    from harness.ranks.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
+    from harness.ranks.confine.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
 
     elastic = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
@@ -417,7 +417,7 @@ def test_a_run_that_floods_its_log_is_ended_and_its_record_stays_small(cli, tmp_
     """floods_log prints a megabyte a forward. The track caps the ranks' logs (8 MiB on tiny): the job is
     ended, invalid, with that reason; the record's copy of the log stops at the cap. (The check process's
     log, which has its forwards too, is bounded by the file-size limit of every sandboxed process.)"""
-    from harness.ranks.sandbox import FILE_CAP_BYTES
+    from harness.ranks.confine.sandbox import FILE_CAP_BYTES
 
     result = cli("run", str(FIXTURES / "floods_log"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
     assert result.code == 1
@@ -441,7 +441,7 @@ def test_a_model_process_that_floods_its_log_dies_at_the_cap(cli, tmp_path):
     """floods_eval_log prints 32 MB a forward outside training (the check process's probes, evaluation's
     model process), where its log is a descriptor the harness cannot watch: the file-size limit of every
     sandboxed process fails the write (EFBIG), the run ends and the reason says so; no log outgrows it."""
-    from harness.ranks.sandbox import FILE_CAP_BYTES
+    from harness.ranks.confine.sandbox import FILE_CAP_BYTES
 
     result = cli("run", str(FIXTURES / "floods_eval_log"), "--track", str(quick_track(tmp_path)), timeout=180)
     assert result.code == 1
@@ -494,7 +494,7 @@ def test_without_a_job_namespace_what_the_job_made_in_shared_memory_is_swept():
     System V objects of its user that appeared meanwhile, and nothing that was there before."""
     import ctypes
 
-    from harness.launcher.job_namespace import ShmSweep
+    from harness.launcher.control.job_namespace import ShmSweep
 
     libc = ctypes.CDLL(None, use_errno=True)
     before_file = Path("/dev/shm/harness-test-sweep-before")
@@ -576,7 +576,7 @@ def test_the_job_namespace_is_made_where_the_host_has_read_only_mounts_under_pro
     script.write_text(
         "set -e\nmount -o bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n"
         f"cd {tmp_path} && {sys.executable} -c \""
-        "from harness.launcher.job_namespace import JobNamespace; import tempfile; "
+        "from harness.launcher.control.job_namespace import JobNamespace; import tempfile; "
         "ns = JobNamespace(shm_bytes=1 << 26, writable=tempfile.mkdtemp()); print('ACTIVE', ns.active, ns.why); "
         "ns.close()\"\n")
     proc = subprocess.run(["unshare", "-Urm", "sh", str(script)], capture_output=True, text=True, timeout=60)

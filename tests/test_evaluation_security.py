@@ -213,7 +213,7 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     frames it inherited are shaped alike in both (no history of the first in the second's memory)."""
     import re
 
-    from harness.ranks.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
+    from harness.ranks.confine.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
 
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "fork_probe")
     assert result.code == 0, record["reason"]
@@ -236,7 +236,7 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
         draws.append(re.search(r"^FORK-PROBE draws (.*)$", text, re.M).group(1).split())
         frames.append(json.loads(re.search(r"^FORK-PROBE frames (.*)$", text, re.M).group(1)))
     assert all(a != b for a, b in zip(*draws)), draws  # Python's, numpy's, torch's
-    assert any(f[0] == "ranks/model_template.py" for f in frames[0]), frames[0]  # what is compared is there
+    assert any(f[0] == "ranks/models/model_template.py" for f in frames[0]), frames[0]  # what is compared is there
     assert frames[0] == frames[1], frames
 
 
@@ -325,7 +325,7 @@ def test_a_model_process_cannot_choose_its_own_status(claimed, status):
     `crashed` is taken from it; anything else (ok, timeout, a list...) is a crash."""
     import os
 
-    from harness.ranks.wire import ERROR, send
+    from harness.ranks.models.wire import ERROR, send
     from harness.scoring.workers import ModelWorker, WorkerFailed
 
     worker = object.__new__(ModelWorker)
@@ -346,7 +346,7 @@ def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
     or gc) is not what is recorded, and a `ready` without the early report is refused."""
     import os
 
-    from harness.ranks.wire import READY, SANDBOX, send
+    from harness.ranks.models.wire import READY, SANDBOX, send
     from harness.scoring.workers import ModelWorker, WorkerFailed
 
     def worker(*messages, required=False):
@@ -374,7 +374,7 @@ def test_logits_that_are_not_the_batchs_shape_are_refused():
     takes only logits for exactly the batch it sent (rows x seq_len), and only in a dtype it knows."""
     import os
 
-    from harness.ranks import wire
+    from harness.ranks.models import wire
     from harness.scoring.workers import ModelWorker, WorkerFailed
 
     for (rows, seq_len, code), status in (((3, 8, 1), "invalid"), ((2, 16, 1), "invalid"), ((1, 16, 1), "invalid"),
@@ -415,7 +415,7 @@ def test_a_model_process_cannot_announce_a_payload_of_any_size():
     whatever it said. Each kind of message has a cap, checked before a byte of the payload is read."""
     import os
 
-    from harness.ranks import wire
+    from harness.ranks.models import wire
     from harness.scoring.workers import ModelWorker, WorkerFailed
 
     for kind, size in ((wire.READY, 1 << 40), (wire.ERROR, 1 << 30), (wire.LOGITS, 1), (wire.SANDBOX, 1 << 24), (99, 0)):

@@ -31,7 +31,7 @@ for name in {QUERIES!r}:
 
 
 def test_the_model_template_asks_nothing_of_cuda_before_it_forks():
-    code = RECORDER + "from harness.ranks import model_template\nmodel_template._preload()\nprint(called)\n"
+    code = RECORDER + "from harness.ranks.models import model_template\nmodel_template._preload()\nprint(called)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"CUDA queried before the forks: {out.stdout.strip()}"

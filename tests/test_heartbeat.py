@@ -4,7 +4,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.launcher.heartbeat import NodeHeartbeat, lost_after_s
+from harness.launcher.control.heartbeat import NodeHeartbeat, lost_after_s
 
 
 def _pair(run_dir, lost_after=1.0):
@@ -79,7 +79,7 @@ def test_the_beats_are_files_only_the_launchers_write(tmp_path):
 def _stall_writes_of(monkeypatch, folder, node_rank: int, stall_s: float) -> threading.Event:
     """Node `node_rank`'s writes of its beat block for `stall_s`, as an NFS server that stops answering one
     client: its other threads go on. Returns an event set when the stall has begun."""
-    from harness.launcher import heartbeat
+    from harness.launcher.control import heartbeat
 
     real, began = heartbeat._write_beat, threading.Event()
     until = time.monotonic() + 3600.0
@@ -142,7 +142,7 @@ def test_while_the_shared_file_system_stalls_every_write_nobody_is_lost_and_afte
     time.sleep(0.3)
     began0 = _stall_writes_of(monkeypatch, tmp_path, 0, stall_s=2.0)
     assert began0.wait(2.0)
-    from harness.launcher import heartbeat
+    from harness.launcher.control import heartbeat
 
     stalled0 = heartbeat._write_beat  # node 1's writes stall too, from now on
     began1 = threading.Event()
@@ -196,7 +196,7 @@ def test_slow_writes_that_are_no_stall_never_hide_a_lost_node(tmp_path, monkeypa
     """Issue 29 review: a beat write of 2.6 s every few beats (an fsync behind a busy disk) reset the healthy
     time again and again, and a node that really died was never called lost. A write slower than an interval
     but shorter than half of lost_after is no stall; beats are no longer fsynced at all."""
-    from harness.launcher import heartbeat
+    from harness.launcher.control import heartbeat
 
     node0, node1 = _pair(tmp_path, lost_after=1.0)
     assert _soon(lambda: node0._seen.get(1) is not None)

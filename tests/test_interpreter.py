@@ -74,8 +74,8 @@ def test_a_rank_that_dies_without_a_report_gives_the_last_error_line_of_its_log(
 def test_what_a_rank_prints_before_its_own_log_is_kept_for_the_reason(tmp_path):
     """A rank that fails before the harness opens its log (an import: the plain-install case) printed only to
     torch elastic's file; the job keeps that file's end for the reason."""
-    from harness.launcher.elastic import ElasticJob, LaunchSpec
-    from harness.launcher.outcome import last_error_line
+    from harness.launcher.control.elastic import ElasticJob, LaunchSpec
+    from harness.launcher.run.outcome import last_error_line
 
     job = ElasticJob(LaunchSpec(module="harness.no_such_module", args=[], nproc_per_node=1,
                                 shutdown_timeout_s=2.0), tmp_path / "launcher.log")
@@ -87,7 +87,7 @@ def test_what_a_rank_prints_before_its_own_log_is_kept_for_the_reason(tmp_path):
 
 
 def test_the_error_line_is_the_last_one_that_says_error():
-    from harness.launcher.outcome import last_error_line
+    from harness.launcher.run.outcome import last_error_line
 
     tail = "Traceback (most recent call last):\n  File \"x.py\", line 1\nPermissionError: [Errno 13] denied\n\nbye\n"
     assert last_error_line(tail) == "PermissionError: [Errno 13] denied"
@@ -99,7 +99,7 @@ def test_every_node_of_a_slurm_job_imports_the_harness_that_wrote_the_script(mon
     """The job's working folder is the folder it was submitted from (an organiser's checkout, `harness/tracks/`
     beside it): `-P` keeps it off each node's path, and a harness outside the site folders is named."""
     from conftest import ROOT
-    from harness.launcher import slurm
+    from harness.launcher.event import slurm
 
     opts = slurm.SlurmOptions(submission=str(ROOT / "submissions" / "baseline"), track="paris2026",
                               runs_dir=str(tmp_path / "runs"))

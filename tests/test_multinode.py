@@ -171,8 +171,8 @@ def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cl
 def test_node_0_evaluates_alone_when_a_node_does_not_answer_and_with_every_node_when_all_do(tmp_path):
     import threading
 
-    from harness.launcher.evaluation import EvalPlan, join, offer, remote_failure, save_account
-    from harness.launcher.nodes import NodePaths
+    from harness.launcher.run.evaluation import EvalPlan, join, offer, remote_failure, save_account
+    from harness.launcher.run.nodes import NodePaths
 
     plan = EvalPlan(checkpoint_sha256="ab" * 32, nproc=1, precision="float32", vocab_out=256, model_file="submission.py")
     lone = tmp_path / "lone"
@@ -200,8 +200,8 @@ def test_node_0_evaluates_alone_when_a_node_does_not_answer_and_with_every_node_
 
 
 def test_a_node_waiting_to_evaluate_stops_when_node_0s_run_ends_without_evaluating(tmp_path):
-    from harness.launcher.evaluation import join
-    from harness.launcher.nodes import NodePaths
+    from harness.launcher.run.evaluation import join
+    from harness.launcher.run.nodes import NodePaths
 
     (tmp_path / "run.json").write_text(json.dumps({"status": "crashed"}))
     t0 = time.monotonic()

@@ -1,5 +1,5 @@
 """Evaluation's model processes in their own namespaces: what the scoring process leaves behind is
-not there for the check process that runs after it (harness/ranks/namespaces.py)."""
+not there for the check process that runs after it (harness/ranks/confine/namespaces.py)."""
 
 import json
 import signal
@@ -12,7 +12,7 @@ import pytest
 
 WRITER = """
 import ctypes, json, os, sys
-from harness.ranks.namespaces import isolate
+from harness.ranks.confine.namespaces import isolate
 why = isolate()
 libc = ctypes.CDLL(None, use_errno=True)
 shm = libc.shmget(0x5EC12E7, 4096, 0o1666)  # IPC_CREAT: a segment the next process could open
@@ -21,7 +21,7 @@ print(json.dumps({"why": why, "pid": os.getpid(), "shm": shm, "key": key}), flus
 """
 READER = """
 import ctypes, json, socket
-from harness.ranks.namespaces import isolate
+from harness.ranks.confine.namespaces import isolate
 why = isolate()
 libc = ctypes.CDLL(None, use_errno=True)
 shm = libc.shmget(0x5EC12E7, 4096, 0o666)
@@ -35,7 +35,7 @@ print(json.dumps({"why": why, "shm": shm, "key": key, "udp": udp}), flush=True)
 """
 HOPPER = """
 import os, time
-from harness.ranks.namespaces import isolate
+from harness.ranks.confine.namespaces import isolate
 assert isolate() == ""
 print(os.getpid(), flush=True)  # 1: the namespace's init
 if os.fork() == 0:  # a chain that forks its successor and lets its parent die, faster than any scan
@@ -80,7 +80,7 @@ def test_a_process_that_forks_faster_than_anyone_looks_dies_with_the_model_proce
 
 ENDING = """
 import ctypes, os, signal, sys, time
-from harness.ranks.namespaces import isolate
+from harness.ranks.confine.namespaces import isolate
 assert isolate() == ""
 how = sys.argv[1]
 if how == "exit":
@@ -110,7 +110,7 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
 
 CONFINED = """
 import errno, json, os, socket, sys
-from harness.ranks import namespaces, rootfs, sandbox
+from harness.ranks.confine import namespaces, rootfs, sandbox
 args = json.loads(sys.argv[1])
 policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"],
                               read_files=[args["checkpoint"]])
@@ -204,7 +204,7 @@ def test_a_model_process_can_change_no_file_it_did_not_make_and_reach_no_socket(
 
 HALF_BUILT = """
 import json, os, sys
-from harness.ranks import namespaces, rootfs, sandbox
+from harness.ranks.confine import namespaces, rootfs, sandbox
 args = json.loads(sys.argv[1])
 policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"])
 real = rootfs.Libc.read_only
@@ -252,7 +252,7 @@ def _proc_sys(tmp_path, **values):
 def test_ubuntus_apparmor_restriction_is_named_with_its_fix(tmp_path):
     """Ubuntu 24.04's default (kernel.apparmor_restrict_unprivileged_userns = 1) lets unshare succeed and then
     refuses the namespace every right: only the setting says why, and the words carry the fix."""
-    from harness.ranks.namespaces import refused, userns_restriction
+    from harness.ranks.confine.namespaces import refused, userns_restriction
 
     restricted = _proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1")
     text = userns_restriction(restricted)
@@ -282,7 +282,7 @@ def _weakened_record(sandbox="auto"):
 def test_a_run_on_a_host_that_refuses_user_namespaces_says_so_loudly_with_the_fix(tmp_path):
     """The sandbox silently weakened to Landlock alone: the record's first warning, and the summary, say so
     and name the host's setting and its fix."""
-    from harness.launcher.assemble import sandbox_warnings, summary_lines
+    from harness.launcher.run.assemble import sandbox_warnings, summary_lines
 
     record = _weakened_record()
     sandbox_warnings(record, proc_sys=_proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1"))

@@ -1,11 +1,11 @@
-"""Node 0 reads the other nodes' accounts (harness/launcher/nodes.py): unit tests with accounts written by hand."""
+"""Node 0 reads the other nodes' accounts (harness/launcher/run/nodes.py): unit tests with accounts written by hand."""
 
 import threading
 import time
 
-from harness.launcher import nodes
-from harness.launcher.nodes import NodePaths, merge_node_reports
-from harness.launcher.outcome import Outcome
+from harness.launcher.run import nodes
+from harness.launcher.run.nodes import NodePaths, merge_node_reports
+from harness.launcher.run.outcome import Outcome
 from harness.results.records import RunRecord
 
 
@@ -87,7 +87,7 @@ def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvou
     the rendezvous (600 s at Paris). Node 0 reads an `aborted` account; node R reads node 0's final record."""
     import json
 
-    from harness.launcher.training import EarlyEnd
+    from harness.launcher.run.training import EarlyEnd
 
     (tmp_path / "nodes").mkdir()
     lead, other = EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0), EarlyEnd(NodePaths(tmp_path, 1), 2, every_s=0.0)

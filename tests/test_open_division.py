@@ -196,7 +196,7 @@ def test_a_checkpoint_that_unpacks_far_beyond_its_size_is_refused_unread(tmp_pat
     bomb aimed at the launcher's memory and disk, refused before any process loads it."""
     import zipfile
 
-    from harness.launcher.open_run import normalize_in_own_process
+    from harness.launcher.run.open_run import normalize_in_own_process
 
     bomb = tmp_path / "bomb.pt"
     with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -318,7 +318,7 @@ def test_the_parameter_count_is_the_checkpoints_distinct_tensors_under_the_model
     # forged answer can never make the count exceed what the checkpoint really holds.
     import torch
 
-    from harness.launcher.open_run import parameter_count
+    from harness.launcher.run.open_run import parameter_count
     from harness.ranks.checkpoint import normalize_team_checkpoint
 
     spec = importlib.util.spec_from_file_location("fixture_model", FIXTURES / "open_modes" / "model.py")

@@ -1,5 +1,5 @@
-from harness.launcher.channel import Message
-from harness.launcher.outcome import classify
+from harness.launcher.control.channel import Message
+from harness.launcher.run.outcome import classify
 
 
 def msg(kind, t, **body):

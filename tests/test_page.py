@@ -152,7 +152,7 @@ def test_a_teams_details_push_the_next_team_down_instead_of_covering_it(page, wi
 def test_each_team_has_its_chart_colour_beside_its_name(page, browser, tmp_path):
     """The table ties to the charts: each ranked team's name has its chart colour beside it, five different ones
     here; a team that did not finish has the grey the charts list it in."""
-    from harness.results.colors import NOT_FINISHED, team_colors
+    from harness.results.charts.colors import NOT_FINISHED, team_colors
     from harness.results.leaderboard import load_rows
 
     colors = team_colors(load_rows(tmp_path / "runs", "local"))

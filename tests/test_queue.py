@@ -1,4 +1,4 @@
-"""The queue of runs (harness/launcher/queue.py): its state from the records alone, the run lock that
+"""The queue of runs (harness/launcher/event/queue.py): its state from the records alone, the run lock that
 tells a live launcher from a dead one, and a real queue of three teams x two seeds through the CLI,
 killed half-way (its launcher, as a lost node or SLURM would) and resumed."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from conftest import FIXTURES, processes_of_run, quick_track, run_as_slurm
 from records_factory import make_run
-from harness.launcher.queue import DONE, FAILED, LOST, QUEUED, RUNNING, build_queue, close_lost_record, state_of, table
+from harness.launcher.event.queue import DONE, FAILED, LOST, QUEUED, RUNNING, build_queue, close_lost_record, state_of, table
 from harness.results.locks import RUN_LOCK, RunLock, launcher_alive
 
 
@@ -160,7 +160,7 @@ def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
 def test_a_free_lock_seen_from_another_host_proves_nothing_but_slurm_can_say(tmp_path, monkeypatch):
     # flock on a shared file system may be local to each client (NFS local_lock, Lustre localflock): from
     # another host every lock looks free. There, the run's SLURM job is asked (squeue stood in for here).
-    from harness.launcher.finalize import launcher_alive as gone_or_why
+    from harness.launcher.control.alive import launcher_alive as gone_or_why
     from harness.results.records import load_record
 
     runs = tmp_path / "runs"
@@ -190,7 +190,7 @@ def test_what_a_team_can_make_of_its_folder_never_stops_or_fools_the_queue(tmp_p
     """From the red team: a file name that is no UTF-8 made every team's queue exit; a team name with a
     zero-width character passed for another team's; a name or reason with terminal escapes forged rows of
     the queue's view; a rehearsal's track file with the event's name (another budget) counted as done."""
-    from harness.launcher.queue import EntryState
+    from harness.launcher.event.queue import EntryState
     from harness.submission.contract import SubmissionError, read_team
 
     odd = team_folder(tmp_path, "odd")
@@ -212,8 +212,8 @@ def test_what_a_team_can_make_of_its_folder_never_stops_or_fools_the_queue(tmp_p
 
 def test_a_run_lost_twice_is_left_to_the_organiser(tmp_path):
     # A team that ends its own unlucky runs by starving its launcher would otherwise draw again for ever.
-    from harness.launcher.queue import STUCK, pending
-    from harness.launcher.queue import Queue
+    from harness.launcher.event.queue import STUCK, pending
+    from harness.launcher.event.queue import Queue
 
     runs = tmp_path / "runs"
     (entry,) = build_queue([str(team_folder(tmp_path, "alpha"))], seed=1, repeat=1)
@@ -230,7 +230,7 @@ def test_a_run_lost_twice_is_left_to_the_organiser(tmp_path):
 def test_a_copy_never_reads_past_what_the_file_held_when_it_was_opened(tmp_path, monkeypatch):
     # A rank could grow a sparse checkpoint to a terabyte while the launcher copied it: the copy filled the
     # records' disk. It takes the size seen at open, and no more (here the file "grew" after that moment).
-    from harness.launcher import workarea
+    from harness.launcher.control import workarea
 
     (tmp_path / "src").write_bytes(b"a" * 100 + b"b" * 900)
     real_fstat = os.fstat

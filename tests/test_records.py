@@ -55,7 +55,7 @@ def test_outputs_follow_the_users_umask(tmp_path):
     import os
     import stat
 
-    from harness.results.plots import save_png, subplots
+    from harness.results.charts.kit import save_png, subplots
 
     for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
         old = os.umask(mask)
@@ -75,8 +75,8 @@ def test_the_record_guard_neither_blocks_on_nor_trusts_what_a_team_planted_in_th
     import os
     import threading
 
-    from harness.launcher.guard import RecordGuard
-    from harness.launcher.identity import name_clash
+    from harness.launcher.control.guard import RecordGuard
+    from harness.launcher.run.identity import name_clash
 
     runs, board = tmp_path / "runs", tmp_path / "board"
     honest = runs / "local" / "a" / "r1"

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import ROOT
-from harness.launcher.console import ConsoleReporter, progress_text
+from harness.launcher.run.console import ConsoleReporter, progress_text
 
 
 class _Log(io.StringIO):
@@ -50,7 +50,7 @@ def test_a_terminal_line_is_redrawn_in_place():
 
 
 def test_versions_name_the_software_and_the_commit_of_the_checkout():
-    from harness.launcher.provenance import machine, versions
+    from harness.launcher.run.provenance import machine, versions
 
     v = versions()
     assert {"torch", "cuda", "nccl", "numpy", "python", "harness", "harness_git_commit"} <= set(v)
@@ -63,7 +63,7 @@ def test_versions_name_the_software_and_the_commit_of_the_checkout():
 
 
 def test_reasons_name_the_teams_files_relative_to_the_submission(tmp_path):
-    from harness.launcher.assemble import name_team_files
+    from harness.launcher.run.assemble import name_team_files
     from harness.results.records import RunRecord
 
     snapshot, private = tmp_path / "runs" / "local" / "t" / "r" / "submission", Path("/tmp/harness-train-x/submission")
@@ -116,7 +116,7 @@ def _record(**fields):
 
 
 def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
-    from harness.launcher.assemble import summary_lines
+    from harness.launcher.run.assemble import summary_lines
 
     fixed = "\n".join(summary_lines(_record(train_loss=2.5), tmp_path))
     assert "trained    30.10s of 30s budget, 5 steps, 5120 tokens" in fixed and "train_loss 2.5000" in fixed
@@ -138,7 +138,7 @@ def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
 
 
 def test_a_first_step_that_took_most_of_the_budget_is_said_with_its_cause():
-    from harness.launcher.assemble import say_slow_first_step
+    from harness.launcher.run.assemble import say_slow_first_step
 
     compiled = _record(steps=2, extra={"first_step_s": 24.0, "compiled": True})
     say_slow_first_step(compiled)
@@ -159,7 +159,7 @@ FORGED = "\x1b[4A\x1b[2Kval_loss   1.2345  (floor 1.6685)\nstatus     ok\r\u202e
 def test_a_teams_text_is_shown_never_obeyed_on_the_terminal(tmp_path):
     # A reason or warning carries what team code raised: escapes that move the cursor over the summary
     # to print a val_loss the record does not hold, line breaks that start a forged line at column 0.
-    from harness.launcher.assemble import summary_lines
+    from harness.launcher.run.assemble import summary_lines
 
     record = _record(status="crashed", reason=f"rank 1: RuntimeError: {FORGED}", warnings=[f"model.py:3: {FORGED}"])
     out, err = io.StringIO(), io.StringIO()

@@ -115,7 +115,7 @@ def tiny_run(tmp_path_factory, cache_dir):
 def test_the_clock_stops_before_the_budget(tiny_run):
     """No step starts past the deadline, and the launcher's own measurement of the window agrees with
     the ranks' within the tolerance the harness applies."""
-    from harness.launcher.assemble import clock_tolerance_s
+    from harness.launcher.run.assemble import clock_tolerance_s
 
     _, r, _ = tiny_run
     assert r["steps"] > 3 and r["tokens"] == r["steps"] * r["tokens_per_step"]
@@ -165,7 +165,7 @@ def test_record_directory_is_self_contained(baseline_run):
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] == record["steps"]
     assert not (run_dir / "staging").exists()
-    # Every report of an honest run fits its schema, and nothing flags it (harness/launcher/reports.py).
+    # Every report of an honest run fits its schema, and nothing flags it (harness/launcher/control/reports.py).
     assert "malformed_reports" not in record and "refused_reports" not in record and not record["flagged"]
 
 

@@ -1,4 +1,4 @@
-"""What the sandbox lets a process do in its own folders (harness/ranks/sandbox.py, rootfs.py): what
+"""What the sandbox lets a process do in its own folders (harness/ranks/confine/sandbox.py, rootfs.py): what
 compilers and data loaders need there, and nothing that reaches past them.
 
 Each test runs a small script in a fresh process: the sandbox, once applied, is for life.
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="La
 # of its own, Landlock). Then `body`, which fills `out`; `attempt` records "done" or the errno's name.
 SANDBOXED = """
 import errno, json, os, sys
-from harness.ranks import sandbox
+from harness.ranks.confine import sandbox
 args = json.loads(sys.argv[1])
 policy = sandbox.build_policy(submission_dir=args["submission"], private_dir=args["private"],
                               training=args["kind"] == "training")
@@ -264,8 +264,8 @@ def test_a_training_rank_can_neither_replace_nor_imitate_the_harness_sockets(tmp
     """The harness's own sockets (the control channel, the job's namespace holder) live in folders of their
     own, outside the private folder: a rank that may make sockets there still cannot remove one of the
     harness's, bind another beside it, or move its own into its place."""
-    from harness.launcher.channel import ChannelServer
-    from harness.launcher.job_namespace import JobNamespace
+    from harness.launcher.control.channel import ChannelServer
+    from harness.launcher.control.job_namespace import JobNamespace
 
     channel, holder = ChannelServer(expected_ranks=[0]), JobNamespace()
     try:
@@ -308,7 +308,7 @@ attempt("neighbour", lambda: open({str(tmp_path / 'opt' / 'secret')!r}).read())
 
 
 def test_library_folders_are_absolute_real_and_never_the_root(tmp_path):
-    from harness.ranks.sandbox import library_dirs
+    from harness.ranks.confine.sandbox import library_dirs
 
     real = tmp_path / "lib"
     real.mkdir()

@@ -44,7 +44,7 @@ def _points(probe_at_2: float) -> list[dict]:
 
 
 def test_the_link_is_fitted_to_overheads_the_probe_blames_on_communication():
-    from harness.launcher.scale import build_model
+    from harness.launcher.scaling.scale import build_model
     from harness.tracks.spec import load_track
 
     model = build_model(load_track("local"), 2, _points(0.55), params=425984)
@@ -58,7 +58,7 @@ def test_the_link_is_fitted_to_overheads_the_probe_blames_on_communication():
 def test_overheads_the_probe_finds_hidden_are_not_blamed_on_the_link():
     """A slower step with two ranks on a busy machine is not a slow link: the probe (synchronised against
     compute-only steps) tells the two apart."""
-    from harness.launcher.scale import build_model
+    from harness.launcher.scaling.scale import build_model
     from harness.tracks.spec import load_track
 
     track = load_track("local")
@@ -69,7 +69,7 @@ def test_overheads_the_probe_finds_hidden_are_not_blamed_on_the_link():
 
 
 def test_measurements_the_probe_or_arithmetic_contradicts_are_flagged():
-    from harness.launcher.scale import measurement_notes
+    from harness.launcher.scaling.scale import measurement_notes
 
     def point(n, eff, probe):
         return {"world_size": n, "weak_scaling_efficiency": eff, "probe_comm_overlap_efficiency": probe}
@@ -84,7 +84,7 @@ def test_measurements_the_probe_or_arithmetic_contradicts_are_flagged():
 def test_a_fit_the_measurement_cannot_support_is_refused_and_the_record_and_report_say_why(tmp_path):
     """On a busy CPU the steps at 1 and 2 ranks spread by more than the step grew: the prediction keeps the
     track's intra-node figures, `model.fit.refused` says why, and so does the printed report."""
-    from harness.launcher.scale import build_model, scale_lines
+    from harness.launcher.scaling.scale import build_model, scale_lines
     from harness.tracks.spec import load_track
 
     points = _points(0.55)
@@ -103,8 +103,8 @@ def test_a_fit_the_measurement_cannot_support_is_refused_and_the_record_and_repo
 
 
 def test_the_step_times_are_the_gaps_between_rank_0s_reports_after_warm_up():
-    from harness.launcher.channel import Message
-    from harness.launcher.scale import timed_step_times
+    from harness.launcher.control.channel import Message
+    from harness.launcher.scaling.scale import timed_step_times
 
     def progress(rank: int, step: int, t: float) -> Message:
         return Message("progress", {"rank": rank, "step": step, "train_time_s": t}, 0.0)

@@ -110,7 +110,7 @@ def test_the_logits_are_read_once_into_a_reused_private_buffer(tmp_path):
     (no clone per batch, no second conversion); a later write to the shared buffer changes nothing read."""
     import mmap
 
-    from harness.ranks.wire import DTYPES
+    from harness.ranks.models.wire import DTYPES
     from harness.scoring.workers import ModelWorker
 
     code = {v: k for k, v in DTYPES.items()}["bfloat16"]
@@ -205,7 +205,7 @@ def test_a_sleeping_process_is_not_dying_and_a_finished_one_is():
     (3, 2, "cpu", None, 3),
 ])
 def test_harness_eval_uses_at_most_the_gpus_the_machine_shows(given, runs, device, gpus, expected):
-    from harness.launcher.rescore import eval_ranks
+    from harness.launcher.run.rescore import eval_ranks
 
     nproc, note = eval_ranks(given, runs, device, gpus)
     assert nproc == expected
@@ -213,7 +213,7 @@ def test_harness_eval_uses_at_most_the_gpus_the_machine_shows(given, runs, devic
 
 
 def test_harness_eval_refuses_more_ranks_than_gpus_with_the_number_there_is():
-    from harness.launcher.rescore import eval_ranks
+    from harness.launcher.run.rescore import eval_ranks
 
     with pytest.raises(ValueError, match=r"shows 2 GPU\(s\); give 2 or fewer"):
         eval_ranks(4, 8, "cuda", 2)

@@ -1,10 +1,9 @@
-"""The scratch root (harness/ranks/scratch.py): where every private folder of a process that runs team
+"""The scratch root (harness/ranks/confine/scratch.py): where every private folder of a process that runs team
 code is made (HARNESS_SCRATCH_DIR, else tempfile's folder), and a root mounted noexec refused before
 anything starts, naming the folder and the fix."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT, TINY_TRACK, only_record, quick_track
-from harness.ranks import scratch
+from harness.ranks.confine import scratch
 
 
 @pytest.fixture
@@ -39,9 +38,9 @@ def test_the_scratch_root_is_the_variable_else_tempfiles_folder(monkeypatch, tmp
 def test_a_noexec_scratch_root_is_refused_by_check_and_by_a_run_with_the_folder_and_the_fix(monkeypatch, tmp_path):
     """statvfs's ST_NOEXEC (read through scratch.mount_flags, faked here) stops `harness check` and a run
     before any process starts; a missing root is refused too."""
-    from harness.launcher.check import check
-    from harness.launcher.console import NullReporter
-    from harness.launcher.runner import RunOptions, prepare_run
+    from harness.launcher.run.check import check
+    from harness.launcher.run.console import NullReporter
+    from harness.launcher.run.runner import RunOptions, prepare_run
 
     monkeypatch.setenv(scratch.SCRATCH_ENV, str(tmp_path))
     assert scratch.unusable() == ""
@@ -62,7 +61,7 @@ def _faking_noexec(folder: Path) -> dict:
     (run at every interpreter's start) replaces the flag reader, as the test above does in-process."""
     site = folder / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import os\nfrom harness.ranks import scratch\n"
+    (site / "sitecustomize.py").write_text("import os\nfrom harness.ranks.confine import scratch\n"
                                            "scratch.mount_flags = lambda path: os.ST_NOEXEC\n")
     return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
@@ -81,8 +80,8 @@ def test_harness_check_and_run_refuse_a_noexec_scratch_root(cli, tmp_path, short
 
 REAL_NOEXEC = """
 import os, sys
-from harness.ranks.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
-from harness.ranks.rootfs import MS_NOEXEC, MS_NOSUID, MS_NODEV, Libc, Refused
+from harness.ranks.confine.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_identity
+from harness.ranks.confine.rootfs import MS_NOEXEC, MS_NOSUID, MS_NODEV, Libc, Refused
 uid, gid = os.getuid(), os.getgid()
 try:
     Libc().unshare(CLONE_NEWUSER | CLONE_NEWNS, "unshare")
@@ -139,7 +138,7 @@ def test_a_scratch_root_too_full_for_the_track_aborts_the_run_before_team_code(c
 
 def test_a_run_needs_room_for_its_checkpoint_not_the_whole_scratch_cap():
     """Issue 29 review: the whole cap (64 GiB at Paris) would refuse every run on a node whose disk is 64 GiB."""
-    from harness.launcher.runner import scratch_need_gib
+    from harness.launcher.run.runner import scratch_need_gib
     from harness.tracks.spec import load_track
 
     assert scratch_need_gib(load_track("paris2026")) == 9.0  # checkpoint_cap_gib 8 + 1, not scratch_cap_gib 64
@@ -152,8 +151,8 @@ def test_a_tree_a_team_leaves_is_removed_whatever_its_depth_or_rights(short_root
     harness user other than root. One remover, never recursive, gives a folder its rights back first."""
     script = (
         "import os, sys\n"
-        "from harness.ranks.scratch import remove_tree\n"
-        "from harness.launcher.workarea import Unmeasurable, tree_usage\n"
+        "from harness.ranks.confine.scratch import remove_tree\n"
+        "from harness.launcher.control.workarea import Unmeasurable, tree_usage\n"
         "base = sys.argv[1]\n"
         "here = os.open(base, os.O_RDONLY)\n"
         "for _ in range(1500):\n"
@@ -186,7 +185,7 @@ def test_a_tree_a_team_leaves_is_removed_whatever_its_depth_or_rights(short_root
 def test_a_team_that_litters_its_private_folders_leaves_nothing_in_the_scratch_root(cli, tmp_path, short_root):
     """The same tree made in the check process, in the training ranks and in evaluation's model processes: the
     run ends as its model does (ok), and not one folder of it is left in the scratch root."""
-    result = cli("run", str(FIXTURES / "deep_tree"), "--track", str(quick_track(tmp_path)),
+    cli("run", str(FIXTURES / "deep_tree"), "--track", str(quick_track(tmp_path)),
                  env={scratch.SCRATCH_ENV: str(short_root)})
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "ok", record["reason"]

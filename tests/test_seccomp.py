@@ -1,4 +1,4 @@
-"""The seccomp filter of every sandboxed process (harness/ranks/seccomp.py): another process's limits,
+"""The seccomp filter of every sandboxed process (harness/ranks/confine/seccomp.py): another process's limits,
 priority and scheduling are refused; the process's own, and reading another's, are not; its children
 inherit it; torch runs under it."""
 
@@ -11,7 +11,7 @@ from conftest import ROOT
 
 PROBE = """
 import os, resource, subprocess, sys
-from harness.ranks import seccomp
+from harness.ranks.confine import seccomp
 assert seccomp.install() == "", "not installed"
 parent = os.getppid()
 def outcome(call):
@@ -53,7 +53,7 @@ def test_other_processes_limits_and_priorities_are_refused_and_its_own_are_not()
 
 FOREIGN = """
 import ctypes, mmap, os, sys
-from harness.ranks import seccomp
+from harness.ranks.confine import seccomp
 if sys.argv[1] == "filtered":
     assert seccomp.install() == "", "not installed"
 # i386 getpid (20) through int $0x80, as a 64-bit process may call it where the kernel has IA32 emulation

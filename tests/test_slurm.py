@@ -28,7 +28,7 @@ def test_script_asks_for_the_tracks_allocation(script):
     # Every limit the track itself allows must fit: SLURM must never end a run the harness would let finish.
     # On several nodes that includes node 0's wait for the nodes' accounts (while they beat), its wait for their
     # answer to the evaluation's offer, and the evaluation again on node 0 alone (issue 29).
-    from harness.launcher.heartbeat import silent_after_s
+    from harness.launcher.control.heartbeat import silent_after_s
 
     t = load_track("paris2026")
     longest = (300 + t.startup_timeout_s + t.budget_s + t.grace_s + t.save_allowance_s + silent_after_s(t) + 30
@@ -87,8 +87,8 @@ def test_submit_without_sbatch_is_a_clear_error(cli, tmp_path):
 def test_threads_are_sized_to_the_cpus_this_process_may_use_not_the_machines(monkeypatch):
     """Inside a SLURM step (or a container, or taskset) the affinity mask is the truth, not os.cpu_count():
     ranks sized to the machine would share the one core a step was given (issue 23, item 6)."""
-    from harness.launcher import process_tree
-    from harness.launcher.training import threads_per_rank
+    from harness.launcher.control import process_tree
+    from harness.launcher.run.training import threads_per_rank
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})

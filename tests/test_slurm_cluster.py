@@ -99,7 +99,7 @@ def test_harness_slurm_doctor_runs_on_every_node_of_an_allocation(cluster, cli, 
 
 
 def _wait_gone(job: str, timeout_s: float) -> None:
-    from harness.launcher.cluster import wait_for_job
+    from harness.launcher.event.cluster import wait_for_job
 
     assert wait_for_job(job, timeout_s), f"SLURM job {job} still queued or running after {timeout_s:.0f} s"
 

@@ -23,7 +23,7 @@ def test_the_split_is_by_folder_and_stable_and_the_sandboxes_hide_the_validation
     hides (a held-out file chosen by a public hash of its path was readable by any model)."""
     import os
 
-    from harness.ranks import sandbox
+    from harness.ranks.confine import sandbox
 
     root, train, val = split_files()
     assert not set(train) & set(val) and len(val) > 100

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.launcher.watch import Deadlines, WatchResult, _expired
+from harness.launcher.control.watch import Deadlines, WatchResult, _expired
 
 D = Deadlines(startup_timeout_s=60, startup_allowance_s=20, hard_limit_s=7, save_allowance_s=20)
 
@@ -56,7 +56,7 @@ def test_nonsense_deadlines_are_refused():
 def test_an_open_division_script_is_killed_at_one_limit_no_report_moves():
     """Open division: ranks' start + allowance + budget + grace, whatever the script says (an early
     'training done' used to switch the hard limit off and grant the save allowance instead)."""
-    from harness.launcher.watch import Deadlines, WatchResult, _expired
+    from harness.launcher.control.watch import Deadlines, WatchResult, _expired
 
     d = Deadlines(startup_timeout_s=60.0, total_after_setup_s=27.0)
     r = WatchResult(setup_start_s=100.0, train_start_s=101.0, train_end_s=101.5)

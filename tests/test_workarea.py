@@ -2,7 +2,7 @@
 
 import os
 
-from harness.launcher.workarea import WorkArea
+from harness.launcher.control.workarea import WorkArea
 
 
 def test_collecting_logs_never_follows_a_link_the_ranks_left(tmp_path):

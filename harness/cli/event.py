@@ -1,5 +1,5 @@
 """The event's commands: a queue of runs and its view, the SLURM job array, flags, finalize, the nodes' doctor.
-They add themselves to the `harness` group (harness/cli/__init__.py imports this module once `main` exists)."""
+They add themselves to the `harness` group (harness/cli/main.py; harness/cli/__init__.py imports this module)."""
 
 from __future__ import annotations
 
@@ -7,48 +7,8 @@ from pathlib import Path
 
 import click
 
-from harness.cli import SetupError, _overrides, _refresh_leaderboard, main
-
-
-def _queue(submissions, track, runs_dir, seed, repeat, overrides):
-    """The queue of these arguments (harness/launcher/queue.py)."""
-    from harness.launcher.queue import build
-    from harness.results.records import runs_root
-
-    return build(list(submissions), track, runs_root(runs_dir), seed, repeat, overrides)
-
-
-def _pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter) -> list[tuple[str, int]]:
-    """Every submission x seed, interleaved (A B C A B C); with --resume only those not settled."""
-    if not resume and len(submissions) == 1:
-        return [(submissions[0], seed + i) for i in range(repeat)]
-    if not resume:
-        return [(submission, seed + i) for i in range(repeat) for submission in submissions]
-    from harness.launcher.queue import pending
-
-    return [(e.submission, e.seed) for e in pending(_queue(submissions, track, runs_dir, seed, repeat, overrides),
-                                                    reporter.info)]
-
-
-def _still_pending(queue, submission, run_seed, reporter) -> bool:
-    """Read the entry's records again just before it runs: the window in which two queues can both start
-    one entry is one run's start, not the whole queue's."""
-    from harness.launcher.queue import PENDING
-
-    entry = next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
-    state = queue.state(entry)
-    if state.state not in PENDING:
-        reporter.info(f"skipped {entry.team} seed {entry.seed}: {state.state} since the queue started ({state.run_dir})")
-    return state.state in PENDING
-
-
-def _show_queue(submissions, track, runs_dir, seed, repeat, overrides, reporter) -> None:
-    from harness.launcher.queue import table
-
-    try:
-        reporter.summary(table(_queue(submissions, track, runs_dir, seed, repeat, overrides).states()))
-    except Exception as exc:  # the runs are done and recorded: a view that fails changes none of them
-        reporter.error(f"the queue's view could not be shown ({type(exc).__name__}: {exc}); run `harness queue`")
+from harness.cli.main import SetupError, _overrides, _refresh_leaderboard, main
+from harness.cli.queues import queue_of
 
 
 @main.command("queue")
@@ -71,13 +31,13 @@ def queue_cmd(submissions, track, runs_dir, seed, repeat, max_steps, budget_s, g
     team's own result) and lost (the infrastructure's: --resume runs them again), per team, from the records."""
     import time
 
-    from harness.launcher.queue import table
+    from harness.launcher.event.queue import table
     from harness.submission.contract import SubmissionError
     from harness.tracks.spec import TrackError
 
     while True:
         try:
-            lines = table(_queue(submissions, track, runs_dir, seed, repeat, _overrides(
+            lines = table(queue_of(submissions, track, runs_dir, seed, repeat, _overrides(
                 max_steps=max_steps, budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
                 val_tokens=val_tokens)).states())
         except (TrackError, SubmissionError, ValueError, OSError) as exc:
@@ -106,7 +66,7 @@ def _flag_command(run: str, runs_dir, flagged: bool, reason: str, wait: bool) ->
 
 
 def _plain_reporter():
-    from harness.launcher.console import ConsoleReporter
+    from harness.launcher.run.console import ConsoleReporter
 
     return ConsoleReporter()
 
@@ -139,7 +99,7 @@ def unflag(run, runs_dir, wait):
 @click.option("--no-leaderboard", is_flag=True, help="Do not refresh the track's leaderboard afterwards.")
 def finalize(run, reason, force, runs_dir, no_leaderboard):
     """End RUN (a run id or directory), left `running` or `evaluating` by a launcher that is gone, as `aborted`."""
-    from harness.launcher.finalize import FinalizeRefused, finalize_run
+    from harness.launcher.event.finalize import FinalizeRefused, finalize_run
     from harness.results.records import runs_root
 
     try:
@@ -186,9 +146,9 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
     from pathlib import Path
 
     from harness.submission.contract import SubmissionError, find_submission, team_slug
-    from harness.launcher.slurm import SlurmOptions, node_local_warnings, rejected, render, render_doctor, render_queue
-    from harness.launcher.slurm import submit as sbatch_submit
-    from harness.ranks.scratch import ScratchError
+    from harness.launcher.event.slurm import SlurmOptions, node_local_warnings, rejected, render, render_doctor, render_queue
+    from harness.launcher.event.slurm import submit as sbatch_submit
+    from harness.ranks.confine.scratch import ScratchError
     from harness.tracks.spec import TrackError, load_track
 
     if doctor == bool(submissions):
@@ -209,9 +169,9 @@ def slurm_cmd(submissions, track, script_path, seed, repeat, resume, max_concurr
                                  "to queue it anyway (it would end `invalid`)")
             text, resolved, team = render(opts)
         else:
-            from harness.launcher.queue import pending
+            from harness.launcher.event.queue import pending
 
-            queue = _queue(submissions, track, runs_dir, seed, repeat, {})
+            queue = queue_of(submissions, track, runs_dir, seed, repeat, {})
             entries = pending(queue, lambda text: click.echo(text, err=True)) if resume else queue.entries
             entries = [e for e in entries if e.folder not in refused]
             if not entries:  # done, not a usage error
@@ -276,8 +236,8 @@ def rehearse_cmd(submissions, track, workdir, repeat, seed, faults, max_concurre
     (WORKDIR/report.md). Exit 1 when an entry or a fault did not end as it must. Needs root."""
     import sys
 
-    from harness.launcher.cluster import ClusterError
-    from harness.launcher.rehearsal import RehearsalOptions, render, run_rehearsal
+    from harness.launcher.event.cluster import ClusterError
+    from harness.launcher.event.rehearsal import RehearsalOptions, render, run_rehearsal
     from harness.submission.contract import SubmissionError
     from harness.tracks.spec import TrackError
 
@@ -311,8 +271,9 @@ def doctor_cmd(track, runs_dir, data_root, data_fingerprint, node_rank, rdzv_end
     1 when any check fails. `harness slurm --doctor` runs it on every node of the track's allocation."""
     import sys
 
-    from harness.launcher.console import ConsoleReporter
-    from harness.launcher.doctor import DoctorOptions, render, run_doctor, to_json
+    from harness.launcher.run.console import ConsoleReporter
+    from harness.launcher.doctor.checkup import render, run_doctor, to_json
+    from harness.launcher.doctor.table import DoctorOptions
     from harness.tracks.spec import TrackError
 
     try:

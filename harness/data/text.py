@@ -4,7 +4,7 @@ The text is the running Python's own: training on its standard library's .py fil
 comments and English docstrings; test folders excluded), validation on its test suite's .py files
 (`<stdlib>/test`). The split is by folder, not by a public hash of paths, because the validation
 text must be unreadable where team code runs: every sandbox hides the Python test suites
-(harness/ranks/sandbox.py HIDDEN_GLOBS), while the rest of the standard library, which Python
+(harness/ranks/confine/sandbox.py HIDDEN_GLOBS), while the rest of the standard library, which Python
 and torch need, stays readable. So no validation text was ever seen in training, and no model can
 look it up in evaluation. (The test suite is public: teams can carry it in their weights, as with
 any public validation set; local-text compares models on a laptop, it is not for prizes.) A

@@ -1,7 +1,13 @@
-"""The rank side: everything a process that runs a team's code imports. Training ranks and
-evaluation ranks (started by torch elastic) and the submission check process live here.
+"""The rank side: every process that runs a team's code, and what it imports; the attack surface.
 
-This is the attack surface: whatever is imported here shares a process with the submission.
-It imports nothing from harness/launcher or harness/results, nor click, pandas or matplotlib
-(tests/test_architecture.py keeps that true).
+- here: the training ranks (train.py, the fixed loop in loop.py, the ranks' clock in clock.py, the
+  checkpoint), the open division's rank, the doctor's rank, and what every such process shares
+  (process.py, interpreter.py, jobs.py, channel.py);
+- confine/: what confines every process that runs team code: Landlock, seccomp, namespaces, its own
+  root, the scratch folders;
+- models/: the processes that load a team's model outside training: the check before a run
+  (preflight.py) and evaluation's model processes (model_worker.py, forked from model_template.py).
+
+It imports nothing from harness/launcher, harness/results or harness/scoring, nor click, pandas or
+matplotlib (tests/test_architecture.py keeps that true).
 """

@@ -4,7 +4,7 @@ the communication probe, this rank's figures.
 Nothing of the submission runs between the last agreement point of the loop and rank 0's copy of the
 weights (harness/ranks/checkpoint.py module_state: the modules' own dictionaries, no method of the
 team's). Rank 0 writes the checkpoint and says so on the channel: the launcher takes the file at that
-moment (harness/launcher/takeback.py), so whatever happens in staging/ afterwards is not what is
+moment (harness/launcher/run/takeback.py), so whatever happens in staging/ afterwards is not what is
 scored, and the time it took is held to the track's checkpoint allowance. Then, outside that
 allowance: whether the live weights moved since the copy (work after the clock), the replicas' digest,
 the communication probe.

@@ -1,4 +1,4 @@
-"""A rank's end of the control channel to its launcher (the launcher's end: harness/launcher/channel.py).
+"""A rank's end of the control channel to its launcher (the launcher's end: harness/launcher/control/channel.py).
 
 Ranks report here instead of writing results themselves; the launcher stamps each message on
 arrival with its own clock and knows, from the kernel, which process sent it. One Unix stream

@@ -124,7 +124,7 @@ def bench(job: dict, env: RankEnv) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks import sandbox
+    from harness.ranks.confine import sandbox
 
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()

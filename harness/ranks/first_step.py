@@ -4,7 +4,7 @@ Harness code scores the first micro-batch on the plain module in eval mode witho
 and with its vocabulary relabelled by random permutations (`relabel_probe`). Weights drawn without the
 data treat every token alike and score the batch like any relabelling of it; a model that knows which
 token is which (shipped weights, training before the clock) loses nats on every relabelled copy. The loop all-reduces
-the three figures in its per-step vote; the launcher decides (harness/launcher/assemble.py
+the three figures in its per-step vote; the launcher decides (harness/launcher/run/assemble.py
 check_first_step). `token_cross_entropy` is also what the loss of a batch is, computed by harness code
 in float32 from the logits (the model's own loss is the team's figure).
 """
@@ -31,7 +31,7 @@ def relabel_probe(tr, x, y):
     batch as it is scores like one more relabelling: within the relabellings' own spread, which is
     what per-token-id accidents of an initialisation (a large random bias on a few ids) make it. A
     model that arrived trained knows which token is which, and every relabelling costs it nats. The
-    launcher compares them (harness/launcher/assemble.py check_first_step). A probe that fails (a
+    launcher compares them (harness/launcher/run/assemble.py check_first_step). A probe that fails (a
     model that cannot run without targets, out of memory) gives NaN: the record says so."""
     nan = torch.full((), float("nan"), dtype=torch.float64, device=tr.device)
     raw, was_training = tr.raw_model, tr.raw_model.training

@@ -45,14 +45,14 @@ class TrainJob:
     log_dir: str = ""
     staging_dir: str = ""  # where rank 0 leaves the checkpoint for the launcher to take over
     work_dir: str = ""  # the ranks' private working directory
-    job_namespace: str = ""  # the socket of the job's namespace holder (harness/launcher/job_namespace.py)
+    job_namespace: str = ""  # the socket of the job's namespace holder (harness/launcher/control/job_namespace.py)
     comm_probe_steps: int = 0  # after training: k synchronised vs k compute-only steps (0: no probe)
     max_steps: int = 0  # >0: stop after this many steps instead of on the clock (tests, `harness scale`)
     warmup_steps: int = 0  # steps of a fixed-step probe left out of its throughput figure
     data_fingerprint: str = ""  # what this node's launcher found: all nodes must agree before training
     submission_sha256: str = ""
     sandbox: str = "auto"  # auto | required | off
-    sandbox_policy: dict = field(default_factory=dict)  # harness/ranks/sandbox.py Policy, decided by the launcher
+    sandbox_policy: dict = field(default_factory=dict)  # harness/ranks/confine/sandbox.py Policy, decided by the launcher
     ddp: dict = field(default_factory=dict)  # the track's [ddp] table (harness/tracks/ddp.py); empty: the defaults
 
     def save(self, path: Path) -> None:
@@ -94,7 +94,7 @@ class EvalJob:
     protected: list[str] = field(default_factory=list)  # paths no model process may be able to read
     channel_path: str = ""
     log_dir: str = ""
-    scratch_dir: str = ""  # where the model processes' private folders are made (harness/ranks/scratch.py)
+    scratch_dir: str = ""  # where the model processes' private folders are made (harness/ranks/confine/scratch.py)
 
     def __post_init__(self) -> None:
         if not self.vocab_out:

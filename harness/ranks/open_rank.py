@@ -8,7 +8,7 @@ while the process has one thread; then the team's `train.py` runs as `__main__` 
 kit's arguments (runpy, in this process: torch elastic's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT are in the environment, and the script starts its own process group).
 
-The script's clock is its own; the launcher's is the one enforced (harness/launcher/watch.py):
+The script's clock is its own; the launcher's is the one enforced (harness/launcher/control/watch.py):
 this wrapper says when the rank started ("setup_start"), the script may say when its first
 forward ran (harness/ranks/open_api.py), and the hard kill holds whatever it says. A script that
 returns (or exits with code 0) is a finished rank, once its non-daemon threads are done (told to
@@ -75,7 +75,8 @@ def finish_threads() -> None:
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks import open_api, sandbox
+    from harness.ranks import open_api
+    from harness.ranks.confine import sandbox
     from harness.ranks.channel import ChannelClient
 
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox

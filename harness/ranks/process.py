@@ -81,7 +81,7 @@ def enter_job(socket_path: str | None, work_dir: str | None = None) -> dict:
     process has them all). Single-threaded, before anything else. Returns the record's account."""
     if not socket_path:
         return {"active": False, "why": "the launcher made no namespace for the job (sandbox off, or refused here)"}
-    from harness.ranks import namespaces, rootfs
+    from harness.ranks.confine import namespaces, rootfs
 
     why = namespaces.join_job(socket_path, work_dir)
     dropped = rootfs.drop_capabilities()

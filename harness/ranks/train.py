@@ -4,7 +4,7 @@
 
 The process around the fixed loop (harness/ranks/loop.py): it ties itself to the launcher, moves
 into its private folder, sends its output to its own log, says hello on the control channel,
-enters the sandbox (harness/ranks/sandbox.py) while it still has one thread, then trains;
+enters the sandbox (harness/ranks/confine/sandbox.py) while it still has one thread, then trains;
 whatever happens becomes a report (a result, or an error with its traceback), and the process
 leaves through the one clean exit path. Nothing that starts threads (numpy, torch) is imported
 before the sandbox.
@@ -25,7 +25,7 @@ class SandboxMissing(RuntimeError):
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks import sandbox
+    from harness.ranks.confine import sandbox
     from harness.ranks.channel import ChannelClient
 
     raw = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox

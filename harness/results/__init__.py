@@ -1,4 +1,5 @@
-"""The results side: run records and everything derived from them (leaderboard, page, charts,
-comparisons, statistics, flags). Pure work on files: no process is started or watched here,
-and nothing here imports torch.distributed.
+"""The results side: run records and everything derived from them; pure work on files, no process, no torch.
+
+- here: records, locks, flags, the leaderboard's table, statistics, comparisons, the page and the tables;
+- charts/: every chart (matplotlib), its colours and its empty states.
 """

@@ -10,7 +10,7 @@ The verdict also says when the comparison cannot be trusted whatever the p-value
 differently (another track, budget, --max-steps, world size, precision, data, or, for runs
 bounded by time, another machine), and run-to-run noise as large as the difference (on a busy
 laptop the same seed has given 2.03 and 2.33), with what to do: more seeds, runs bounded by steps.
-The overlay chart is harness/results/compare_chart.py's.
+The overlay chart is harness/results/charts/compare_chart.py's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   its final record. The kernel drops it when the launcher's process ends, however it ends (SIGKILL
   included). A free lock proves the launcher gone on the launcher's own machine only: on a shared
   file system flock may be local to each client (NFS `local_lock`, Lustre `localflock`), or held
-  by a lost client until it reboots (NFSv3); launcher/finalize.py decides with that in mind.
+  by a lost client until it reboots (NFSv3); launcher/event/finalize.py decides with that in mind.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from typing import Callable
 
 import pandas as pd
 
-from harness.results.colors import NOT_FINISHED
-from harness.results.empty import EmptyState
+from harness.results.charts.colors import NOT_FINISHED
+from harness.results.charts.empty import EmptyState
 from harness.results.leaderboard import COLUMNS
 from harness.results.scale_records import measured, newest_per_team
 from harness.results.tables import fmt, missing

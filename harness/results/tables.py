@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from harness.results.empty import EmptyState
+from harness.results.charts.empty import EmptyState
 from harness.results.leaderboard import COLUMNS
 
 # A probe ratio above 1 is timing noise around "no exposed communication": shown as such, kept raw in the CSV.

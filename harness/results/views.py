@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.results.colors import team_colors
-from harness.results.empty import empty_state
+from harness.results.charts.colors import team_colors
+from harness.results.charts.empty import empty_state
 from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
@@ -112,7 +112,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     chart_paths: list[Path] = []
     with leaderboard_lock(leaderboard_dir):
         if charts:
-            from harness.results.plots import draw_track
+            from harness.results.charts.plots import draw_track
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = counted_runs(eligible)  # the runs the table's figures are of, and no others

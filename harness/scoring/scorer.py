@@ -18,7 +18,7 @@ tokens after a secret cut replaced, and, at a secret place among them, one scori
 (the reproduction); the scorer compares its log-probabilities up to the cut with the kept ones. A
 model that does not reproduce itself on the unchanged batch is not deterministic here: a deviation
 on the perturbed ones then proves nothing, and the verdict is "inconclusive" (plan.causality_verdict).
-Both model processes hold DETERMINISM (harness/ranks/model_worker.py applies it before the model is
+Both model processes hold DETERMINISM (harness/ranks/models/model_worker.py applies it before the model is
 built and again before every forward). The two model processes never exist at the same time, on any
 rank: the scoring one cannot see whether a batch is being checked, nor talk to the one that checks.
 
@@ -26,7 +26,7 @@ The scorer itself never touches a GPU, on any track: its collectives are gloo's,
 one cross-entropy per scored token on logits it must copy out of the shared buffer anyway. So a GPU
 holds one CUDA context during evaluation, the model process's (GPUs in EXCLUSIVE_PROCESS compute mode
 allow no second), and the logits cross the PCIe bus once, straight from the device into the shared
-buffer (harness/ranks/model_worker.py).
+buffer (harness/ranks/models/model_worker.py).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ KEEP_BYTES = 4 << 30  # per scorer rank: the scoring log-probabilities kept for 
 # check process on a GPU (on a CPU they already do). `env` is their environment from the start (cuBLAS
 # reads its workspace setting when CUDA starts; Inductor reads its variables when its config is first
 # imported); the rest is set before the team's model is built and again before every forward, since team
-# code may flip it (harness/ranks/model_worker.py: hold_determinism). Recorded in `eval.causality`.
+# code may flip it (harness/ranks/models/model_worker.py: hold_determinism). Recorded in `eval.causality`.
 DETERMINISM = {
     "env": {
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",  # a fixed cuBLAS workspace: what deterministic cuBLAS needs
@@ -108,7 +108,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     t_start = perf_counter()
     become_subreaper()
     # Before anything is read: the clean process whose two copies the model processes are forked from
-    # (it imports torch once, while this process does the same; harness/ranks/model_template.py).
+    # (it imports torch once, while this process does the same; harness/ranks/models/model_template.py).
     # Closed last.
     template = model_template()
     if template is not None:
@@ -293,7 +293,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
 def model_compute(scoring_s: list[float], check_s: list[float]) -> dict:
     """How long each model process took over its batches (inputs in, logits out): the median and the
     slowest, for the launcher's check that no batch hid work that is not a forward pass (training
-    on data carried in the checkpoint, off every clock; harness/launcher/assemble.py)."""
+    on data carried in the checkpoint, off every clock; harness/launcher/run/assemble.py)."""
     import statistics
 
     def summary(times: list[float]) -> dict:

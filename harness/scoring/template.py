@@ -1,4 +1,4 @@
-"""The scorer's end of evaluation's model-process template (harness/ranks/model_template.py).
+"""The scorer's end of evaluation's model-process template (harness/ranks/models/model_template.py).
 
 A clean process, started before the scorer reads anything, imports torch once and forks one
 single-use copy per model process before any model process exists; each model process is a fork of
@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.ranks import interpreter, sandbox
-from harness.scoring.workers import WorkerFailed, remove_tree, descendants
+from harness.ranks import interpreter
+from harness.ranks.confine import sandbox
+from harness.scoring.children import WorkerFailed, descendants, remove_tree
 
 
 class ForkedProcess:
@@ -99,7 +100,7 @@ class _Channel:
 
 
 class ModelTemplate:
-    """The scorer's end of harness/ranks/model_template.py: a clean process, started before the scorer
+    """The scorer's end of harness/ranks/models/model_template.py: a clean process, started before the scorer
     reads anything, that imports torch once and forks one single-use copy per model process before
     any model process exists. Only this process holds the copies' sockets; a model process never does
     (Linux: SOCK_SEQPACKET and SCM_RIGHTS). Which copy serves which role is drawn at random."""
@@ -115,7 +116,7 @@ class ModelTemplate:
         theirs = [t.fileno() for _, t in pairs]
         try:  # its output goes to the scorer's log; it prints only if it fails
             self.proc = subprocess.Popen(
-                interpreter.python_argv("harness.ranks.model_template", os.environ.get("HARNESS_RUN_ID", "-"), os.getpid(),
+                interpreter.python_argv("harness.ranks.models.model_template", os.environ.get("HARNESS_RUN_ID", "-"), os.getpid(),
                                         *theirs),
                 pass_fds=theirs, stdin=subprocess.DEVNULL, cwd=self.dir, env=sandbox.private_environment(self.dir),
                 close_fds=True, start_new_session=True)

@@ -1,4 +1,4 @@
-"""The scorer's end of a model process (harness/ranks/model_worker.py): start it, feed it batches,
+"""The scorer's end of a model process (harness/ranks/models/model_worker.py): start it, feed it batches,
 take its logits out of the shared buffer, end it.
 
 Each model process gets a private folder of its own (its working directory, HOME and TMPDIR),
@@ -17,7 +17,6 @@ import json
 import mmap
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,9 +25,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.ranks import interpreter, sandbox, scratch
+from harness.ranks import interpreter
+from harness.ranks.confine import sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV
-from harness.ranks.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
+from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree  # noqa: F401
+from harness.ranks.models.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
 if TYPE_CHECKING:
     from harness.scoring.template import ModelTemplate
@@ -45,16 +46,6 @@ def become_subreaper() -> bool:
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, session id) from /proc/<pid>/stat, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1]), int(fields[3])
 
 
 PF_EXITING = 0x4  # /proc/<pid>/stat's flags: the process is in the kernel's exit path
@@ -75,25 +66,6 @@ def _dying(pid: int) -> bool:
     except (OSError, IndexError, ValueError):
         return False  # gone (the next scan says so) or unreadable: not known to be dying
     return any(m & SIGKILL_PENDING for m in masks)
-
-
-def descendants(root: int) -> dict[int, int]:
-    """Every live (not zombie) process below `root`, found by parent pid in /proc: {pid: parent pid}."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            st = _proc_stat(int(d))
-            if st and st[0] not in ("Z", "X"):
-                children.setdefault(st[1], []).append(int(d))
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        parent = todo.pop()
-        for c in children.get(parent, []):
-            if c not in found:
-                found[c] = parent
-                todo.append(c)
-    return found
 
 
 def _still_child_of(pid: int, parents: set[int]) -> bool:
@@ -179,14 +151,6 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
         time.sleep(0.02)
 
 
-class WorkerFailed(RuntimeError):
-    """The model process failed; `harness_status` is the status its failure maps to."""
-
-    def __init__(self, status: str, reason: str, traceback: str = ""):
-        super().__init__(reason)
-        self.harness_status, self.worker_traceback = status, traceback
-
-
 class ModelWorker:
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
                  template: ModelTemplate | None = None, scratch_dir: str | None = None):
@@ -230,7 +194,7 @@ class ModelWorker:
                                               logits_bytes=max(1, buffer_bytes), cwd=self.dir, env=env)
                 else:
                     self.proc = subprocess.Popen(
-                        interpreter.python_argv("harness.ranks.model_worker", req_r, rep_w, self.buffer_fd,
+                        interpreter.python_argv("harness.ranks.models.model_worker", req_r, rep_w, self.buffer_fd,
                                                 max(1, buffer_bytes)),
                         pass_fds=(req_r, rep_w, self.buffer_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                         cwd=self.dir, env=env, close_fds=True, start_new_session=True)
@@ -366,12 +330,6 @@ class ModelWorker:
             os.replace(self._live_log, self.log_path)
         except OSError:
             pass
-
-
-def remove_tree(folder: Path) -> None:
-    """Remove the model process's folder whatever it made there (harness/ranks/scratch.py remove_tree: never
-    recursive, rights given back to a folder that took its own away)."""
-    scratch.remove_tree(folder)
 
 
 def _logits_buffer(folder: Path, size: int) -> int:

@@ -35,7 +35,7 @@ import ast
 import re
 from typing import Any
 
-from harness.submission.screen import Finding, dotted_name
+from harness.submission.findings import Finding, dotted_name
 
 CATEGORY = "portability"
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?$")

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from harness.submission.findings import Finding, dotted_name  # noqa: F401  (read from here too)
 
 PATCHABLE = {"torch", "time", "harness", "os", "sys", "builtins", "numpy", "np"}
 MODULE_CATEGORIES = {
@@ -51,26 +53,6 @@ PUBLIC_HELPERS = {"harness.ranks.open_api"}  # what a team is meant to import fr
 SCRIPT_DUTIES = {"file", "environment", "data paths", "loads weights"}
 LARGE_LITERAL = 64 * 1024  # a string or bytes literal this long in code is data (weights as base64?)
 DATA_LIKE = re.compile(r"(\.bin$|\.pt$|\.npy$|\.npz$|/data\b|chunk_\d|\bruns/|leaderboard|\bval(idation)?[_/.])", re.I)
-
-
-@dataclass(frozen=True)
-class Finding:
-    file: str
-    line: int
-    category: str
-    what: str
-    code: str
-
-
-def dotted_name(node: ast.AST) -> str:
-    """`torch.cuda.set_device` as written; "" for what has no name (a call's result, a subscript).
-    Both screens read names this way (portability.py too)."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else node.attr
-    return ""
 
 
 class _Visitor(ast.NodeVisitor):

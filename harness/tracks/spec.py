@@ -152,7 +152,7 @@ class EvalSpec:
 @dataclass(frozen=True, kw_only=True)
 class InterconnectSpec:
     """The links gradients cross, per device and per direction: what `harness scale` predicts beyond what one
-    node can measure (harness/launcher/comm_model.py). Defaults: an HGX B300 node (docs/tracks.md, sources)."""
+    node can measure (harness/launcher/scaling/comm_model.py). Defaults: an HGX B300 node (docs/tracks.md, sources)."""
 
     intra_node_gb_per_s: float = 900.0  # NVLink 5: 1.8 TB/s per GPU counting both directions
     inter_node_gb_per_s: float = 100.0  # one 800 Gb/s ConnectX-8 NIC per GPU

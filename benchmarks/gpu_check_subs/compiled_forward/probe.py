@@ -2,7 +2,7 @@
 logs/eval-check-rank<R>.log) for benchmarks/gpu_check.py to read:
 
 - the GPUs it can reach (harness/scoring/scorer.py `one_visible_device`: its rank's GPU alone);
-- whether its logits buffer is page-locked for the copy engine (harness/ranks/model_worker.py
+- whether its logits buffer is page-locked for the copy engine (harness/ranks/models/model_worker.py
   `pin_for_copies`), asked of the CUDA runtime without changing anything, and any CUDA error the
   registration left pending (a refused one would surface at the next kernel launch);
 - Inductor's deterministic mode (harness/ranks/process.py MODEL_PROCESS_ENV).

@@ -3,7 +3,7 @@
 A small GPT (causal attention, no position embedding) whose MLP calls `relu_square`, a function
 torch.compile'd at import, as a team's fused kernel or flex attention is: not a compiled module
 the harness can unwrap, so evaluation's model processes run compiled code too (eagerly there:
-harness/ranks/model_worker.py `eager`). get_model also prints into an evaluation model process's
+harness/ranks/models/model_worker.py `eager`). get_model also prints into an evaluation model process's
 log what that process sees (probe.py): its GPUs, its logits buffer, Inductor's deterministic mode.
 
 CONFIG is rewritten by benchmarks/gpu_check.py: Inductor on a GPU, dynamo's eager backend in the CPU

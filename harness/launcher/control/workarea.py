@@ -1,0 +1,273 @@
+"""The training processes' private working folder, and an environment that does not point at results.
+
+The ranks get a folder of their own (mode 0700, outside runs/, under the scratch root of
+harness/ranks/confine/scratch.py): a copy of the submission to import, a logs folder and a staging folder
+for the checkpoint, and it is their working directory. While they run, the launcher's environment
+loses the variables that name the runs, leaderboard, data and cache locations, so the ranks inherit
+none of them. After the job the launcher copies the logs into the record and takes the checkpoint
+over.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.ranks.confine import sandbox, scratch
+from harness.results.records import atomic_path
+
+@contextmanager
+def patched_environ(set_vars: dict[str, str] | None = None, unset: tuple[str, ...] = ()):
+    """Set and remove environment variables for a while (children inherit it), then put them back."""
+    keys = [*(set_vars or {}), *unset]
+    saved = {k: os.environ.get(k) for k in keys}
+    for key in unset:
+        os.environ.pop(key, None)
+    os.environ.update(set_vars or {})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None = None) -> bool:
+    """Copy `name` (in the folder open as dir_fd) if it is a regular file, opened without following a
+    link (O_NOFOLLOW); False if it is anything else (a link, a FIFO, a device) or gone. With max_bytes,
+    only that much is copied (the rest of a log past its cap), and the copy says so at its end. `dest` is
+    written beside and renamed into place: whatever stood there (a link, a FIFO) is replaced, never
+    followed or opened."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: never read
+            return False
+        # Never more than the file held when it was opened: a file a process still writes (a sparse one
+        # grown to a terabyte while this reads) would otherwise be copied until the records' disk is full.
+        left = st.st_size if max_bytes is None else min(st.st_size, max_bytes)
+        with atomic_path(dest) as (out_fd, _), os.fdopen(out_fd, "wb") as out:
+            while left > 0 and (chunk := fh.read(min(1 << 20, left))):
+                out.write(chunk)
+                left -= len(chunk)
+            if max_bytes is not None and st.st_size > max_bytes:
+                out.write(f"\n[harness] cut here: {st.st_size} bytes in all, past the cap of {max_bytes}\n".encode())
+    return True
+
+
+def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
+    """The last `max_bytes` of a log team code could have written: its folder and the file are opened
+    without following a link, only a regular file is read, and never more than that; "" otherwise."""
+    path = Path(path)
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        return os.read(fd, max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+class Unmeasurable(OSError):
+    """A folder of the team's that the launcher cannot list (it took its own rights away: mode 0300 hides what
+    it holds from a harness that does not run as root): what cannot be measured is not under the cap."""
+
+
+def tree_usage(dir_fd: int, max_entries: int | None = None) -> tuple[int, int, int]:
+    """(apparent bytes of regular files, bytes on disk, entries) under the folder open as dir_fd, without
+    following a link: a log is capped by what it would copy into the record, the folder by what it holds
+    on disk and by its number of entries (empty files fill a file system's inodes). Stops counting past
+    max_entries. Never recursive and at most two folders open at once, whatever the depth (a chain of a
+    thousand folders broke os.fwalk with RecursionError, and the cap went unchecked); raises Unmeasurable for
+    a subfolder it cannot list (the caller ends the run: never a cap passed by hiding)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    apparent = on_disk = entries = 0
+    fd = os.dup(dir_fd)
+    levels: list[tuple[str, list[str]]] = []
+
+    def scan(fd: int, where: str) -> list[str]:
+        nonlocal apparent, on_disk, entries
+        try:
+            with os.scandir(fd) as it:
+                found = list(it)
+        except PermissionError as exc:
+            raise Unmeasurable(f"{where or '.'}: {exc.strerror}") from None
+        except OSError:
+            return []
+        subs = []
+        entries += len(found)
+        for e in found:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                subs.append(e.name)
+            elif stat.S_ISREG(st.st_mode):
+                apparent += st.st_size
+            on_disk += st.st_blocks * 512
+        return subs
+
+    try:
+        levels.append(("", scan(fd, "")))
+        while levels and (max_entries is None or entries <= max_entries):
+            name, pending = levels[-1]
+            if pending:
+                sub = pending.pop()
+                try:
+                    child = os.open(sub, flags, dir_fd=fd)
+                except PermissionError as exc:
+                    raise Unmeasurable(f"{'/'.join([n for n, _ in levels[1:]] + [sub])}: {exc.strerror}") from None
+                except OSError:  # gone meanwhile, or replaced by a link: nothing of it is counted here
+                    continue
+                os.close(fd)
+                fd = child
+                levels.append((sub, scan(fd, "/".join([n for n, _ in levels[1:]] + [sub]))))
+                continue
+            levels.pop()
+            if levels:
+                parent = os.open("..", flags, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+    finally:
+        os.close(fd)
+    return apparent, on_disk, entries
+
+
+HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
+              "HARNESS_CACHE_DIR")
+
+
+class WorkArea:
+    def __init__(self, snapshot: Path):
+        self.dir = scratch.private_folder("harness-train-")  # under HARNESS_SCRATCH_DIR, else tempfile's folder
+        self.submission = self.dir / "submission"
+        self.logs = self.dir / "logs"
+        self.staging = self.dir / "staging"
+        shutil.copytree(snapshot, self.submission)
+        self.logs.mkdir()
+        self.staging.mkdir()
+        # Opened now, before any rank exists: the folder itself cannot be swapped for a link later (the
+        # ranks may write inside it, not in /tmp), and everything taken back is reached through this fd,
+        # one component at a time, never following a link the ranks left (`logs` or `staging` included).
+        self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+    def hidden_environment(self):
+        return patched_environ(unset=HIDDEN_ENV)
+
+    def rank_environment(self) -> dict[str, str]:
+        """Home, temporary folder and compiler caches of the ranks: all inside the private folder."""
+        tmp = self.dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        return {"HOME": str(self.dir), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "inductor"),
+                "TRITON_CACHE_DIR": str(self.dir / "triton"), "CUDA_CACHE_PATH": str(self.dir / "cuda")}
+
+    def sandbox_policy(self, train_files: list[str], gpu: bool, protected: list[str] = ()) -> sandbox.Policy:
+        """The training ranks may read the train shards one by one, never the folder they sit in."""
+        return sandbox.build_policy(submission_dir=str(self.submission), private_dir=str(self.dir),
+                                    read_files=train_files, gpu=gpu, training=True, protected=protected)
+
+    def link_logs(self, dest: Path, names: list[str]) -> None:
+        """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            link = dest / name
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(self.logs / name)
+
+    def _subfolder_fd(self, name: str) -> int | None:
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        except OSError:  # replaced by a link or a file, or removed
+            return None
+
+    def usage(self, max_entries: int | None = None) -> tuple[int, int, int]:
+        """(bytes of the logs, bytes the whole private folder holds on disk, its entries): what the track's
+        caps bound."""
+        logs = self._subfolder_fd("logs")
+        try:
+            log_bytes = tree_usage(logs)[0] if logs is not None else 0
+        finally:
+            if logs is not None:
+                os.close(logs)
+        _, disk, entries = tree_usage(self._dir_fd, max_entries)
+        return log_bytes, disk, entries
+
+    def collect_logs(self, dest: Path, max_bytes: int | None = None) -> None:
+        """The logs become plain files of the record (links replaced by copies). Only regular files are
+        copied, reached without following any link: the ranks wrote this folder, and a link they left
+        (a file, or the logs folder itself) could otherwise make the launcher copy any file it can read
+        (the validation shards) into the record."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for folder, _dirs, files, folder_fd in os.fwalk("logs", dir_fd=self._dir_fd, follow_symlinks=False):
+            for name in files:
+                target = dest / Path(folder).relative_to("logs") / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_symlink():
+                    target.unlink()
+                copy_regular_file(name, target, folder_fd, max_bytes)
+        for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
+            try:
+                where = os.readlink(link)
+            except OSError:  # not a link, or gone: nodes on one machine share this folder, and another
+                continue     # node's launcher may be replacing its own links with copies right now
+            if Path(os.path.abspath(os.path.join(link.parent, where))).is_relative_to(self.dir):
+                try:
+                    link.unlink()
+                except FileNotFoundError:
+                    pass
+
+    def take_staged(self, name: str, dest: Path, max_bytes: int | None = None) -> bool | None | int:
+        """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
+        a link; None when there is nothing there, False when what is there is not a regular file, and its
+        size (an int, nothing copied) when it is larger than max_bytes."""
+        fd = self._subfolder_fd("staging")
+        if fd is None:
+            return False if os.path.lexists(self.staging) else None
+        try:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if max_bytes is not None and stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
+                return int(st.st_size)
+            copied = copy_regular_file(name, dest, fd, max_bytes)
+            if copied and max_bytes is not None and dest.stat().st_size > max_bytes:  # grew while it was copied
+                dest.unlink()
+                return max_bytes + 1
+            return copied
+        finally:
+            os.close(fd)
+
+    def take_checkpoint(self, dest: Path) -> bool:
+        return self.take_staged("checkpoint.pt", dest) is True
+
+    def cleanup(self) -> bool:
+        """Remove the private folder, whatever the ranks made in it; False when something of it is left
+        (the runner flags the run: what a team leaves fills the scratch root for the runs after)."""
+        try:
+            os.close(self._dir_fd)
+        except OSError:
+            pass
+        return scratch.remove_tree(self.dir)

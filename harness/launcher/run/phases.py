@@ -1,0 +1,309 @@
+"""The launcher's side of each phase of a run: preflight, training, evaluation.
+
+Each phase starts its processes, watches them, and returns what happened as data
+(an Outcome plus the figures the processes reported); the runner turns that into the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.launcher.control import process_tree
+from harness.ranks import interpreter
+from harness.ranks.confine import sandbox, scratch
+from harness.launcher.control.channel import ChannelServer, Message
+from harness.launcher.run.console import NullReporter, progress_text
+from harness.ranks.jobs import EvalJob, TrainJob
+from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
+from harness.launcher.control.elastic import ElasticJob, LaunchSpec
+from harness.launcher.run.outcome import Outcome, classify, last_error_line
+from harness.launcher.control.workarea import read_tail
+from harness.submission.printable import printable
+from harness.launcher.control.watch import AbortFlag, Deadlines, WatchResult, watch
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one tiny step
+
+
+def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
+                  eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
+                  protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S, open_division: dict | None = None,
+                  read_files: list[str] = (), meanwhile: Callable[[], None] | None = None) -> dict:
+    """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config).
+
+    `open_division` asks for the open division's checks (its keys go into the request: model_file,
+    script, checkpoint); `read_files` are files outside the submission the process may read;
+    `meanwhile` is the launcher's own work, done while the process runs (its import of torch: on a
+    small CPU, seconds the check would otherwise wait for). Nothing the process writes is kept: it ran
+    team code."""
+    tmp = scratch.private_folder("harness-preflight-")  # not in the run folder: nodes may share it
+    policy = None
+    if sandbox_mode != "off":
+        policy = sandbox.build_policy(submission_dir=str(submission_dir), private_dir=str(tmp), gpu=device == "cuda",
+                                      read_files=list(read_files), protected=list(protected))
+    request = {"submission_dir": str(submission_dir), "vocab_size": vocab_size, "device": device, "seed": seed,
+               "eval_seq_len": eval_seq_len, "precision": precision, "threads": process_tree.usable_cpus(),
+               "sandbox": sandbox_mode, "policy": policy.to_dict() if policy else None}
+    if open_division is not None:
+        request.update(division="open", **open_division)
+    req, rep = tmp / "request.json", tmp / "report.json"
+    req.write_text(json.dumps(request))
+    env = {**sandbox.private_environment(tmp), **MODEL_PROCESS_ENV}
+    # The process's sandbox report comes over a pipe, sent before any team code runs: report.json is in
+    # its writable folder, where the team's code could rewrite it.
+    box_read, box_write = os.pipe()
+    try:
+        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
+            t_start = time.monotonic()
+            proc = subprocess.Popen(interpreter.python_argv("harness.ranks.models.preflight", req, rep, box_write), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=tmp, env=env, pass_fds=(box_write,))
+            os.close(box_write)
+            box_write = -1
+            drain = _Drain(box_read)  # read as it is written: a report past the pipe's 64 KiB must not block it
+            drain.start()
+            if meanwhile is not None:
+                meanwhile()  # an exception here leaves the scope, which ends the process
+            timed_out = False
+            try:
+                code = proc.wait(timeout=max(0.0, timeout_s - (time.monotonic() - t_start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code, timed_out = proc.wait(), True
+        drain.join(timeout=5.0)  # the process and all it started are gone: the writers are closed
+        box = drain.data()
+    finally:
+        os.close(box_read)
+        if box_write >= 0:
+            os.close(box_write)
+        sandbox.reset_log(log_path)
+    report = _read_report(rep)
+    guessed = bool(open_division and open_division.get("config") is not None)  # only then is there an interim
+    if guessed and report is not None and report.get("interim") and (timed_out or code != 0):
+        # An open-division check with a config the harness guessed, which never rejects: what was checked
+        # before it stands, and its end is a warning (harness/ranks/models/open_checks.py writes this report first).
+        how = f"did not finish within {timeout_s:.0f} s" if timed_out else f"ended the check process ({ended_how(code)})"
+        report["warnings"] = [*report.get("warnings", []), f"{report.pop('interim')}: it {how}; see {log_path}"]
+    elif timed_out:
+        report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                  f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
+                  "fix": "make get_model and one forward at batch 2 fast"}]}
+    elif report is None:
+        report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                  f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
+    report.pop("interim", None)  # a finished check's report: nothing provisional about it
+    if not scratch.remove_tree(tmp):  # team code ran there: whatever it made, removed, or said
+        report.setdefault("warnings", []).append(f"the check process's folder {tmp} could not be removed: "
+                                                 "it is left in the scratch root")
+        report["leftover"] = str(tmp)
+    try:
+        sent = json.loads(box)
+    except ValueError:
+        sent = None
+    if isinstance(sent, dict):  # what the process sent before team code ran; report.json's copies are not taken
+        report["sandbox"], report["screen"] = sent.get("sandbox"), sent.get("screen", [])
+    else:
+        report["sandbox"] = {"active": False, "why": "the check process sent no sandbox report"}
+        report["screen"] = []
+    if policy is not None:
+        report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
+    return report
+
+
+REPORT_MAX_BYTES = 16 << 20
+
+
+def _read_report(path: Path) -> dict | None:
+    """report.json as the check process left it, or None. Team code ran in that folder: the file may be
+    a link (to /dev/zero, a fifo), huge, or not an object; it is read without following links, only
+    as a regular file, and only so far."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(REPORT_MAX_BYTES + 1)
+        report = json.loads(data) if len(data) <= REPORT_MAX_BYTES else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return report if isinstance(report, dict) else None
+
+
+class _Drain(threading.Thread):
+    """The check process's report pipe, read while the process runs (it writes the sandbox report and the
+    screen before any team code, then closes it). Kept up to PIPE_MAX_BYTES; the rest is read and dropped,
+    so the writer never blocks on a full pipe."""
+
+    def __init__(self, fd: int):
+        super().__init__(name="harness-check-pipe", daemon=True)
+        self.fd, self.chunks, self.size = fd, [], 0
+
+    def run(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 65536):
+                if self.size < PIPE_MAX_BYTES:
+                    self.chunks.append(chunk)
+                    self.size += len(chunk)
+        except OSError:  # closed under it after a join that timed out: what was read is what there is
+            pass
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)[:PIPE_MAX_BYTES]
+
+
+PIPE_MAX_BYTES = 16 << 20
+
+
+# --------------------------------------------------------------------------- training and evaluation
+
+
+@dataclass
+class PhaseResult:
+    outcome: Outcome
+    watch: WatchResult
+    messages: list[Message] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # reports the channel turned away, and why
+    malformed: list[str] = field(default_factory=list)  # reports that broke their schema (dropped), and why
+
+    def sandbox_report(self, rank: int = 0) -> dict[str, Any]:
+        """What a rank said of its sandbox right after entering it, before any team code ran (the first
+        such report: later ones could be the team's)."""
+        for m in self.messages:
+            if m.kind == "sandbox" and m.body.get("rank") == rank:
+                return {k: v for k, v in m.body.items() if k not in ("kind", "rank")}
+        return {}
+
+    def reports(self, kind: str) -> dict[int, dict[str, Any]]:
+        """The last message of a kind from each rank."""
+        out: dict[int, dict[str, Any]] = {}
+        for m in self.messages:
+            if m.kind == kind:
+                out[int(m.body.get("rank", -1))] = m.body
+        return out
+
+
+def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
+             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path],
+             on_exit: Callable[[], None] | None = None) -> PhaseResult:
+    job = ElasticJob(launch, log_path)
+    try:
+        job.start()
+        result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0])
+    finally:
+        if on_exit is not None:
+            on_exit()  # before the job closes: on node 0 that closes the rendezvous store too
+        leftover = job.close(wait_s=1.0 if job.running() else 10.0)
+    channel.drain()  # the ranks are gone: read what their connections still hold to the end
+    messages = channel.snapshot()
+    local = local_ranks(launch)
+    outcome = classify(
+        messages, world_size=launch.nnodes * launch.nproc_per_node, done_kind=done_kind,
+        agent_succeeded=job.succeeded, agent_failures=job.failures,
+        agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
+        kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
+    )
+    if outcome.cause == "death" and outcome.failing_rank in local:  # what its logs say, not only that it died
+        line = last_error_line(read_tail(rank_log(outcome.failing_rank)),
+                               job.early_output.get(outcome.failing_rank - local[0], ""))
+        if line:
+            outcome.reason += f"; its log ends: {printable(line, 300)}"
+    return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
+                       list(channel.malformed))
+
+
+def local_ranks(launch: LaunchSpec) -> list[int]:
+    return list(range(launch.node_rank * launch.nproc_per_node, (launch.node_rank + 1) * launch.nproc_per_node))
+
+
+def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
+                 reporter=None, poll: Callable[[WatchResult], None] | None = None,
+                 on_exit: Callable[[], None] | None = None) -> PhaseResult:
+    """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
+    refresh, taking the checkpoint when rank 0 says it is saved); `on_exit` once the watch is over, before
+    the job is closed."""
+    reporter = reporter or NullReporter()
+    channel = ChannelServer(expected_ranks=local_ranks(launch))
+    job.channel_path = channel.path
+    job_file = channel.dir / "train_job.json"
+    job.save(job_file)
+    launch.args = [str(job_file)]
+    last_shown = [0.0]
+
+    def on_tick(w: WatchResult) -> None:
+        if poll:
+            poll(w)
+        if time.monotonic() - last_shown[0] < 0.25:
+            return
+        last_shown[0] = time.monotonic()
+        if w.train_start_s is None:
+            reporter.progress("starting ranks (rendezvous, model build)...", key="starting")
+            return
+        if w.train_end_s is not None:  # an open-division script has no communication probe: it only saves
+            after = "the script saves its checkpoint" if getattr(job, "script", None) else "checkpoint, communication probe"
+            reporter.progress(f"training done; finishing ({after})...", key="finishing")
+            return
+        progress = [m.body for m in channel.all("progress") if m.body.get("rank") == 0]
+        p = progress[-1] if progress else {}
+        elapsed = time.monotonic() - w.train_start_s
+        key = ("train", p.get("step"))  # a new line in a log per progress report, i.e. per log interval
+        if job.max_steps:  # a fixed number of steps: count them, and the time they take
+            step = f"step {p['step']}/{job.max_steps}" if p else f"first steps of {job.max_steps} running"
+            loss = p.get("train_loss")
+            shown = "" if loss is None else f" | loss {loss:.4f}" if loss == loss else " | loss not finite"
+            reporter.progress(f"{step}{shown} | {elapsed:.1f}s", key=key)
+            return
+        reporter.progress(progress_text(elapsed, job.budget_s, p.get("step"), p.get("train_loss"), p.get("tokens_per_s"),
+                                        job.log_interval_s), key=key)
+
+    try:
+        return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
+                        lambda rank: Path(job.log_dir) / f"rank{rank}.log", on_exit)
+    finally:
+        reporter.end_progress()
+        channel.close()
+
+
+def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeout_s: float, log_path: Path,
+                   abort: AbortFlag, reporter=None, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "",
+                   rdzv_id: str = "", rendezvous_timeout_s: float = 300.0) -> PhaseResult:
+    """This node's scorer ranks; with nnodes > 1, one evaluation over every node's ranks (harness/launcher/run/evaluation.py)."""
+    reporter = reporter or NullReporter()
+    launch = LaunchSpec(module="harness.scoring.scorer", args=[], nproc_per_node=nproc, nnodes=nnodes,
+                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                        rendezvous_timeout_s=rendezvous_timeout_s, shutdown_timeout_s=shutdown_timeout_s,
+                        threads_per_rank=job.cpu_threads_per_rank)
+    channel = ChannelServer(expected_ranks=local_ranks(launch))
+    job.channel_path = channel.path
+    job_file = channel.dir / "eval_job.json"
+    job.save(job_file)
+    launch.args = [str(job_file)]
+    started = time.monotonic()
+
+    def on_tick(_: WatchResult) -> None:
+        reporter.progress(f"evaluating on {job.val_tokens} held-out tokens with {nproc * nnodes} rank(s)... "
+                          f"{time.monotonic() - started:.0f}s", key="evaluating")
+
+    try:
+        return _run_job(launch, channel, log_path, Deadlines(startup_timeout_s=timeout_s, total_s=timeout_s),
+                        abort, "eval_result", on_tick, lambda rank: Path(job.log_dir) / f"eval-rank{rank}.log")
+    finally:
+        reporter.end_progress()
+        channel.close()
+        sandbox.settle_logs(job.log_dir)  # every scorer and model process is gone: _run_job ended them

@@ -1,0 +1,134 @@
+"""What the launcher takes back from the training ranks while they still run, and what it holds them to.
+
+- `CheckpointTaker`: rank 0's checkpoint, taken into the record the moment rank 0 says it is saved
+  (its `checkpoint_saved` report, after "training ended"), while the ranks still run: the
+  communication probe and the teardown that follow run team code, and nothing they leave in staging/
+  is what is scored. Taken once, then: a report with no file behind it is a failed run, never a
+  reason to look again later (a report sent early, to stop the checkpoint allowance while training
+  went on, took the file 14 s of training later); the runner then checks the file is the one rank 0
+  hashed. The copy runs on a thread of its own (gigabytes at 1B parameters), so the watchdog's
+  deadlines are never late for it; a file past the track's checkpoint cap is not copied. The only
+  later take is of a report that arrived in the job's last moments, before a tick saw it.
+- `ScratchCaps`: what the ranks write, capped by the track (log_cap_mib, scratch_cap_gib, and a
+  number of entries): their private folder is measured on a thread of its own about once a second
+  (a walk of millions of files takes seconds); past a cap, the watchdog ends the job, invalid. A run
+  that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone.
+
+Both only read the ranks' private folder through harness/launcher/control/workarea.py, which follows no link.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from harness.launcher.control.workarea import Unmeasurable, WorkArea
+
+MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
+
+
+class CheckpointTaker:
+    def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
+        self.area, self.dest, self.max_bytes = area, dest, max_bytes
+        self.taken = False
+        self.attempted = False  # a take was made on a report: whatever it found is final
+        self.error: str | None = None  # the copy itself failed (a full disk, a permission)
+        self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
+        self._thread: threading.Thread | None = None
+
+    def _take(self) -> bool:
+        if self.too_large is not None:
+            return False
+        result = self.area.take_staged("checkpoint.pt", self.dest, self.max_bytes)
+        if isinstance(result, int) and not isinstance(result, bool):
+            self.too_large = result
+            return False
+        return result is True
+
+    def _take_now(self) -> None:
+        try:
+            self.taken = self._take()
+        except OSError as exc:  # the records' disk, not the team: the runner ends the run aborted
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.attempted = True
+
+    def wait(self) -> None:
+        """Until a copy started on a report has ended (before the runner reads or removes what it made)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def poll(self, watch) -> None:
+        """A tick of the watchdog: start the copy once rank 0 has said its checkpoint is saved, after training
+        ended (a report before the end is no saved checkpoint: it is ignored)."""
+        if self._thread is None and _announced(watch):
+            self._thread = threading.Thread(target=self._take_now, name="harness-checkpoint", daemon=True)
+            self._thread.start()
+        if self.too_large is not None:
+            watch.violation = watch.violation or self.cap_reason()
+
+    def cap_reason(self) -> str:
+        return (f"the checkpoint is {self.too_large / 2**30:.2f} GiB, past the track's cap of "
+                f"{self.max_bytes / 2**30:.2f} GiB (checkpoint_cap_gib)")
+
+    def take_after_the_job(self, watch) -> bool:
+        """After the job: the take made on the report (joined), or, for a report no tick saw before the job
+        ended, one now (every training process is gone: nothing can change the file any more). Without a
+        report there is no checkpoint."""
+        if self._thread is not None:
+            self._thread.join()
+        elif _announced(watch):
+            self._take_now()
+        return self.taken
+
+
+def _announced(watch) -> bool:
+    return watch.checkpoint_saved_s is not None and watch.train_end_s is not None \
+        and watch.checkpoint_saved_s >= watch.train_end_s
+
+
+MAX_FAILED_MEASURES = 5  # in a row, a second apart
+
+
+class ScratchCaps:
+    def __init__(self, area: WorkArea, track, every_s: float = 1.0):
+        self.area, self.every_s = area, every_s
+        self.log_cap, self.scratch_cap = int(track.log_cap_mib * 2**20), int(track.scratch_cap_gib * 2**30)
+        self.violation: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="harness-caps", daemon=True)
+
+    def __enter__(self) -> "ScratchCaps":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30.0)
+
+    def _watch(self) -> None:
+        failures = 0
+        while not self._stop.wait(self.every_s) and self.violation is None:
+            try:
+                self.violation = self.measure()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 (a folder changing under the walk: measured again next time)
+                failures += 1  # ...but a cap that cannot be checked, again and again, is no cap: the run ends
+                if failures >= MAX_FAILED_MEASURES:
+                    self.violation = (f"the ranks' private folder could not be measured {failures} times in a row "
+                                      f"({type(exc).__name__}: {exc}): its caps cannot hold")
+
+    def measure(self) -> str | None:
+        try:
+            logs, disk, entries = self.area.usage(MAX_ENTRIES)
+        except Unmeasurable as exc:
+            return (f"the ranks' private folder holds a folder the harness cannot list ({exc}): what it holds is "
+                    "not under the track's caps (leave every folder readable)")
+        if logs > self.log_cap:
+            return (f"the ranks wrote more than {self.log_cap >> 20} MiB to their logs (the track's log_cap_mib): "
+                    "print less")
+        if disk > self.scratch_cap:
+            return (f"the ranks' private folder holds more than {self.scratch_cap / 2**30:g} GiB (the track's "
+                    "scratch_cap_gib)")
+        if entries > MAX_ENTRIES:
+            return f"the ranks' private folder holds more than {MAX_ENTRIES:,} files and folders"
+        return None

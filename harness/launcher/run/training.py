@@ -1,0 +1,208 @@
+"""The training phase of a run, on the launcher's side: the job, its guards, what it is held to.
+
+The ranks (the fixed loop, or an open-division script) run in their private folder
+(harness/launcher/control/workarea.py), in a namespace of their job's own where the host allows one
+(harness/launcher/control/job_namespace.py), watched by the launcher's clock (harness/launcher/control/watch.py),
+with the track's finished records guarded (harness/launcher/control/guard.py), rank 0's checkpoint taken the
+moment it is saved and what they write capped (harness/launcher/run/takeback.py). The runner
+(harness/launcher/run/runner.py) turns what happened into the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from harness.data.prepare import PreparedData
+from harness.launcher.control import process_tree
+from harness.launcher.run.assemble import flag_run
+from harness.launcher.control.heartbeat import NodeHeartbeat
+from harness.launcher.control.elastic import LaunchSpec
+from harness.launcher.control.guard import GuardReport, RecordGuard
+from harness.launcher.control.job_namespace import JobNamespace, ShmSweep
+from harness.launcher.run.nodes import NodePaths, read_node_reports
+from harness.launcher.run.open_run import build_open_job, open_deadlines
+from harness.launcher.run.phases import PhaseResult, run_training
+from harness.launcher.run.takeback import CheckpointTaker, ScratchCaps
+from harness.launcher.control.watch import AbortFlag, Deadlines
+from harness.launcher.control.workarea import WorkArea
+from harness.ranks.confine import sandbox
+from harness.ranks.jobs import TrainJob
+from harness.results.records import FINAL_STATUSES, RunRecord, leaderboard_root, read_record_json, runs_root
+from harness.submission.open_division import OpenSpec
+from harness.tracks.spec import Track
+
+
+class JobNamespaceMissing(RuntimeError):
+    """The track requires the sandbox, and the host refuses the training ranks' namespace."""
+
+    def __init__(self, why: str):
+        super().__init__(f"the track requires the sandbox, and the training ranks cannot have a namespace of "
+                         f"their job's own here: {why}")
+
+
+def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
+    """What no process running team code may be able to read: the validation shards, every record,
+    the derived views."""
+    return [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *(s.path for s in data.val)]
+
+
+def threads_per_rank(track: Track, nproc: int) -> int:
+    """The track's figure; else OMP_NUM_THREADS when set (several "nodes" on one machine); else cores / ranks."""
+    if track.cpu_threads_per_rank:
+        return track.cpu_threads_per_rank
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, process_tree.usable_cpus() // nproc)
+
+
+class EarlyEnd:
+    """Several nodes: one that ended its run before training (its scratch root too full, say) is waited for by
+    no other until the rendezvous times out (600 s at Paris). Node 0 reads the other nodes' accounts (an
+    `aborted` one: the infrastructure's), node R node 0's record (any final status), at most once a second;
+    both are written by launchers alone, in the runs tree."""
+
+    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0):
+        self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
+
+    def why(self) -> str | None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return None
+        self._last = now
+        if self.node.lead:
+            for r, account in sorted(read_node_reports(self.node.run_dir).items()):
+                if account.get("status") == "aborted":  # the infrastructure's, said before any team code (runner.py)
+                    return f"node {r} ended its run before training: {account.get('reason')}"
+            return None
+        try:
+            record = read_record_json(self.node.run_dir / "run.json")
+        except (OSError, ValueError):
+            return None
+        if record.get("status") in FINAL_STATUSES:  # node 0's verdict, whatever it is: nothing to wait for
+            return f"node 0 ended the run before training: {record.get('status')}: {record.get('reason')}"
+        return None
+
+
+def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
+          area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
+          taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None) -> PhaseResult:
+    """The ranks (the fixed loop, or an open-division script), in their private folder, with the
+    track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
+    threads = threads_per_rank(track, nproc)
+    protected = protected_paths(opts.runs_dir, data)
+    policy = area.sandbox_policy([s.path for s in data.train], gpu=track.device == "cuda", protected=protected)
+    exposed = sandbox.check_protected(policy, protected)
+    if exposed:
+        record.warnings.append(f"the training sandbox allows folders that hold protected paths: {', '.join(exposed)}")
+    if spec is not None:
+        job = build_open_job(spec, track, data, area, record, policy.to_dict() if track.sandbox != "off" else {})
+        module, deadlines = "harness.ranks.open_rank", open_deadlines(track)
+    else:
+        job = build_train_job(opts, track, data, record, area, threads, policy)
+        module, deadlines = "harness.ranks.train", training_deadlines(track)
+    launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
+                        node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
+                        rendezvous_timeout_s=track.rendezvous_timeout_s,
+                        shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
+                        env=area.rank_environment())
+    t_launch = time.monotonic()
+    leaderboard_dir = leaderboard_root()
+    # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
+    guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
+    ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
+    area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
+    caps = ScratchCaps(area, track)
+
+    early = EarlyEnd(node, track.nnodes) if track.nnodes > 1 else None
+
+    def poll(watched) -> None:
+        if early is not None and not watched.infra and watched.setup_start_s is None:
+            watched.infra = early.why()  # a node that ended before training: nobody waits for the rendezvous
+        if guard:
+            guard.refresh()
+        if taker:
+            taker.poll(watched)
+        watched.violation = watched.violation or caps.violation
+        if heartbeat is not None and not watched.infra and watched.setup_start_s is not None:
+            watched.infra = heartbeat.lost_why()
+            if watched.infra:
+                record.extra["lost_nodes"] = heartbeat.lost_nodes()
+
+    # A /dev/shm and System V IPC of the job's own (harness/launcher/control/job_namespace.py); without one, what the
+    # job leaves in /dev/shm and System V IPC is removed after it.
+    namespace, sweep = None, None
+    try:
+        namespace = JobNamespace(shm_bytes=caps.scratch_cap, writable=str(area.dir)) if track.sandbox != "off" else None
+        record.extra["job_namespace"] = namespace.report() if namespace is not None else {"active": False, "why": "off"}
+        if namespace is not None and namespace.active:
+            job.job_namespace = namespace.socket_path
+        else:
+            sweep = ShmSweep()
+            if track.sandbox == "required":  # the machine, not the team: the run cannot be held to the rules here
+                raise JobNamespaceMissing(namespace.why if namespace is not None else "")
+            if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
+                reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
+        with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
+            phase = run_training(job, launch, deadlines=deadlines,
+                                 log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
+                                 poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None)
+            report = guard.check_and_restore() if guard else GuardReport()
+        if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)
+            record.extra["beat"] = heartbeat.summary()
+        if guard is not None and guard.lock.unavailable:  # trained all the same: a lock the file system lacks
+            record.warnings.append(f"the records' lock was not taken ({guard.lock.unavailable}): an organiser's "
+                                   "`harness flag` during this run could not be told from a change by the run")
+    finally:
+        if namespace is not None:
+            namespace.close()
+        swept = sweep.sweep() if sweep is not None else []
+    if swept:
+        record.notes.append(f"removed what the job left in /dev/shm and System V IPC: {', '.join(swept[:10])}")
+    return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
+
+
+def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
+                    policy) -> TrainJob:
+    return TrainJob(
+        run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
+        budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
+        dtype=record.precision, log_interval_s=track.log_interval_s, collective_timeout_s=track.collective_timeout_s,
+        cpu_threads_per_rank=threads, vocab_size=track.data.vocab_size, train_shards=data.train,
+        log_dir=str(area.logs), staging_dir=str(area.staging), work_dir=str(area.dir),
+        comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
+        data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
+        sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
+        ddp=dataclasses.asdict(track.ddp),
+    )
+
+
+def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area: WorkArea, phase: PhaseResult,
+                    report: GuardReport, t_launch: float, leaderboard_dir: Path) -> PhaseResult:
+    area.collect_logs(node.run_dir / "logs", max_bytes=int(track.log_cap_mib * 2**20))
+    record.timings.update(phase.watch.timings(t_launch))
+    if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
+        record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)
+    if report.appeared:
+        record.notes.append(f"records that appeared while this run trained: {', '.join(report.appeared)}")
+    if report.restored:
+        flag_run(record, f"records of other runs were changed while this run trained "
+                         f"({', '.join(report.restored)}); restored")
+    if report.unrestored:  # the organiser puts these back from a copy: the guard says which
+        flag_run(record, f"records of other runs were changed while this run trained and could not be restored "
+                         f"({'; '.join(report.unrestored)})")
+    if report.leaderboard_changed:  # derived: make it the records' again, whoever wrote it
+        from harness.results.records import plots_root
+        from harness.results.views import rebuild
+
+        rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
+    return phase
+
+
+def training_deadlines(track: Track) -> Deadlines:
+    return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
+                     hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s,
+                     checkpoint_allowance_s=track.checkpoint_allowance_s)

@@ -1,0 +1,192 @@
+"""Namespaces for evaluation's model processes: what Landlock does not govern.
+
+Landlock (harness/ranks/confine/sandbox.py) confines files, TCP and signals. It leaves three ways for the
+scoring model process to hand its answers to the check process that runs after it: kernel IPC that
+outlives a process (System V shared memory and queues, the user's keyring), loopback UDP, and a
+process that forks faster than the scorer can look, surviving the scoring process's death. A model
+process therefore moves into new user, PID, IPC and network namespaces before anything else runs:
+
+- IPC and keyrings: a new IPC namespace and a new user namespace per model process, so a segment
+  or key the scoring process made is not there for the check process;
+- network: a new network namespace holds only a loopback that is down: no UDP, no TCP, anywhere;
+- processes: the process forks once after unshare; its child is PID 1 of the new PID namespace and
+  runs the model, and when it dies (killed by the scorer, or its parent gone) the kernel kills
+  every process in the namespace at once, however fast they fork.
+
+Unprivileged user namespaces are allowed on most Linux hosts; where they are not (some distributions
+restrict them: Ubuntu 24.04's AppArmor default), the model process runs without them, its sandbox
+report says so, and `userns_restriction` names the host's setting that refused them and its fix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (0x00020000, 0x08000000, 0x10000000,
+                                                                     0x20000000, 0x40000000)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def isolate() -> str:
+    """Move into new user, PID, IPC and network namespaces; returns "" on success, else why not. On
+    success this process has forked: the caller continues in the child (PID 1 of the namespace); the
+    parent waits for it and leaves with its exit status, or dies of the signal that ended it, never
+    returning. Call single-threaded."""
+    if not sys.platform.startswith("linux"):
+        return f"namespaces are Linux-only; this is {sys.platform}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) != 0:
+        return refused(f"unshare failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        map_identity(uid, gid)
+    except OSError as exc:  # AppArmor's restriction lets unshare succeed, then refuses the map (EPERM)
+        return refused(f"could not map the user into its namespace: {exc}")
+    child = os.fork()
+    if child == 0:
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
+        return ""
+    _wait_and_end_as(child, libc)
+
+
+PROC_SYS = "/proc/sys"
+# The host settings known to refuse (or cripple) unprivileged user namespaces, as (file under /proc/sys, the
+# value that restricts, the sysctl's name, what it is, the value that allows them).
+USERNS_SYSCTLS = (
+    ("kernel/apparmor_restrict_unprivileged_userns", "1", "kernel.apparmor_restrict_unprivileged_userns",
+     "AppArmor restricts unprivileged user namespaces (Ubuntu 24.04's default)", "0"),
+    ("kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone",
+     "unprivileged user namespaces are switched off (Debian's switch)", "1"),
+    ("user/max_user_namespaces", "0", "user.max_user_namespaces", "user namespaces are switched off", "15000"),
+)
+USERNS_OTHER_CAUSES = ("no sysctl of this host restricts them: a container's seccomp profile (Docker's default "
+                       "refuses unshare) or a security module's policy may; check with `unshare -U -r true` as the "
+                       "harness's user")
+
+
+def userns_restriction_parts(proc_sys: str = PROC_SYS) -> tuple[str, str]:
+    """(what on this host refuses or cripples unprivileged user namespaces, its fix); ("", "") when none of
+    USERNS_SYSCTLS does. `proc_sys`: where /proc/sys is (tests give a folder of their own). With AppArmor's
+    restriction unshare(CLONE_NEWUSER) succeeds and the namespace then has no rights (writing the uid map
+    fails with EPERM): only the setting tells the cause."""
+    for rel, restricting, name, what, allowing in USERNS_SYSCTLS:
+        try:
+            value = Path(proc_sys, rel).read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if value != restricting:
+            continue
+        fix = (f"as root on every node, `sysctl -w {name}={allowing}` (and the line `{name} = {allowing}` in a file "
+               "of /etc/sysctl.d/ to keep it after a reboot)")
+        if rel.startswith("kernel/apparmor"):
+            fix += (f", or an AppArmor profile that grants `userns,` to the harness's Python "
+                    f"({os.path.realpath(sys.executable)}), loaded with `apparmor_parser -r`")
+        return f"{what}: sysctl {name} = {value}", fix
+    return "", ""
+
+
+def userns_restriction(proc_sys: str = PROC_SYS) -> str:
+    """userns_restriction_parts in one sentence: what, then "Fix: ..."; "" when no known setting restricts."""
+    what, fix = userns_restriction_parts(proc_sys)
+    return f"{what}. Fix: {fix}" if what else ""
+
+
+def refused(why: str, proc_sys: str = PROC_SYS) -> str:
+    """A refused namespace's reason, with the host's restriction and its fix when one is known."""
+    cause = userns_restriction(proc_sys)
+    return f"{why}; {cause}" if cause else f"{why} (unprivileged user namespaces restricted here? {USERNS_OTHER_CAUSES})"
+
+
+def map_identity(uid: int, gid: int) -> None:
+    """In a new user namespace: the same uid and gid inside as outside (files keep their owner, nothing gains a
+    right it did not have), supplementary groups frozen (required to write gid_map unprivileged)."""
+    with open("/proc/self/setgroups", "w") as fh:
+        fh.write("deny")
+    with open("/proc/self/uid_map", "w") as fh:
+        fh.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as fh:
+        fh.write(f"{gid} {gid} 1")
+
+
+def _wait_and_end_as(child: int, libc) -> NoReturn:
+    """The parent's life after the fork: forward signals to the child, wait for it, and end as it ended
+    (its exit status, or killed by the same signal, so that whoever waits for "the model process" or
+    "the check process" reads how it ended). Never returns: nothing of the caller runs here."""
+    code = 1
+    try:
+        # Not dumpable: the child, same user and same user namespace, could otherwise reach this
+        # process's files (/proc/<pid>/root: the host's root) where it sees the host's /proc.
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        try:  # a pid, once reaped, may name another process: signals go through a pidfd where there is one
+            pidfd = os.pidfd_open(child)
+        except (AttributeError, OSError):  # Linux before 5.3
+            pidfd = None
+
+        def forward(signum, _frame):  # a signal meant for "the model process" reaches the process that runs it
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signum)
+                else:
+                    os.kill(child, signum)
+            except OSError:  # it is gone already
+                pass
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        while True:  # nothing but waiting, so the scorer's kill of the session reaches both
+            try:
+                _, status = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # forward nothing more
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)  # an int: real-time signals have no name in signal.Signals
+            if sig != signal.SIGKILL:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            os.kill(os.getpid(), sig)  # single-threaded: delivered before kill returns (core: not dumpable)
+        elif os.WIFEXITED(status):
+            code = os.waitstatus_to_exitcode(status) & 0xFF
+    finally:
+        os._exit(code)
+
+
+def join_job(socket_path: str, work_dir: str | None = None) -> str:
+    """A training rank enters its job's namespaces (harness/launcher/control/job_namespace.py): a private /dev/shm
+    and System V IPC shared with the node's other ranks only. Returns "" on success, else why not. Call
+    first, single-threaded (entering a user namespace requires it). The order matters: the user
+    namespace first (it gives the capabilities the other two need), then the mount and IPC ones; the
+    working directory is then set again (entering a mount namespace resets it)."""
+    import socket
+
+    if not sys.platform.startswith("linux"):
+        return f"namespaces are Linux-only; this is {sys.platform}"
+    cwd = work_dir or os.getcwd()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10.0)
+            conn.connect(socket_path)
+            _msg, fds, _flags, _addr = socket.recv_fds(conn, 16, 3)
+    except OSError as exc:
+        return f"the job's namespaces could not be reached ({exc})"
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return "the job's namespace holder refused this process"
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        for fd, kind, what in zip(fds, (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWIPC), ("user", "mount", "IPC")):
+            if libc.setns(fd, kind) != 0:
+                return f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    os.chdir(cwd)
+    return ""

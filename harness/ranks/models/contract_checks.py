@@ -1,0 +1,241 @@
+"""The checks the check process makes of a team's model (harness/ranks/models/preflight.py for the fixed loop,
+open_checks.py for the open division's model file): the contract's outputs, parameters and FLOPs on the meta
+device, one tiny forward and backward for real, the evaluation length, the quick causality probe, and how a
+problem is named (the team's file and line, and the fix). Runs beside the team's code, in that process.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+# Tokens the quick causality probe runs on: enough for a missing mask to show at every probed cut,
+# an eighth of a Paris 2026 window. Evaluation checks causality again on the full scoring windows.
+CAUSALITY_WINDOW = 128
+
+
+def problem_of(exc: BaseException, team_dir: str) -> dict:
+    """One problem, named at the team's innermost file:line where the team's code is on its traceback
+    (a shape error in model.py:63 is model.py's, even when the check of submission.py found it)."""
+    from harness.ranks.process import team_site
+    from harness.submission.contract import SubmissionError
+
+    site = team_site(exc, team_dir)
+    if isinstance(exc, SubmissionError):
+        return {"file": site or exc.file, "problem": exc.problem, "fix": exc.fix,
+                **({"traceback": "".join(traceback.format_exception(exc))} if site else {})}
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = site or next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
+    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": "",
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
+    """The contract's shapes at full size with no arithmetic: the model built on the meta device (no
+    memory, no values), one training forward and backward at the run's own micro-batch under the FLOP
+    counter, a forward without targets, and one at the evaluation length. A SubmissionError here is
+    the submission's; any other error means the model needs real values (the caller falls back)."""
+    import torch
+
+    from harness.ranks.flops import flop_counter
+    from harness.submission.contract import check_forward_output
+
+    from harness.ranks.checkpoint import unwrap
+
+    B, T, V = sub.micro_batch_size, sub.seq_len, int(sub.config["vocab_size"])
+    with torch.device("meta"):
+        model = unwrap(sub.get_model(dict(sub.config)))  # shapes need no compiler
+    if not isinstance(model, torch.nn.Module):
+        return {}  # reported by the real build, with its message
+    model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
+    idx = torch.empty(B, T, dtype=torch.long, device="meta")
+    with flop_counter() as counter:
+        out = model(idx, idx)
+        check_forward_output(out, B, T, V, True, file)
+        out[1].backward()
+    shapes = {"logits_shape": list(out[0].shape), "flops_per_token": counter.get_total_flops() / (B * T),
+              "flops_method": "meta"}
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        check_forward_output(model(idx), B, T, V, False, file)
+        long = torch.empty(2, eval_seq_len, dtype=torch.long, device="meta")
+        check_forward_output(model(long), 2, eval_seq_len, V, False, file)
+    return shapes
+
+
+def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None,
+                precision: str = "bfloat16") -> dict:
+    """The model's contract at the submission's real size, in as little arithmetic as honesty allows.
+
+    Shapes at the run's micro-batch, parameter count and FLOPs on the meta device (free at any size);
+    then for real, once each: the model built, one forward and backward at batch 1 (a finite loss, a
+    gradient for every parameter), one forward at the evaluation length where it differs from the
+    training length, and the causality probe on a short window. On a CPU this is float32 (bf16 there
+    may be emulated, ~45x slower). benchmarks/check_size.py times it for a 124M GPT at the Paris 2026
+    sizes. A model that cannot run on the meta device (it needs real values) is checked for real at
+    batch 2, with FLOPs counted as flops.py does.
+    """
+    import time
+
+    import torch
+
+    from harness.ranks.checkpoint import unwrap
+    from harness.submission.contract import SubmissionError, check_forward_output
+
+    file = str(sub.file)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    T, V = sub.seq_len, sub.vocab_out
+    eval_len = eval_seq_len or T
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    try:
+        meta = _shapes_on_meta(sub, eval_len, file)
+        meta_why = ""
+    except SubmissionError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (data-dependent code: shapes are checked for real below)
+        meta, meta_why = {}, f"{type(exc).__name__} on the meta device"
+    timings["meta_s"] = time.perf_counter() - t0
+
+    torch.manual_seed(seed)
+    autocast = lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,  # noqa: E731
+                                      enabled=precision == "bfloat16")
+    t0 = time.perf_counter()
+    model = sub.get_model(dict(sub.config))
+    if not isinstance(model, torch.nn.Module):
+        raise SubmissionError(file, f"get_model returned a {type(model).__name__}, not a torch.nn.Module.",
+                              "return the model instance from get_model(config)")
+    # A torch.compile'd module is checked as evaluation runs it, eagerly: compiling it here would cost
+    # minutes at the several shapes below. That it compiles is said: its first training step will.
+    plain = unwrap(model)
+    compiled_by_get_model, model = plain is not model, plain
+    model.to(device=device, dtype=torch.float32)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
+    timings["build_s"] = time.perf_counter() - t0
+
+    # Batch 1 when the meta pass saw the real micro-batch's shapes; 2 otherwise, so that a batch
+    # dimension mixed up with another is still caught.
+    t0 = time.perf_counter()
+    batch = 1 if meta else 2
+    idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    with autocast():
+        out = model(x, y)
+    check_forward_output(out, batch, T, V, True, file)
+    shapes = {"logits_dtype": str(out[0].dtype).replace("torch.", ""), "loss_dtype": str(out[1].dtype).replace("torch.", ""),
+              "logits_shape": meta.get("logits_shape", list(out[0].shape)), "real_batch": batch,
+              "shapes_on": "meta" if meta else f"cpu ({meta_why})"}
+    loss = out[1]
+    if not torch.isfinite(loss.detach()).item():
+        raise SubmissionError(file, f"the loss of the freshly built model is {loss.item()}.",
+                              "check the initialisation and the loss computation")
+    loss.backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+        raise SubmissionError(file, f"{len(unused)} trainable parameter(s) get no gradient: {shown}.",
+                              "DDP needs every trainable parameter used in forward: remove them or set requires_grad=False")
+    model.zero_grad(set_to_none=True)
+    if not meta:  # the shapes without targets, for real
+        with torch.no_grad(), autocast():
+            check_forward_output(model(x), batch, T, V, False, file)
+    timings["step_s"] = time.perf_counter() - t0
+
+    # The evaluation length, for real, once: a position table too short shows only on real values. At
+    # the training length the step above was that check.
+    t0 = time.perf_counter()
+    if eval_len != T:
+        model.eval()
+        with torch.inference_mode(), autocast():
+            check_forward_output(_at_eval_length(model, vocab_size, eval_len, device, file), 1, eval_len, V, False, file)
+        model.train()
+    timings["eval_length_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    causality = _probe(model, vocab_size, eval_len, device, seed, file)
+    timings["causality_s"] = time.perf_counter() - t0
+
+    if meta:
+        flops = {"flops_per_token": meta["flops_per_token"], "flops_method": meta["flops_method"]}
+    else:
+        from harness.ranks.flops import count_training_flops_per_token
+
+        flops = count_training_flops_per_token(lambda: unwrap(sub.get_model(dict(sub.config))), vocab_size,
+                                               sub.micro_batch_size, T)
+    return {
+        "compiled_by_get_model": compiled_by_get_model,
+        "params": sum(p.numel() for p in model.parameters()),
+        "param_names": [name for name, _ in model.named_parameters()],  # open division: counted by the launcher
+        "trainable_params": sum(p.numel() for p in trainable),
+        "initial_loss": float(loss.item()),
+        "causality": causality,
+        "check_timings_s": timings,
+        **shapes,
+        **flops,
+    }
+
+
+def _probe(model, vocab_size: int, eval_len: int, device, seed: int, file: str) -> dict:
+    """The quick causality probe on the first CAUSALITY_WINDOW tokens of an evaluation window (five
+    forwards; at 1024 tokens they cost a 124M model more than the training step). A model that refuses
+    the shorter window is probed at the full length."""
+    import torch
+
+    from harness.ranks.models.causality import describe, probe_causality
+    from harness.submission.contract import SubmissionError
+
+    window = torch.randint(0, vocab_size, (eval_len,), generator=torch.Generator().manual_seed(seed))
+    try:
+        causality = probe_causality(model, window[:CAUSALITY_WINDOW], vocab_size, device, seed=seed)
+    except Exception:  # noqa: BLE001  (a model built for exactly its lengths: probe at the full one)
+        try:
+            causality = probe_causality(model, window, vocab_size, device, seed=seed)
+        except Exception as exc:
+            raise _eval_length_error(file, eval_len, exc) from exc
+    if not causality["causal"]:
+        raise SubmissionError(file, describe(causality) + ".", "mask attention (is_causal=True) and never look ahead")
+    return causality
+
+
+def _eval_length_error(file: str, eval_len: int, exc: BaseException):
+    from harness.submission.contract import SubmissionError
+
+    return SubmissionError(
+        file, f"forward fails on a window of {eval_len} tokens, the track's evaluation length "
+        f"({type(exc).__name__}: {exc}).", f"accept sequences up to {eval_len} tokens (size position "
+        "tables for the evaluation length, not only CONFIG's seq_len)")
+
+
+def _at_eval_length(model, vocab_size: int, eval_len: int, device, file: str):
+    import torch
+
+    try:
+        return model(torch.randint(0, vocab_size, (1, eval_len), device=device))
+    except Exception as exc:
+        raise _eval_length_error(file, eval_len, exc) from exc
+
+
+def screen_of(request: dict) -> list[dict]:
+    """The static screen of the submission's files (it reads them and runs none)."""
+    from harness.submission.screen import screen_folder
+
+    try:
+        return screen_folder(Path(request["submission_dir"]),
+                             script=request.get("script") if request.get("division") == "open" else None,
+                             target=request.get("target_track"))  # the track's device: `harness check` runs on a CPU
+    except Exception as exc:  # noqa: BLE001  (an unreadable file: the checks report it with its name)
+        return [{"file": ".", "line": 0, "category": "screen failed", "what": f"{type(exc).__name__}: {exc}",
+                 "code": ""}]
+
+
+SCREEN_MAX_FINDINGS = 500  # a reviewer reads the first hundreds; the count says how many more there were
+
+
+def capped(findings: list[dict]) -> list[dict]:
+    if len(findings) <= SCREEN_MAX_FINDINGS:
+        return findings
+    more = len(findings) - SCREEN_MAX_FINDINGS
+    return [*findings[:SCREEN_MAX_FINDINGS], {"file": ".", "line": 0, "category": "screen truncated",
+                                              "what": f"{more} more finding(s) not listed", "code": ""}]

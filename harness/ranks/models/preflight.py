@@ -1,0 +1,104 @@
+"""Checks a submission in a throw-away process before any process group starts.
+
+    python -m harness.ranks.models.preflight <request.json> <report.json> [<sandbox report fd>]
+
+Imports the submission, checks CONFIG and the hooks, builds the model from CONFIG, runs one
+forward and backward at a tiny batch, and checks the outputs. The submission's code never runs
+in the launcher process, which writes the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from harness.ranks.models.contract_checks import CAUSALITY_WINDOW, capped, check_model, problem_of, screen_of  # noqa: F401
+
+
+def run_checks(request: dict) -> dict:
+    """Every problem found, at once where they are independent; the static screen always."""
+    from harness.submission.contract import config_warnings, import_submission_module, inspect_submission
+
+    folder = Path(request["submission_dir"])
+    report: dict = {"ok": False, "problems": [], "warnings": [], "screen": request.get("screen") or screen_of(request)}
+    try:
+        module = import_submission_module(folder)
+        if isinstance(getattr(module, "CONFIG", None), dict):
+            report["warnings"] = config_warnings(module.CONFIG)
+        sub, problems = inspect_submission(module, folder, request["vocab_size"])
+        report["problems"] += [problem_of(p, request["submission_dir"]) for p in problems]
+        if sub is not None:
+            report["config"] = sub.config
+            report["compile"] = sub.compile
+            report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
+                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
+            report["compile"] = bool(sub.compile or report["compiled_by_get_model"])
+    except BaseException as exc:  # the model's problems depend on each other: the first one is reported
+        report["problems"].append(problem_of(exc, request["submission_dir"]))
+    report["ok"] = not report["problems"]
+    return report
+
+
+def main(argv: list[str]) -> None:
+    from harness.ranks.process import show_native_crashes
+
+    show_native_crashes()  # its stderr is preflight.log
+    request = json.loads(Path(argv[1]).read_text())
+    request["report_path"] = argv[2]  # where an interim report goes (harness/ranks/models/open_checks.py)
+    from harness.ranks.confine import sandbox
+
+    # As evaluation's model processes (harness/ranks/models/model_worker.py): it needs no network either.
+    policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
+    box = sandbox.enter(policy, "no sandbox was asked for")
+    # The static screen reads the team's files and runs none of them: it is taken now, and leaves with
+    # the sandbox report over the launcher's pipe before any team code can change either.
+    request["screen"] = capped(screen_of(request))
+    if len(argv) > 3:  # the launcher's pipe
+        with os.fdopen(int(argv[3]), "wb") as pipe:
+            pipe.write(json.dumps({"sandbox": box.to_dict(), "screen": request["screen"]}).encode())
+    try:
+        if not box.active and request.get("sandbox") == "required":
+            raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
+        import torch
+
+        from harness.ranks.process import deterministic_compile
+
+        deterministic_compile()  # as evaluation's model processes compile (harness/ranks/process.py)
+        torch.set_num_threads(max(1, int(request.get("threads", 1))))
+        if request.get("division") == "open":
+            from harness.ranks.models.open_checks import run_open_checks
+
+            report = run_open_checks(request)
+        else:
+            report = run_checks(request)
+    except BaseException as exc:
+        report = {"ok": False, "problems": [problem_of(exc, request.get("submission_dir", ""))]}
+    try:  # the log says what the report says, with the traceback where there is one
+        for problem in report["problems"]:
+            print(f"{problem.get('file')}: {problem.get('problem')}", problem.get("traceback", ""), sep="\n",
+                  file=sys.stderr, flush=True)
+    except OSError:  # a log at its cap ("File too large", what a flooding model causes): the report still goes
+        pass
+    report["sandbox"] = box.to_dict()  # the launcher takes the pipe's copy; this one is for a reader of the file
+    Path(argv[2]).write_text(json.dumps(report, indent=1, default=str))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    # Leave as a rank does (release_and_exit: flushed, then os._exit), without the interpreter's
+    # teardown: with torch, its compiler stack and the submission loaded, freeing every module's objects
+    # costs more than a CPU-second on a small CPU. Team code's atexit handlers are skipped on every
+    # path; that narrows what it can do after the report, nothing more: report.json is in its folder,
+    # and only what went over the launcher's pipe before any team code ran is trusted.
+    from harness.ranks.process import release_and_exit
+
+    code = 1
+    try:
+        main(sys.argv)
+        code = 0
+    except BaseException:  # noqa: BLE001  (the launcher reads "died before reporting" and this log)
+        traceback.print_exc()
+    release_and_exit(code)
