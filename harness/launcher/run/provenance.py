@@ -11,9 +11,11 @@ import platform
 import subprocess
 from pathlib import Path
 
+import harness
 from harness import __version__
 
-HARNESS_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the harness runs from one
+# Anchored on the package, not on this file's depth, so moving the module between rooms cannot break it.
+HARNESS_ROOT = Path(harness.__file__).resolve().parent.parent  # the checkout, when the harness runs from one
 
 
 def versions() -> dict[str, str | None]:
