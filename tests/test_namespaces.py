@@ -81,8 +81,16 @@ def test_a_process_that_forks_faster_than_anyone_looks_dies_with_the_model_proce
 ENDING = """
 import ctypes, os, signal, sys, time
 from harness.ranks.confine.namespaces import isolate
-assert isolate() == ""
 how = sys.argv[1]
+if how == "term-early":  # the parent is slow to start forwarding: a signal in that window must be forwarded
+    fork = os.fork
+    def slow_fork():
+        pid = fork()
+        if pid:
+            time.sleep(2)
+        return pid
+    os.fork = slow_fork
+assert isolate() == ""
 if how == "exit":
     os._exit(3)
 if how == "segfault":
@@ -94,7 +102,8 @@ time.sleep(60)  # SIGTERM, sent to the parent, is forwarded here
 """
 
 
-@pytest.mark.parametrize("how, returncode", [("exit", 3), ("segfault", -signal.SIGSEGV), ("term", 7)])
+@pytest.mark.parametrize("how, returncode", [("exit", 3), ("segfault", -signal.SIGSEGV), ("term", 7),
+                                             ("term-early", 7)])
 def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, returncode):
     """Whoever waits for an isolated process (the scorer for a model process, the launcher for the check)
     waits for its parent in the old namespace: that parent must end as its child did, exit code or
@@ -102,7 +111,7 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
     (and reaches a handler the process in the namespace set)."""
     proc = subprocess.Popen([sys.executable, "-c", ENDING, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    if how == "term":
+    if how.startswith("term"):
         assert proc.stdout.readline().strip() == "waiting"
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == returncode, proc.stderr.read()

@@ -48,11 +48,19 @@ def isolate() -> str:
         map_identity(uid, gid)
     except OSError as exc:  # AppArmor's restriction lets unshare succeed, then refuses the map (EPERM)
         return refused(f"could not map the user into its namespace: {exc}")
-    child = os.fork()
+    # Held back across the fork: a signal that reaches the parent before it forwards would otherwise end
+    # it by default action, and the child with it (PDEATHSIG), whatever handler the child set.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        child = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return ""
-    _wait_and_end_as(child, libc)
+    _wait_and_end_as(child, libc, mask)
 
 
 PROC_SYS = "/proc/sys"
@@ -114,7 +122,7 @@ def map_identity(uid: int, gid: int) -> None:
         fh.write(f"{gid} {gid} 1")
 
 
-def _wait_and_end_as(child: int, libc) -> NoReturn:
+def _wait_and_end_as(child: int, libc, mask: set) -> NoReturn:
     """The parent's life after the fork: forward signals to the child, wait for it, and end as it ended
     (its exit status, or killed by the same signal, so that whoever waits for "the model process" or
     "the check process" reads how it ended). Never returns: nothing of the caller runs here."""
@@ -139,6 +147,7 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
 
         for sig in FORWARDED:
             signal.signal(sig, forward)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what arrived since the fork is forwarded now
         while True:  # nothing but waiting, so the scorer's kill of the session reaches both
             try:
                 _, status = os.waitpid(child, 0)
