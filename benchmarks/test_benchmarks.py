@@ -70,6 +70,7 @@ def test_leaderboard_table_rebuild(benchmark, tmp_path, n_records):
                        kwargs={"charts": False}, rounds=3, iterations=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # a smoke run, not a timed test: a loaded machine may take long
 def test_benchmark_script_runs(tmp_path):
     """The table script end to end at tiny sizes (its figures are meaningless at this size)."""
@@ -98,6 +99,7 @@ def test_benchmark_script_runs(tmp_path):
     assert rows["leaderboard rebuild, 200 records (s)"][0] == f"{lb['table_s']:.2f}" and lb["table_s"] == min(lb["table_s_runs"])
 
 
+@pytest.mark.slow
 def test_gpu_check_says_plainly_when_there_is_no_gpu(tmp_path):
     """scripts/gpu-check is for a GPU box; on a CPU machine it refuses with a clear message (exit 2)."""
     import subprocess
@@ -165,6 +167,7 @@ def tiny_wheel(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # a smoke run, not a timed test: 4 runs of 3 steps, 2 evaluations (63-110 s on 2 cores)
 def test_gpu_check_cpu_smoke_runs_offline_in_the_given_python_every_phase_skipping_only_what_needs_a_gpu(tmp_path):
     """scripts/gpu-check --cpu-smoke, the real entry, in a network namespace with nothing but a loopback, from a
@@ -325,6 +328,7 @@ def test_gpu_check_rows_hold_on_a_good_gpu_record_and_name_each_failure():
     assert "FAIL  compiled fwd / scorers without CUDA: no scorer" in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_check_size_script_runs(tmp_path):
     """benchmarks/check_size.py end to end on a small submission (the 124M figure is in docs/performance.md)."""

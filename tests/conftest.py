@@ -153,3 +153,15 @@ def run_as_slurm(script: Path, folder: Path, **slurm_env: str) -> list[str]:
     ran = subprocess.run(["bash", str(script)], cwd=node, env=env, capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     return (node / "argv").read_text().splitlines()
+
+
+# Fixtures that train a run (once per module or session) or start a cluster: a test that reads one waits
+# for it, so it belongs to the slow tier whatever its own body costs. The fast tier (`-m "not slow"`,
+# docs/testing.md) is what a contributor runs between edits.
+SLOW_FIXTURES = frozenset({"baseline_run", "tiny_run", "shard_runs", "noisy_runs", "honest_run", "cluster", "teams"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

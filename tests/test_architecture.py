@@ -6,6 +6,7 @@ harness modules, not only to its own files.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,13 @@ def test_the_checker_follows_parent_packages_and_other_modules():
              "harness.data": set(), "harness.data.b": {"matplotlib.pyplot"}, "harness.results.views": set()}
     found = _violations("harness.ranks", ("harness.results", "matplotlib"), graph)
     assert {"harness imports harness.results.views", "harness.data.b imports matplotlib.pyplot"} <= set(found)
+
+
+def test_every_slow_fixture_named_in_conftest_exists():
+    """A renamed run fixture would silently move its tests into the fast tier (and past 2 minutes)."""
+    from conftest import SLOW_FIXTURES
+
+    defined = set()
+    for path in ROOT.glob("tests/*.py"):
+        defined |= set(re.findall(r"@pytest\.fixture[^\n]*\n(?:@[^\n]*\n)*def (\w+)", path.read_text()))
+    assert SLOW_FIXTURES <= defined, sorted(SLOW_FIXTURES - defined)

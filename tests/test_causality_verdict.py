@@ -47,6 +47,7 @@ def assert_inconclusive(record):
     return c
 
 
+@pytest.mark.slow
 def test_a_causal_model_that_does_not_reproduce_itself_is_flagged_not_invalid(noisy_runs):
     """Noise larger than the tolerance in every forward: the perturbed batches deviate, and so does the
     unchanged one the check process re-ran. Not `invalid` (before the reproduction batch it was): scored,
@@ -136,6 +137,7 @@ def test_the_verdict(worst, reproduction, verdict):
     assert causality_verdict({"verdict": verdict, "causal": verdict == "causal"}) == verdict
 
 
+@pytest.mark.slow
 def test_the_determinism_settings_never_fill_a_models_buffers_with_nan():
     """Issue 29 review: torch.use_deterministic_algorithms also fills every torch.empty with NaN, and a model
     that reads a partly written buffer through a mask would score NaN in evaluation alone."""

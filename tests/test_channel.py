@@ -1,5 +1,6 @@
 """The control channel: reports are tied by the kernel to the process that sent them."""
 
+import pytest
 import json
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def _raw(channel: ChannelServer, *frames: bytes):
     return s
 
 
+@pytest.mark.slow
 def test_nothing_a_connection_sends_stops_the_channel():
     """Deep JSON, an oversized frame, a silent connection and a flood of connections are cut off and
     noted; the channel keeps listening and a real rank is still heard afterwards."""

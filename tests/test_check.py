@@ -1,11 +1,14 @@
 """`harness check` through the CLI: accepted or rejected, with every problem at once."""
 
+import pytest
 import json
 import uuid
 
 import psutil
 
 from conftest import FIXTURES, ROOT, TINY_TRACK
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def _marked(proc, mark: str) -> bool:

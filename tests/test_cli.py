@@ -1,6 +1,7 @@
 """The command line itself: help, setup errors that stop before anything runs (exit code 2), and which
 stream says what (results on stdout, progress and errors on stderr)."""
 
+import pytest
 from conftest import FIXTURES, ROOT, TINY_TRACK
 
 
@@ -29,6 +30,7 @@ def test_missing_submission_folder(cli, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_missing_gpu_for_a_gpu_track_is_a_setup_error(cli):
     result = cli("run", str(ROOT / "submissions" / "baseline"), "--track", "dev-gpu")
     assert result.code == 2 and "none is visible" in result.err
@@ -72,6 +74,7 @@ def test_leaving_without_teardown_still_does_what_an_exit_must(tmp_path):
             assert path.exists() == written, name
 
 
+@pytest.mark.slow
 def test_the_summary_goes_to_stdout_and_progress_to_stderr(cli):
     """`harness run ... > out.txt` keeps the result: the summary is on stdout, the phases on stderr (a
     submission refused by the check: its run is seconds long, and both streams have lines)."""

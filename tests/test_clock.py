@@ -183,6 +183,7 @@ def fake_clock_run(budget_s: float, first_s: float, step_s: list[float]) -> list
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
+@pytest.mark.slow
 def test_ranks_with_different_clocks_stop_at_the_same_step_within_the_budget():
     """Two gloo ranks, one slower (1.5 s a step against 1.0), votes read a step late: both stop after the same
     step, the slower one's last step ends within the 30 s budget and not two steps short of it, and the
@@ -193,6 +194,7 @@ def test_ranks_with_different_clocks_stop_at_the_same_step_within_the_budget():
     assert ranks[0]["lr"] == ranks[1]["lr"] and ranks[0]["weights"] == ranks[1]["weights"]
 
 
+@pytest.mark.slow
 def test_warm_up_is_not_spent_on_the_first_steps_compilation():
     """The first step takes 30 of a 100 s budget (torch.compile's share of a short track), then 0.5 s steps:
     the default schedule still warms up over the steps after it (2% of the 70 s left: about three steps),

@@ -1,8 +1,11 @@
 """`harness compare` through the CLI, on records made by the tests."""
 
+import pytest
 import json
 
 from records_factory import make_run
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def _runs(tmp_path):

@@ -1,5 +1,6 @@
 """Runs that overlap on one records tree: one evaluates while another trains, and both keep their figures."""
 
+import pytest
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import time
 import psutil
 
 from conftest import FIXTURES, one_rank, processes_of_run, quick_track, run_dirs
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def _records(runs):

@@ -56,6 +56,7 @@ def test_near_misses_of_the_keys_the_harness_reads_are_warned_about():
     assert "did you mean 'micro_batch_size'?" in warnings[1]  # the resembled key is also there: no warning
 
 
+@pytest.mark.slow
 def test_the_check_process_reports_config_warnings(tmp_path):
     (tmp_path / "submission.py").write_text((FIXTURES / "ok_bigram" / "submission.py").read_text()
                                             .replace('"learning_rate"', '"learnig_rate"', 1))

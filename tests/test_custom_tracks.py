@@ -2,6 +2,7 @@
 harness suggests for it works where it will be typed (another folder, another node): the file's absolute path,
 never its name, which loads nothing."""
 
+import pytest
 import json
 import os
 import shlex
@@ -12,6 +13,8 @@ from pathlib import Path
 from conftest import FIXTURES, ROOT, TINY_TRACK, quick_track, run_as_slurm, tiny_track_with
 from harness.tracks.spec import load_track
 from records_factory import make_run
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def _event_track(folder: Path, name: str = "event", **replace: str) -> Path:

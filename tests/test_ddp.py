@@ -1,9 +1,12 @@
 """DDP's settings are the track's (its [ddp] table): a real gloo run under settings that are not the defaults,
 and the DDP object of every rank holds them. The table's parsing and validation: tests/test_track.py."""
 
+import pytest
 import json
 
 from conftest import TINY_TRACK, only_record
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 # A bigram table trained with two micro-batches a step: the static graph's first step synchronises both.
 ACCUM_BIGRAM = '''

@@ -13,6 +13,7 @@ from harness.tracks.ddp import DdpSpec
 from harness.tracks.spec import DataSpec, EvalSpec, InterconnectSpec, SyntheticSpec, TextSpec, Track
 
 
+@pytest.mark.slow
 def test_the_minimal_submission_in_the_docs_passes_the_contract_checks(tmp_path):
     text = (ROOT / "docs" / "submission.md").read_text()
     section = text.split("## A complete minimal submission", 1)[1]
@@ -63,6 +64,7 @@ def test_every_track_key_is_in_the_track_reference(cls, heading):
         assert f"`{f.name}`" in text, f"track key {f.name} is not in docs/tracks.md under {heading}"
 
 
+@pytest.mark.slow
 def test_every_test_named_in_the_testing_table_exists():
     """docs/testing.md says where each promise is tested: each name there must be a test of that file."""
     import ast

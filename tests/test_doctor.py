@@ -19,6 +19,7 @@ from harness.launcher.doctor.comm import BENCH_CHECKS
 from harness.tracks.spec import load_track
 
 
+@pytest.mark.slow
 def test_doctor_runs_every_check_and_measures_a_two_rank_gloo_all_reduce(cli, tmp_path):
     """Through the real entry point on the test track (2 CPU ranks): every check once, in the table's order, an
     exit code that is 1 exactly when one failed, the all-reduce's bus bandwidth measured in 2 ranks, one of
@@ -246,6 +247,7 @@ def test_a_scratch_root_too_long_for_a_ranks_sockets_fails_with_the_fix(tmp_path
 # ----------------------------------------------------------------------------- evaluation's model process
 
 
+@pytest.mark.slow
 def test_a_model_process_that_cannot_start_fails_with_its_error(short_root, tmp_path):
     """A scratch root that cannot hold a model process's private folder (a real tmpfs with no inode left): the
     check fails with the error, naming the folder, and what to do."""
@@ -261,6 +263,7 @@ def test_a_model_process_that_cannot_start_fails_with_its_error(short_root, tmp_
 # ----------------------------------------------------------------------------- gloo between the nodes
 
 
+@pytest.mark.slow
 def test_the_gloo_all_reduce_runs_beside_the_tracks_in_one_job():
     """On an NCCL track the nodes' job also all-reduces over a gloo group of CPU tensors (evaluation's scorers'
     transport); here on one node with 2 ranks, judged as gloo-nodes judges it."""

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, quick_track
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 def _record(runs: Path, team: str) -> tuple[Path, dict]:
     (path,) = (runs / "tiny" / team).glob("*/run.json")

@@ -17,6 +17,8 @@ import torch
 
 from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_run, quick_track
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 def independent_val_loss(run_dir, cache_dir, seq_len=64, val_tokens=8192, bigram=False) -> float:
     """The figure recomputed here, without the harness's evaluator: the checkpoint loaded into the

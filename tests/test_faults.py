@@ -16,6 +16,8 @@ import pytest
 
 from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_run, QUICK_STEPS, quick_track, run_dirs
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 def _read(path) -> str:
     try:

@@ -1,5 +1,6 @@
 """`harness finalize RUN`: a record its launcher can no longer finish, ended `aborted` by an organiser (issue 24)."""
 
+import pytest
 import csv
 import json
 import socket
@@ -8,6 +9,8 @@ import sys
 
 from harness.results.records import utc_now
 from records_factory import make_run
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def _gone_pid() -> int:

@@ -1,9 +1,12 @@
 """`harness flag` / `harness unflag` through the CLI."""
 
+import pytest
 import json
 
 from harness.results.locks import TrackLock
 from records_factory import make_run
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def test_flag_hides_a_run_and_unflag_brings_it_back(cli, tmp_path):

@@ -7,10 +7,13 @@ these tests record every CUDA query the template makes before its forks, whateve
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 # Every torch.cuda entry point that may start the driver on a CUDA build; is_initialized() is the one that
 # never does (it is how a process asks whether it may still fork).

@@ -8,6 +8,8 @@ import pytest
 from conftest import FIXTURES, TINY_TRACK, one_rank, processes_of_run, quick_track
 from records_factory import make_run
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 def _record(runs, team):
     (path,) = (runs / "tiny" / team).glob("*/run.json")

@@ -1,5 +1,6 @@
 """The nodes' heartbeat: files each launcher writes in the run's nodes/ folder, in fractions of a second."""
 
+import pytest
 import threading
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ def test_node_0_silent_is_lost_to_the_others(tmp_path):
     node1.stop()
 
 
+@pytest.mark.slow
 def test_a_node_that_ends_its_training_and_says_so_is_not_lost_and_still_beats_until_its_run_is_over(tmp_path):
     node0, node1 = _pair(tmp_path)
     time.sleep(0.3)
@@ -98,6 +100,7 @@ def _stall_writes_of(monkeypatch, folder, node_rank: int, stall_s: float) -> thr
     return began
 
 
+@pytest.mark.slow
 def test_a_node_whose_own_write_stalls_never_calls_a_live_node_lost(tmp_path, monkeypatch):
     """Issue 29: two heartbeats and a 4 s stall of node 0's write made node 0 call node 1 lost while it beat on.
     Node 0's reads go on apart from its write."""
@@ -114,6 +117,7 @@ def test_a_node_whose_own_write_stalls_never_calls_a_live_node_lost(tmp_path, mo
     node1.stop()
 
 
+@pytest.mark.slow
 def test_a_node_whose_reads_stall_calls_nobody_lost_until_it_reads_again(tmp_path, monkeypatch):
     """A reader that learns nothing (its file system stalled) has no verdict: silence needs current reads."""
     node0, node1 = _pair(tmp_path, lost_after=0.5)
@@ -134,6 +138,7 @@ def test_a_node_whose_reads_stall_calls_nobody_lost_until_it_reads_again(tmp_pat
     node0.stop()
 
 
+@pytest.mark.slow
 def test_while_the_shared_file_system_stalls_every_write_nobody_is_lost_and_after_it_nobody_was(tmp_path, monkeypatch):
     """A stall of the file system that holds the run (fsfreeze, an NFS server that stops answering) silences every
     node's beat at once, reads still answering: a node whose own write stalls judges nobody. `harness rehearse

@@ -1,6 +1,7 @@
 """Every process of a run imports the harness the launcher imported, whatever its working folder holds
 (issue 23, item 10: a plain `pip install .` run from the checkout's root)."""
 
+import pytest
 import os
 import sys
 
@@ -21,6 +22,7 @@ def _decoy(folder):
     return mark
 
 
+@pytest.mark.slow
 def test_a_harness_folder_in_the_working_folder_is_never_imported(cli, tmp_path):
     """Training ranks, the check, the scorer and its model processes all start from the launcher's working
     folder or their own; none may import a `harness` found there. On the old code the ranks (`python -m`
@@ -33,6 +35,7 @@ def test_a_harness_folder_in_the_working_folder_is_never_imported(cli, tmp_path)
     assert record["status"] == "ok", record["reason"]
 
 
+@pytest.mark.slow
 def test_a_namespace_folder_named_harness_does_not_hide_the_harness(cli, tmp_path):
     """An organiser's `harness/tracks/event.toml` beside the run (no __init__.py: a namespace package)."""
     (tmp_path / "harness" / "tracks").mkdir(parents=True)
@@ -61,6 +64,7 @@ def test_a_harness_in_the_site_folders_adds_nothing(monkeypatch):
     assert interpreter.harness_path({"PYTHONPATH": "/opt/x"}) == {}
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_without_a_report_gives_the_last_error_line_of_its_log(cli, tmp_path):
     result = cli("run", str(FIXTURES / "exits_silently"), "--track", str(TINY_TRACK), "--max-steps", str(QUICK_STEPS))
     assert result.code != 0

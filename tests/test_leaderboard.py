@@ -95,6 +95,7 @@ def test_only_the_latest_submission_of_a_team_counts(tmp_path):
     assert t.loc[0, "val_loss"] == 2.5 and t.loc[0, "submission_sha256"] == "2" * 12
 
 
+@pytest.mark.slow
 def test_a_copied_runs_tree_gives_the_same_files(tmp_path, cli):
     import shutil
 
@@ -226,6 +227,7 @@ def test_an_unreadable_record_is_listed_not_dropped(tmp_path, cli):
     assert str(cut) in result.err and str(garbage) in result.err  # said when the leaderboard is built, too
 
 
+@pytest.mark.slow
 def test_a_record_with_fields_of_the_wrong_type_is_one_unreadable_row(tmp_path, cli):
     """A figure in a record may have come from a rank (`steps = "many"` once crashed the leaderboard for
     every team), or a file edited by hand: such a record is one unreadable row, naming the field and
@@ -277,6 +279,7 @@ def test_divisions_are_shown_and_ranked_together_or_apart(tmp_path):
     assert "division" in (tmp_path / "lb" / "local.csv").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_compare_works_across_divisions(tmp_path, cli):
     runs = tmp_path / "runs"
     for seed, loss in ((1, 2.0), (2, 2.02), (3, 2.01)):

@@ -8,11 +8,14 @@ each backward and each read: the read of a vote comes after the next step's back
 GPU the device then has that step to run while the host waits, and prepares the one after).
 """
 
+import pytest
 import json
 import subprocess
 import sys
 
 from conftest import FIXTURES, ROOT
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 SCRIPT = r"""
 import json, os, socket, sys, tempfile

@@ -1,5 +1,6 @@
 """Several nodes on one machine: two launchers on 127.0.0.1, one rank each (torchrun semantics)."""
 
+import pytest
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import time
 
 from conftest import FIXTURES, TINY_TRACK, processes_of_run
 from test_run_e2e import REQUIRED
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 
 def free_port() -> int:

@@ -20,6 +20,8 @@ from conftest import FIXTURES, TINY_TRACK, one_rank, only_record, processes_of_r
 from harness.submission.contract import SubmissionError
 from harness.submission.open_division import FIXED, OPEN, division_of, read_open_spec, script_argv
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 # Scripts that must be killed (they hang, ignore the clock, or claim an end) are killed whatever the
 # machine's load: their track's start-up allowance is shorter than tiny.toml's 20 s, so the test
 # waits less for the same outcome.

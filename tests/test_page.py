@@ -7,6 +7,8 @@ import pytest
 
 from records_factory import make_run
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 def _driver(width: int):
     from selenium import webdriver

@@ -79,6 +79,7 @@ def _records(runs: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(runs.glob("*/*/*/run.json"))]
 
 
+@pytest.mark.slow
 def test_a_queue_killed_half_way_resumes_and_ends_with_every_team_ranked_on_its_own_runs(cli, tmp_path, cache_dir):
     """3 teams x 2 seeds, one after another; the queue's launcher is killed with SIGKILL during the third
     run (the infrastructure's failure: a lost node, a job SLURM ended), which leaves that record `running`.
@@ -132,6 +133,7 @@ def test_a_queue_killed_half_way_resumes_and_ends_with_every_team_ranked_on_its_
         {"alpha": (True, "2"), "bravo": (True, "2"), "charlie": (True, "2")}
 
 
+@pytest.mark.slow
 def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
     runs = tmp_path / "runs"
     folders = [team_folder(tmp_path, name) for name in ("alpha", "bravo", "charlie")]

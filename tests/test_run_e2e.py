@@ -39,6 +39,7 @@ def baseline_run(tmp_path_factory, cache_dir):
     return proc, run_dir, record, env, work
 
 
+@pytest.mark.slow
 def test_run_ends_ok_with_every_record_field(baseline_run):
     proc, run_dir, record, _, _ = baseline_run
     assert proc.returncode == 0, proc.stderr
@@ -112,6 +113,7 @@ def tiny_run(tmp_path_factory, cache_dir):
     return run_dir, record, work
 
 
+@pytest.mark.slow
 def test_the_clock_stops_before_the_budget(tiny_run):
     """No step starts past the deadline, and the launcher's own measurement of the window agrees with
     the ranks' within the tolerance the harness applies."""
@@ -174,6 +176,7 @@ def test_nothing_of_the_run_is_left_running(baseline_run):
     assert processes_of_run(record["run_id"]) == []
 
 
+@pytest.mark.slow
 def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
     import subprocess
     import sys
@@ -191,6 +194,7 @@ def test_eval_gives_the_same_figure_for_one_and_two_ranks(baseline_run):
     assert figures[0] == pytest.approx(record["val_loss"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
     from conftest import FIXTURES, quick_track
 
@@ -202,6 +206,7 @@ def test_a_config_typo_is_in_the_run_records_warnings(cli, tmp_path):
     assert f"WARNING    {warning}" in result.out and f"warning: {warning}" in result.err
 
 
+@pytest.mark.slow
 def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):
     """torch.compile compiles in the first step, on the clock (13-23 s on these CPUs, cold cache
     included): the compile step is the slow one, and the checkpoint holds the plain module's keys.
@@ -320,6 +325,7 @@ def linear_lm_val_loss(run_dir, val_file, val_tokens: int, seq_len: int) -> floa
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").double().item() / val_tokens
 
 
+@pytest.mark.slow
 def test_shard_files_train_and_are_scored_as_computed_independently(shard_runs):
     """Raw train shards and a headered val shard, found under --data-root, through `harness run --repeat 2`:
     consecutive seeds, both ok, the summary's mean, and each figure equal to one computed here."""
@@ -378,6 +384,7 @@ def test_clock_start_model_build_puts_get_model_on_the_clock(shard_runs):
         assert r["startup_s"] < BUILD_SLEEP_S
 
 
+@pytest.mark.slow
 def test_eval_of_a_shard_run_and_its_refusals(shard_runs, tmp_path):
     """`harness eval` re-scores with the run's data (--data-root), at another number of ranks; it refuses
     data whose fingerprint differs and a checkpoint that changed after training."""

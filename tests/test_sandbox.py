@@ -145,6 +145,7 @@ def test_the_check_and_model_processes_have_a_private_dev_shm(tmp_path):
     assert got["shm_bytes"] and got["shm_bytes"] <= 1 << 30, got
 
 
+@pytest.mark.slow
 def test_a_get_model_that_takes_a_lock_and_runs_a_pool_passes_the_check(cli):
     """The check process, through `harness check`: shared_memory's get_model takes a multiprocessing lock
     and maps over a pool of one, as Inductor's compile pool does."""
@@ -154,6 +155,7 @@ def test_a_get_model_that_takes_a_lock_and_runs_a_pool_passes_the_check(cli):
     assert report["accepted"] and report["sandbox"]["active"] and report["sandbox"]["filesystem"]["active"], report
 
 
+@pytest.mark.slow
 def test_a_get_model_that_takes_a_lock_and_runs_a_pool_loads_in_a_model_process(tmp_path):
     """Evaluation's model process, started as the scorer starts it (harness/scoring/workers.py), with the
     same submission and a checkpoint of its model: it loads and says it is ready, in its own root."""
@@ -228,6 +230,7 @@ except RuntimeError as exc:
 """
 
 
+@pytest.mark.slow
 def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path):
     """What an open-division script with num_workers > 0 does: each batch a worker returns travels as a
     shared-memory file descriptor, handed over through a Unix socket bound in the temporary folder. Without

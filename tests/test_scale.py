@@ -7,6 +7,7 @@ import pytest
 from conftest import FIXTURES, TINY_TRACK
 
 
+@pytest.mark.slow
 def test_scale_through_the_cli(cli, tmp_path):
     result = cli("scale", str(FIXTURES / "ok_bigram"), "--track", str(TINY_TRACK), "--world-sizes", "2",
                  "--steps", "20", "--warmup-steps", "2", "--probe-steps", "2")

@@ -131,6 +131,7 @@ def test_the_logits_are_read_once_into_a_reused_private_buffer(tmp_path):
     assert firsts[0] == firsts[1]
 
 
+@pytest.mark.slow
 def test_every_process_that_scores_or_checks_a_model_compiles_deterministically(cli, tmp_path):
     """Inductor's deterministic mode in the check process, the scoring process and the check's model process
     (issue 23, item 17): the fixture's evaluation forward fails anywhere it is off (on the old code, in the

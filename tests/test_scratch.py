@@ -107,6 +107,7 @@ def test_a_real_noexec_mount_is_refused_by_harness_check(tmp_path, short_root, c
     assert f"the scratch folder {short_root} (HARNESS_SCRATCH_DIR) is on a file system mounted noexec" in ran.stderr
 
 
+@pytest.mark.slow
 def test_every_private_folder_of_a_run_is_made_under_the_scratch_root_and_removed(cli, tmp_path, short_root):
     """A run with HARNESS_SCRATCH_DIR: the check process's, the training ranks' and the model processes'
     private folders are all under it (their sandbox reports name them), and none is left there after."""
@@ -123,6 +124,7 @@ def test_every_private_folder_of_a_run_is_made_under_the_scratch_root_and_remove
     assert list(short_root.iterdir()) == [], "a private folder outlived the run"
 
 
+@pytest.mark.slow
 def test_a_scratch_root_too_full_for_the_track_aborts_the_run_before_team_code(cli, tmp_path):
     """A scratch root with less room than an honest run needs (its checkpoint and 1 GiB) would end it in ENOSPC,
     charged to the team: the run is `aborted` (the infrastructure's: a queue runs it again) before any team
@@ -182,6 +184,7 @@ def test_a_tree_a_team_leaves_is_removed_whatever_its_depth_or_rights(short_root
     assert lines[2] == "True False"
 
 
+@pytest.mark.slow
 def test_a_team_that_litters_its_private_folders_leaves_nothing_in_the_scratch_root(cli, tmp_path, short_root):
     """The same tree made in the check process, in the training ranks and in evaluation's model processes: the
     run ends as its model does (ok), and not one folder of it is left in the scratch root."""

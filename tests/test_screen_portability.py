@@ -8,6 +8,7 @@ real entry point `harness check` (a warning naming file:line, never a rejection)
 
 from __future__ import annotations
 
+import pytest
 import ast
 import json
 import os
@@ -180,6 +181,7 @@ print(json.dumps(raised))
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_form_named_raises_on_a_cpu_build_of_torch_and_what_runs_there_is_not_named():
     raised = _raised_on_this_torch([source for source, _ in CRASHES] + RUNS)
     assert {source: raised[source] for source, _ in CRASHES if raised[source] in ("", "NameError", "SyntaxError")} == {}
@@ -259,6 +261,7 @@ def _starter_copy(tmp_path):
                     'write dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")'), line
 
 
+@pytest.mark.slow
 def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, tmp_path):
     folder, warning, line = _starter_copy(tmp_path)
     warning = warning.format(track="local")
@@ -275,6 +278,7 @@ def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, 
     assert all(f["category"] != "portability" for f in report["screen"])  # the team's to fix, not a reviewer's
 
 
+@pytest.mark.slow
 def test_a_run_records_the_warning_before_the_script_crashes_on_it(cli, tmp_path):
     """The record splits the screen as `harness check` does (run.json holds record.extra's keys at its top
     level): the reviewer's list without the lines the team must fix, those apart, each a warning, shown on

@@ -4,10 +4,13 @@ inherit it; torch runs under it."""
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
 PROBE = """
 import os, resource, subprocess, sys

@@ -9,6 +9,8 @@ import pytest
 from conftest import ROOT
 from harness.tracks.spec import load_track
 
+pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
+
 
 @pytest.fixture
 def script(cli, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT, run_dirs, tiny_track_with
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 TEAMS = {"alpha": 0.08, "bravo": 0.03, "charlie": 0.01}  # learning rates: alpha learns fastest, charlie slowest

@@ -20,6 +20,7 @@ def test_stationary_distribution_is_a_fixed_point(source):
     np.testing.assert_allclose(source._step(source.pi), source.pi, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_entropy_rate_matches_the_sources_own_loss_on_a_long_sample(source):
     tokens = source.sample_chains(np.random.default_rng(0), 1, 400_001).ravel()
     losses = source.window_losses(tokens, seq_len=len(tokens) - 1)  # one window: every target has context

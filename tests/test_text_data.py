@@ -18,6 +18,7 @@ def _data(**kw) -> DataSpec:
     return DataSpec(source="text", vocab_size=400, val_tokens=4096, text=TextSpec(**{**SMALL.__dict__, **kw}))
 
 
+@pytest.mark.slow
 def test_the_split_is_by_folder_and_stable_and_the_sandboxes_hide_the_validation_half():
     """Training on the standard library, validation on its test suite: the one folder every sandbox
     hides (a held-out file chosen by a public hash of its path was readable by any model)."""
@@ -33,6 +34,7 @@ def test_the_split_is_by_folder_and_stable_and_the_sandboxes_hide_the_validation
     assert os.path.realpath(root / "test") in policy.hidden
 
 
+@pytest.mark.slow
 def test_the_corpus_is_built_once_deterministically_and_concurrently(tmp_path):
     data = _data()
     built = []
