@@ -29,6 +29,20 @@ def test_a_good_submission_is_accepted_with_its_figures(cli):
     assert result.seconds < 60
 
 
+@pytest.mark.parametrize("track", ["local", "local-text", "dev-gpu", "paris2026"])
+def test_every_shipped_example_passes_the_check_of_every_built_in_track(cli, track):
+    """A team starts by copying an example: each must be accepted wherever a team may take it (the template's
+    position table was once sized to its training seq_len, and paris2026's 1024-token windows rejected it)."""
+    from harness.tracks.spec import builtin_track_names
+
+    assert track in builtin_track_names() and len(builtin_track_names()) == 4, "a built-in track is missing here"
+    examples = sorted(p for p in (ROOT / "submissions").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert {p.name for p in examples} >= {"baseline", "minimal", "open_example"}
+    for example in examples:
+        result = cli("check", str(example), "--track", track)
+        assert result.code == 0 and "ACCEPTED" in result.out, f"{example.name} on {track}:\n{result.out}{result.err}"
+
+
 def test_every_problem_is_listed_at_once(cli):
     result = cli("check", str(FIXTURES / "bad_config"))
     assert result.code == 1

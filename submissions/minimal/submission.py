@@ -7,8 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONFIG = {"micro_batch_size": 8, "seq_len": 256, "d_model": 128, "n_layer": 2, "n_head": 4,
-          "learning_rate": 2e-3}
+# block_size: the longest window the model reads. Evaluation's windows (1024 tokens at Paris 2026) may
+# be longer than the training seq_len, so the position table is sized for them.
+CONFIG = {"micro_batch_size": 8, "seq_len": 256, "block_size": 1024, "d_model": 128, "n_layer": 2,
+          "n_head": 4, "learning_rate": 2e-3}
 
 
 class TinyGPT(nn.Module):
@@ -16,7 +18,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         d = config["d_model"]
         self.embed = nn.Embedding(config["vocab_size"], d)
-        self.pos = nn.Embedding(config["seq_len"], d)
+        self.pos = nn.Embedding(config["block_size"], d)
         layer = nn.TransformerEncoderLayer(d, config["n_head"], 4 * d, dropout=0.0,
                                            batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, config["n_layer"], enable_nested_tensor=False)
