@@ -383,3 +383,22 @@ def test_a_ranking_with_nobody_in_it_says_why_and_what_to_type(tmp_path):
     assert "<b>No official run has finished yet.</b> <code>harness leaderboard --track local --all</code> shows " \
            "1 unofficial run that finished" in page
     assert "The 1 team in the table ran officially without finishing: each row says why." in page
+
+
+def test_two_runs_folders_never_overwrite_each_others_board(tmp_path, cli):
+    """`harness run` into runs/ and `harness leaderboard --runs-dir event-runs` once both wrote
+    leaderboard/local.*: each board is now beside its runs folder and named after it."""
+    import csv
+
+    make_run(tmp_path / "runs", "alpha", 2.0)
+    make_run(tmp_path / "event-runs", "bravo", 2.5)
+    for runs in ("runs", "event-runs"):
+        result = cli("leaderboard", "--runs-dir", str(tmp_path / runs), "--no-charts")
+        assert result.code == 0, result.err
+    mine = [r["team"] for r in csv.DictReader((tmp_path / "leaderboard" / "local.csv").open())]
+    event = [r["team"] for r in csv.DictReader((tmp_path / "event-runs-leaderboard" / "local.csv").open())]
+    assert mine == ["alpha"] and event == ["bravo"]
+    assert str(tmp_path / "event-runs-leaderboard" / "local.csv") in result.out
+    # An explicit --out still wins.
+    result = cli("leaderboard", "--runs-dir", str(tmp_path / "event-runs"), "--no-charts", "--out", str(tmp_path / "x"))
+    assert result.code == 0 and (tmp_path / "x" / "local.csv").is_file()

@@ -72,7 +72,8 @@ def _refresh_leaderboard(runs_dir, track: str, reporter) -> None:
     from harness.results.views import rebuild
 
     try:
-        out = rebuild(runs_root(runs_dir), track, leaderboard_root(), plots_root())
+        root = runs_root(runs_dir)
+        out = rebuild(root, track, leaderboard_root(runs=root), plots_root(runs=root))
         reporter.info(f"leaderboard {out.html} ({out.ranked} ranked of {out.teams} teams)")
     except Exception as exc:  # the record is written; the view can be rebuilt with `harness leaderboard`
         reporter.error(f"leaderboard not refreshed ({type(exc).__name__}: {exc}); run `harness leaderboard`")

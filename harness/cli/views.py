@@ -14,8 +14,10 @@ from harness.cli.main import SetupError, main
 @click.option("--all", "include_unofficial", is_flag=True, help="Include unofficial runs (writes <track>-all.*).")
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None, help="Where run records are [default: ./runs].")
 @click.option("--out", "out_dir", envvar="HARNESS_LEADERBOARD_DIR", default=None,
-              help="Where the CSV, Markdown and HTML go [default: ./leaderboard].")
-@click.option("--plots-dir", envvar="HARNESS_PLOTS_DIR", default=None, help="Where charts go [default: ./plots].")
+              help="Where the CSV, Markdown and HTML go [default: beside the runs folder, named after it: "
+                   "runs -> leaderboard, event-runs -> event-runs-leaderboard].")
+@click.option("--plots-dir", envvar="HARNESS_PLOTS_DIR", default=None,
+              help="Where charts go [default: beside the runs folder: runs -> plots, event-runs -> event-runs-plots].")
 @click.option("--ranking", type=click.Choice(["mean", "best"]), default=None,
               help="Override the track's ranking rule for this view.")
 @click.option("--no-charts", is_flag=True, help="Only the table (faster).")
@@ -39,8 +41,8 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
 
     def rebuild_all() -> None:
         for track in tracks:
-            out = rebuild(root, track, leaderboard_root(out_dir), plots_root(plots_dir), include_unofficial, ranking,
-                          charts=not no_charts, refresh_s=watch_s, spec=chosen[track])
+            out = rebuild(root, track, leaderboard_root(out_dir, root), plots_root(plots_dir, root), include_unofficial,
+                          ranking, charts=not no_charts, refresh_s=watch_s, spec=chosen[track])
             click.echo(f"{track}: {out.ranked} ranked of {out.teams} teams -> {out.csv}, {out.markdown}, {out.html}"
                        + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
             for reason in out.unreadable:
@@ -70,7 +72,7 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
                    "bounded by the time budget. Without it, a team whose runs mix setups keeps its newest run's.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--chart", "chart_path", default=None,
-              help="Where the overlay chart of loss curves goes [default: plots/compare/<A>_vs_<B>.png].")
+              help="Where the overlay chart of loss curves goes [default: compare/<A>_vs_<B>.png in the plots folder beside the runs folder].")
 def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, chart_path):
     """Compare SIDES (team names, run ids or run directories) against the first, with statistics."""
     import json
@@ -95,7 +97,7 @@ def compare_cmd(sides, track, runs_dir, include_unofficial, max_steps, fmt, char
     rows = compare(resolved)
     sentences = verdict(resolved)
     safe = "_vs_".join("".join(c if c.isalnum() or c in "-_" else "-" for c in s.label) for s in resolved)
-    chart = overlay_chart(resolved, Path(chart_path) if chart_path else plots_root() / "compare" / f"{safe}.png")
+    chart = overlay_chart(resolved, Path(chart_path) if chart_path else plots_root(runs=root) / "compare" / f"{safe}.png")
     if fmt == "json":
         click.echo(json.dumps({"sides": [{"label": s.label, "run_ids": [r["run_id"] for r in s.runs]} for s in resolved],
                                "rows": rows, "verdict": sentences, "chart": str(chart)}, indent=2, default=str))

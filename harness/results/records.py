@@ -41,14 +41,26 @@ def runs_root(cli_value: str | None = None) -> Path:
     return Path(cli_value or os.environ.get("HARNESS_RUNS_DIR") or "runs").expanduser().absolute()
 
 
-def leaderboard_root(cli_value: str | None = None) -> Path:
-    """--out, then HARNESS_LEADERBOARD_DIR, then ./leaderboard. Here, beside runs_root, so that the
-    launcher (which guards the leaderboard during a run) needs no pandas to find it."""
-    return Path(cli_value or os.environ.get("HARNESS_LEADERBOARD_DIR") or "leaderboard")
+def beside_runs(runs: Path | None, name: str) -> Path:
+    """A view's default folder, next to the runs folder it is derived from and named after it: `runs` ->
+    `leaderboard`, `event-runs` -> `event-runs-leaderboard`. Two runs folders never share (and overwrite)
+    one board, as they did when every default board was ./leaderboard."""
+    runs = runs_root() if runs is None else Path(runs).expanduser().absolute()
+    return runs.parent / (name if runs.name == "runs" else f"{runs.name}-{name}")
 
 
-def plots_root(cli_value: str | None = None) -> Path:
-    return Path(cli_value or os.environ.get("HARNESS_PLOTS_DIR") or "plots")
+def leaderboard_root(cli_value: str | None = None, runs: Path | None = None) -> Path:
+    """--out, then HARNESS_LEADERBOARD_DIR, then beside the runs folder (`runs` (default: runs_root()) ->
+    `leaderboard`). Here, beside runs_root, so that the launcher (which guards the leaderboard during a
+    run) needs no pandas to find it."""
+    explicit = cli_value or os.environ.get("HARNESS_LEADERBOARD_DIR")
+    return Path(explicit) if explicit else beside_runs(runs, "leaderboard")
+
+
+def plots_root(cli_value: str | None = None, runs: Path | None = None) -> Path:
+    """--plots-dir, then HARNESS_PLOTS_DIR, then beside the runs folder (`runs` -> `plots`)."""
+    explicit = cli_value or os.environ.get("HARNESS_PLOTS_DIR")
+    return Path(explicit) if explicit else beside_runs(runs, "plots")
 
 
 def new_run_id() -> str:

@@ -54,7 +54,7 @@ def _protected(runs: Path, data) -> list[str]:
     """What a run protects from its model processes (harness/launcher/run/training.py `protected_paths`)."""
     from harness.results.records import leaderboard_root
 
-    return [str(runs.resolve()), str(leaderboard_root().resolve()), *(s.path for s in (data.val if data else []))]
+    return [str(runs.resolve()), str(leaderboard_root(runs=runs).resolve()), *(s.path for s in (data.val if data else []))]
 
 
 def model_process_check(track: Track, runs: Path, data) -> Check:

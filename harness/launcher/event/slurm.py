@@ -252,7 +252,7 @@ def rejected(folders: list[Path], track_name: str, runs_dir: str, say=lambda tex
     for i, folder in enumerate(folders, 1):
         say(f"checking {i}/{len(folders)}: {folder.name} (harness check --track {track_name})")
         others = [str(f) for f in folders if f != folder]
-        protected = [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *others]
+        protected = [str(runs_root(runs_dir).resolve()), str(leaderboard_root(runs=runs_root(runs_dir)).resolve()), *others]
         try:
             result = check(str(folder), track_name, runs_dir=runs_dir, sandbox_mode=track.sandbox, protected=protected)
         except SubmissionError as exc:

@@ -47,7 +47,8 @@ class JobNamespaceMissing(RuntimeError):
 def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
     """What no process running team code may be able to read: the validation shards, every record,
     the derived views."""
-    return [str(runs_root(runs_dir).resolve()), str(leaderboard_root().resolve()), *(s.path for s in data.val)]
+    return [str(runs_root(runs_dir).resolve()), str(leaderboard_root(runs=runs_root(runs_dir)).resolve()),
+            *(s.path for s in data.val)]
 
 
 def threads_per_rank(track: Track, nproc: int) -> int:
@@ -110,7 +111,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                         shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
                         env=area.rank_environment())
     t_launch = time.monotonic()
-    leaderboard_dir = leaderboard_root()
+    leaderboard_dir = leaderboard_root(runs=runs_root(opts.runs_dir))
     # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
     guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
@@ -198,7 +199,7 @@ def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area
         from harness.results.records import plots_root
         from harness.results.views import rebuild
 
-        rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(), charts=False)
+        rebuild(runs_root(opts.runs_dir), track.name, leaderboard_dir, plots_root(runs=runs_root(opts.runs_dir)), charts=False)
     return phase
 
 
