@@ -262,18 +262,27 @@ def _starter_copy(tmp_path):
 
 
 @pytest.mark.slow
-def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_still_accepts(cli, tmp_path):
+def test_check_warns_of_a_hard_coded_nccl_on_a_cpu_track_and_never_says_accepted_there(cli, tmp_path):
+    """A script the check has just said will not run on the track is not ACCEPTED for it (a team once read
+    four warnings, then ACCEPTED, and its run crashed 35 s later): "not ready", exit 1. The contract still
+    holds, so the queue's check keeps the team (the screen reads source and may miss a guard), and the
+    event's GPU track accepts the same script."""
     folder, warning, line = _starter_copy(tmp_path)
     warning = warning.format(track="local")
 
     result = cli("check", str(folder), "--track", "local")
-    assert result.code == 0, result.text
-    assert f"  WARNING: {warning}" in result.out and "ACCEPTED" in result.out
+    assert result.code == 1, result.text
+    assert f"  WARNING: {warning}" in result.out and "ACCEPTED" not in result.out
+    assert result.out.rstrip().splitlines()[-1].startswith("NOT READY for track 'local': the contract holds, but "
+                                                           "1 line(s) above will not run on its device (cpu, gloo)")
+    assert "organisers run" not in result.out
 
     as_json = cli("check", str(folder), "--track", "local", "--json")
-    assert as_json.code == 0, as_json.text
+    assert as_json.code == 1, as_json.text
     report = json.loads(as_json.out)
-    assert report["accepted"] and warning in report["warnings"]
+    assert report["accepted"] and report["verdict"] == "not ready" and warning in report["warnings"]
+    on_gpu = cli("check", str(folder), "--track", "paris2026")
+    assert on_gpu.code == 0 and "ACCEPTED" in on_gpu.out, on_gpu.text
     assert [(f["file"], f["line"]) for f in report["portability"]] == [("train.py", line)]
     assert all(f["category"] != "portability" for f in report["screen"])  # the team's to fix, not a reviewer's
 

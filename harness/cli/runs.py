@@ -185,7 +185,8 @@ def scale(submission, track, world_sizes, steps, warmup_steps, probe_steps, seed
 @click.option("--runs-dir", envvar="HARNESS_RUNS_DIR", default=None,
               help="Run records to check the team name against [default: ./runs].")
 def check_cmd(submission, track, as_json, runs_dir):
-    """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it would be accepted."""
+    """Check SUBMISSION in seconds on a CPU, exactly as before a run; exit 0 when it is accepted (1 when it is
+    rejected, or when lines of it will not run on the track's device)."""
     import json
 
     from harness.launcher.run.check import check, render
@@ -198,12 +199,13 @@ def check_cmd(submission, track, as_json, runs_dir):
     except (SubmissionError, TrackError, ScratchError) as exc:
         raise SetupError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({"accepted": result.accepted, "team": result.team, "command": result.command,
+        click.echo(json.dumps({"accepted": result.accepted, "verdict": result.verdict, "team": result.team,
+                               "command": result.command,
                                **{k: v for k, v in result.report.items() if k != "log_tail"},
                                "warnings": result.warnings}, indent=2, default=str))
     else:
         click.echo("\n".join(render(result)))
-    sys.exit(0 if result.accepted else 1)
+    sys.exit(0 if result.verdict == "accepted" else 1)
 
 
 

@@ -36,6 +36,22 @@ class CheckResult:
     command: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # worth fixing, not a reason to reject
 
+    @property
+    def wont_run(self) -> list[dict]:
+        """The lines the portability screen says will not run on this track's device (a hard-coded "nccl"
+        or "cuda" on a CPU track): the contract holds, but a run there crashes at launch. Not a rejection
+        (the screen reads source and may miss a guard; the queue's check keeps such a team), but never
+        ACCEPTED for this track either."""
+        return [f for f in self.report.get("portability", []) if "will not run on" in str(f.get("what", ""))]
+
+    @property
+    def verdict(self) -> str:
+        """accepted, "not ready" (accepted by the contract, with lines that will not run on this track's
+        device), or rejected; `harness check` exits 0 only for accepted."""
+        if not self.accepted:
+            return "rejected"
+        return "not ready" if self.wont_run else "accepted"
+
 
 def _open_division(folder: Path, track: Track) -> dict | None:
     """For an open-division folder: what the preflight must check, and the script's command line."""
@@ -163,14 +179,21 @@ def _render(result: CheckResult) -> list[str]:
         "(warnings, not verdicts: they are in the record too):")
     for f in screen:
         lines.append(f"      WARNING {f['file']}:{f['line']}  [{f['category']}] {f['what']}: {f['code']}")
-    if result.accepted:  # a rejected submission is never run: its command would read as a promise
+    if result.verdict == "accepted":  # another one is not run as it is: its command would read as a promise
         row("organisers run", shlex.join(result.command))
         if t.nnodes > 1:
             row("", f"one launcher per node: harness slurm {result.command[2]} --track {shlex.quote(result.command[4])} --submit")
     for w in result.warnings:
         lines.append(f"  WARNING: {printable(w)}")
-    if result.accepted:
+    if result.verdict == "accepted":
         lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")
+    elif result.verdict == "not ready":
+        n = len(result.wont_run)
+        lines.append(f"NOT READY for track {t.name!r}: the contract holds, but {n} line(s) above will not run on its "
+                     f"device ({t.device}, {t.backend}): a run there crashes at launch. Make each edit its warning "
+                     "names (the same script then runs on every track), or check against the track you will run "
+                     "on. The screen reads your source: where a guard it does not recognise protects a line, "
+                     "`harness run` runs the script anyway.")
     else:
         lines.append(f"REJECTED: {len(r['problems'])} problem(s):")
         for p in r["problems"]:
