@@ -139,6 +139,16 @@ def test_preflight_runs_the_model_and_reports_the_problem(fixture, message):
     assert message in report["problems"][0]["problem"] and report["problems"][0]["file"].endswith("submission.py")
 
 
+def test_a_forward_with_the_wrong_signature_is_named_at_its_def_line_with_the_fix():
+    """Once reported at torch's module.py:1789 by absolute path, with no fix."""
+    report = run_checks({"submission_dir": str(FIXTURES / "forward_wrong_signature"), "vocab_size": 64,
+                         "device": "cpu", "seed": 0})
+    (problem,) = report["problems"]
+    assert problem["file"] == f"{FIXTURES / 'forward_wrong_signature' / 'submission.py'}:14"
+    assert "Bigram.forward(idx) cannot be called as forward(idx, targets)" in problem["problem"]
+    assert problem["fix"].startswith("define forward(self, idx, targets=None)")
+
+
 def test_preflight_accepts_a_good_submission():
     report = run_checks({"submission_dir": str(FIXTURES / "ok_bigram"), "vocab_size": 64, "device": "cpu", "seed": 0})
     assert report["ok"] and report["params"] == 64 * 64 and report["problems"] == []

@@ -30,6 +30,38 @@ def problem_of(exc: BaseException, team_dir: str) -> dict:
             "traceback": "".join(traceback.format_exception(exc))}
 
 
+def check_forward_signature(model, file: str) -> None:
+    """forward must take (idx, targets) and (idx) alone: a wrong signature otherwise raises inside torch's
+    Module.__call__, with no frame of the team's, and was reported at torch's module.py by absolute path.
+    Named here at the team's `def forward` line, with the fix."""
+    import inspect
+
+    from harness.submission.contract import SubmissionError
+
+    forward = getattr(model, "forward", None)
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):  # a builtin or an odd callable: its calls below say what is wrong
+        return
+    wrong = []
+    for call, args in (("forward(idx, targets)", (None, None)), ("forward(idx)", (None,))):
+        try:
+            signature.bind(*args)
+        except TypeError as exc:
+            wrong.append(f"{call} ({exc})")
+    if not wrong:
+        return
+    where = file
+    try:
+        code = inspect.unwrap(getattr(type(model), "forward", forward))
+        where = f"{inspect.getsourcefile(code)}:{inspect.getsourcelines(code)[1]}"
+    except (TypeError, OSError):
+        pass
+    raise SubmissionError(where, f"{type(model).__name__}.forward{signature} cannot be called as "
+                          + " nor as ".join(wrong) + ": training calls forward(idx, targets), evaluation forward(idx).",
+                          "define forward(self, idx, targets=None) and return (logits, loss), loss None without targets")
+
+
 def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
     """The contract's shapes at full size with no arithmetic: the model built on the meta device (no
     memory, no values), one training forward and backward at the run's own micro-batch under the FLOP
@@ -47,6 +79,7 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
         model = unwrap(sub.get_model(dict(sub.config)))  # shapes need no compiler
     if not isinstance(model, torch.nn.Module):
         return {}  # reported by the real build, with its message
+    check_forward_signature(model, file)
     model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
     idx = torch.empty(B, T, dtype=torch.long, device="meta")
     with flop_counter() as counter:
@@ -109,6 +142,7 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     # minutes at the several shapes below. That it compiles is said: its first training step will.
     plain = unwrap(model)
     compiled_by_get_model, model = plain is not model, plain
+    check_forward_signature(model, file)
     model.to(device=device, dtype=torch.float32)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
