@@ -127,6 +127,31 @@ def test_a_compiled_model_killed_before_its_second_step_is_told_why(cli, tmp_pat
     assert_clean(record)
 
 
+def test_a_compiled_model_is_given_the_compiler_before_its_start_up_and_a_slow_start_up_is_not_blamed_on_it(
+        cli, tmp_path):
+    """The compiler's import (1.5 s of CPU at the first torch.compile(), 4-5 s of wall on a busy machine) is the
+    harness's: the ranks import it before the team's start-up begins, when the check said the model compiles.
+    A start-up that still runs past its allowance is killed before any step, so its reason never blames the
+    compile step (which it once did for every compiled model of a team on `local`)."""
+    folder = tmp_path / "slow_start_compiled"
+    folder.mkdir()
+    source = (FIXTURES / "sleepy_forward" / "submission.py").read_text()
+    source = source.replace("    return Bigram(config[\"vocab_size\"])", (
+        "    if os.environ.get('LOCAL_RANK') is not None:  # training, not the check\n"
+        "        import sys, time\n"
+        "        print('COMPILER-IMPORTED', 'torch._inductor.compile_fx' in sys.modules, flush=True)\n"
+        "        time.sleep(6)\n"
+        "    return torch.compile(Bigram(config[\"vocab_size\"]), backend=\"eager\")"))
+    (folder / "submission.py").write_text(source)
+    result = cli("run", str(folder), "--track", str(one_rank(tmp_path, startup_allowance_s=2.0)))
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert "COMPILER-IMPORTED True" in (run_dir / "logs" / "rank0.log").read_text()
+    assert record["status"] == "timeout" and "start-up took longer than the track's allowance" in record["reason"]
+    assert "compile" not in record["reason"], record["reason"]
+    assert_clean(record)
+
+
 def test_a_crash_in_a_second_file_names_that_files_line_in_the_reason(cli, tmp_path):
     site = f"model.py:{line_of('second_file_crash', 'CRASH LINE')}"
     result = run_fixture(cli, "second_file_crash")

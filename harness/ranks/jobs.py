@@ -54,6 +54,9 @@ class TrainJob:
     sandbox: str = "auto"  # auto | required | off
     sandbox_policy: dict = field(default_factory=dict)  # harness/ranks/confine/sandbox.py Policy, decided by the launcher
     ddp: dict = field(default_factory=dict)  # the track's [ddp] table (harness/tracks/ddp.py); empty: the defaults
+    # The check said the model is torch.compile'd (COMPILE, or get_model's own): the ranks import the
+    # compiler before the team's start-up begins, so its seconds of import are the harness's, not the allowance's.
+    compiles: bool = False
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

@@ -308,7 +308,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         else None
     try:
         try:
-            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat)
+            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
+                          compiles=report.get("compile") is True)
         except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
             set_outcome(record, "aborted", str(exc))
             return
@@ -320,7 +321,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
-        if o.status == "timeout" and report.get("compile") and not any(m.get("step") for m in metrics):
+        # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
+        if o.status == "timeout" and report.get("compile") and phase.watch.train_start_s is not None \
+                and not any(m.get("step") for m in metrics):
             record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
                               "step compiles, on the clock; on this track compiling may cost more than it saves)")
         if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:

@@ -90,7 +90,8 @@ class EarlyEnd:
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
-          taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None) -> PhaseResult:
+          taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None,
+          compiles: bool = False) -> PhaseResult:
     """The ranks (the fixed loop, or an open-division script), in their private folder, with the
     track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
     threads = threads_per_rank(track, nproc)
@@ -103,7 +104,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
         job = build_open_job(spec, track, data, area, record, policy.to_dict() if track.sandbox != "off" else {})
         module, deadlines = "harness.ranks.open_rank", open_deadlines(track)
     else:
-        job = build_train_job(opts, track, data, record, area, threads, policy)
+        job = build_train_job(opts, track, data, record, area, threads, policy, compiles)
         module, deadlines = "harness.ranks.train", training_deadlines(track)
     launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
@@ -167,7 +168,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
 
 
 def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
-                    policy) -> TrainJob:
+                    policy, compiles: bool = False) -> TrainJob:
     return TrainJob(
         run_id=record.run_id, track=track.name, submission_dir=str(area.submission), seed=opts.seed,
         budget_s=track.budget_s, clock_start=track.clock_start, backend=track.backend, device=track.device,
@@ -177,7 +178,7 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
         comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
         sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
-        ddp=dataclasses.asdict(track.ddp),
+        ddp=dataclasses.asdict(track.ddp), compiles=compiles,
     )
 
 
