@@ -64,5 +64,23 @@ def test_an_open_division_script_is_killed_at_one_limit_no_report_moves():
     reason, at = _expired(r, d, launched=99.0, now=127.1)
     assert at == 127.0 and "hard limit" in reason
     silent = WatchResult(setup_start_s=100.0)  # never said "first forward": a hang in its start-up?
-    assert "never reported a first forward" in _expired(silent, d, launched=99.0, now=127.1)[0]
+    assert "reported neither a first forward nor progress" in _expired(silent, d, launched=99.0, now=127.1)[0]
     assert "did not start" in _expired(WatchResult(), d, launched=0.0, now=61.0)[0]
+
+
+def test_a_silent_scripts_reason_says_hang_only_when_it_printed_nothing(tmp_path):
+    """Real scripts rarely call the harness's API: one that trained 320 steps, printing, then overran was told
+    it hung in start-up. The hint now follows what rank 0 printed (the harness's own lines aside)."""
+    from harness.launcher.control.watch import NO_REPORT_HINT
+    from harness.launcher.run.open_run import explain_silence
+
+    reason = "killed at the hard limit: 27.0 s after the ranks started" + NO_REPORT_HINT
+    log = tmp_path / "rank0.log"
+    assert explain_silence(reason, log).endswith("and printed nothing: a hang in start-up?)")  # no log at all
+    log.write_text("[harness] sandbox on\n\n")
+    assert explain_silence(reason, log).endswith("and printed nothing: a hang in start-up?)")
+    log.write_text("[harness] sandbox on\nstep 319 loss 3.2\nstep 320 loss 3.1\x1b[2J\n")
+    said = explain_silence(reason, log)
+    assert "hang" not in said and "rank 0 last printed 'step 320 loss 3.1" in said and "\x1b" not in said
+    assert said.startswith("killed at the hard limit") and said.endswith("does it stop at --time_limit_min?)")
+    assert explain_silence("crashed: boom", log) == "crashed: boom"  # other reasons untouched

@@ -160,7 +160,12 @@ def _open_hint(r: WatchResult, end: float) -> str:
                 "exited: a save that did not finish, or a thread that never ends)")
     if r.train_start_s is not None or r.progress_s is not None:
         return " (it was still training: does it stop at --time_limit_min?)"
-    return " (it never reported a first forward nor progress: a hang in start-up?)"
+    return NO_REPORT_HINT
+
+
+# Real scripts rarely call the harness's open-division API, so having reported nothing says little: the run
+# (harness/launcher/run/open_run.py `explain_silence`) finishes this sentence from what rank 0 printed.
+NO_REPORT_HINT = " (it reported neither a first forward nor progress through the harness's API)"
 
 
 def _expired(r: WatchResult, d: Deadlines, launched: float, now: float, lead: bool = True) -> tuple[str, float] | None:

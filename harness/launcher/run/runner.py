@@ -38,7 +38,7 @@ from harness.results.locks import RunLock
 from harness.launcher.run.identity import name_clash
 from harness.launcher.control.heartbeat import NodeHeartbeat, lost_after_s, silent_after_s
 from harness.launcher.run.nodes import NodePaths, merge_node_reports
-from harness.launcher.run.open_run import apply_open_training, check_open, finish_open_training
+from harness.launcher.run.open_run import apply_open_training, check_open, explain_silence, finish_open_training
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.phases import run_preflight
 from harness.launcher.run.precision import resolve_precision
@@ -320,7 +320,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             apply_training(record, phase)
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
-        set_outcome(record, o.status, o.reason, o.failing_rank, o.traceback)
+        reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" /
+                                                               f"rank{opts.node_rank * nproc}.log")
+        set_outcome(record, o.status, reason, o.failing_rank, o.traceback)
         # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
         if o.status == "timeout" and report.get("compile") and phase.watch.train_start_s is not None \
                 and not any(m.get("step") for m in metrics):
