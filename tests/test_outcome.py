@@ -78,3 +78,28 @@ def test_a_silent_rank_the_agent_tore_down_stopped_responding_it_did_not_die_fir
     for signal_name in ("SIGTERM", "SIGKILL"):
         o = decide(messages, agent_failures={0: {"exitcode": 1}, 1: {"exitcode": -15, "signal": signal_name}})
         assert o.failing_rank == 1 and "rank(s) 1 stopped responding" in o.reason and o.cause == "collective"
+
+
+def test_an_nccl_error_without_a_gpu_is_the_teams_line_not_a_collective_failure(tmp_path, monkeypatch):
+    """A script's hard-coded NCCL on a CPU track raised at train.py's init_process_group line: it was classed
+    as a collective failure (a peer's), with the team's frame dropped. Without a GPU, NCCL cannot have
+    communicated at all: the error is the code's, named at its line. With one, an NCCL error stays
+    collective; so does a gloo failure (named without the line where the rank waited: the peer is the cause)."""
+    from harness.ranks import process
+
+    team = tmp_path / "team"
+    team.mkdir()
+    script = team / "train.py"
+    script.write_text("def init():\n    raise RuntimeError('ProcessGroupNCCL is only supported with GPUs, no GPUs found!')\n"
+                      "def peer_gone():\n    raise RuntimeError('[../gloo/transport/tcp/pair.cc:534] Connection closed by peer')\n")
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    for gpu, call, cause in ((False, "init", "exception"), (False, "peer_gone", "collective"),
+                             (True, "init", "collective")):
+        monkeypatch.setattr(process, "_has_gpu", lambda: gpu)
+        try:
+            namespace[call]()
+        except RuntimeError as exc:
+            report = process.describe_failure(exc, team)
+        assert report["cause"] == cause, (gpu, call, report)
+        assert report["reason"].startswith(f"{script}:") == (cause == "exception"), report["reason"]

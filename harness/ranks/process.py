@@ -141,9 +141,24 @@ def is_collective_error(exc: BaseException) -> bool:
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
-    needles = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout", "broken pipe",
+    if not isinstance(exc, RuntimeError):
+        return False
+    needles = ("gloo", "connection closed", "connection reset", "timed out", "timeout", "broken pipe",
                "socket", "c10d", "store")
-    return isinstance(exc, RuntimeError) and any(n in text for n in needles)
+    if any(n in text for n in needles):
+        return True
+    # NCCL communicates only between GPUs: without one, an NCCL error is the code's asking for it (a script's
+    # hard-coded backend on a CPU track), not a peer that died, and its line is the team's to fix.
+    return "nccl" in text and _has_gpu()
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken driver is no GPU to communicate through
+        return False
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -207,6 +222,7 @@ def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = No
     if is_oom(exc):
         return {"status": "crashed", "reason": f"{at}out of memory ({line[:200]})", "traceback": tb, "cause": "oom"}
     if is_collective_error(exc):
+        # No team line: where a rank waited when its peer died is not the cause (the launcher names the peer).
         return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "collective"}
     return {"status": "crashed", "reason": f"{at}{line[:300]}", "traceback": tb, "cause": "exception"}
 
