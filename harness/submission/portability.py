@@ -49,10 +49,10 @@ CUDA_ONLY_CALLS = {"set_device", "synchronize", "current_device", "Event", "Stre
                    "get_rng_state", "set_per_process_memory_fraction"}
 GUARD_STRINGS = {"cuda", "cpu"}
 CHOSEN_BACKEND = '"nccl" if torch.cuda.is_available() else "gloo"'
-DEVICE_FIX = ('write device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() '
-              'else torch.device("cpu"), and use that device here')
-CUDA_CALL_FIX = ('write .to(device), with device = torch.device("cuda", local_rank) if torch.cuda.is_available() '
-                 'else torch.device("cpu")')
+# The string form: starter-kit scripts test `"cuda" in device`, which a torch.device breaks (TypeError).
+DEVICE_FIX = ("write device = f\"cuda:{int(os.environ['LOCAL_RANK'])}\" if torch.cuda.is_available() else \"cpu\", "
+              "and use that device here")
+CUDA_CALL_FIX = 'write .to(device), with device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"'
 DEVICE_IDS_FIX = "write device_ids=[local_rank] if torch.cuda.is_available() else None"
 INDEX_FIX = "an int device is a GPU's index: " + DEVICE_FIX
 ARGUMENT_DEVICE_FIX = 'write default="cuda" if torch.cuda.is_available() else "cpu"'

@@ -99,7 +99,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"  # a string, as docs/submission.md says
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -110,7 +110,7 @@ def main() -> None:
     model = DDP(raw_model)
     opt = torch.optim.AdamW(raw_model.parameters(), lr=args.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
     shards = load_shards(args.data_dir)
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda)
+    autocast = torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=cuda)
     limit_s = args.time_limit_min * 60
     tokens_per_step = world * args.batch_size * args.grad_accum_steps * args.seq_len
     agreed = torch.zeros(2, device=device)  # [elapsed seconds (max over ranks), loss (sum over ranks)]
