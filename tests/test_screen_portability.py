@@ -327,6 +327,10 @@ def test_the_two_edits_in_the_docs_pass_the_screen():
     script = f"import os, torch\nimport torch.distributed as dist\n{code}"
     assert screen_portability(script, "train.py", CPU_TRACK) == []
     assert "harness check submissions/<you> --track local" in section.split("**The arguments")[0]
+    # The device stays a string: a torch.device breaks the starter kit's own `"cuda" in device` tests.
+    assert "torch.device(" not in code and 'else "cpu"' in code
+    from harness.submission.portability import CUDA_CALL_FIX, DEVICE_FIX
+    assert "torch.device(" not in DEVICE_FIX + CUDA_CALL_FIX
 
 
 def test_a_guard_passed_along_a_long_chain_of_names_is_still_a_guard():
