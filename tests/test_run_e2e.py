@@ -225,6 +225,29 @@ def test_compiled_submission_runs_and_saves_the_plain_module(cli, tmp_path):
     assert list(ckpt["model"]) == ["table.weight"]
 
 
+@pytest.mark.slow
+def test_a_track_may_train_a_compiled_model_eagerly_and_says_so(cli, tmp_path):
+    """A team's files that return torch.compile(model) get a laptop result unchanged where the track says
+    compile = "eager" (local does): the plain module trains (no compile step), the record says so, and the
+    checkpoint is the plain module's, as it would be compiled."""
+    from conftest import FIXTURES, one_rank
+
+    folder = tmp_path / "returns_compiled"
+    folder.mkdir()
+    source = (FIXTURES / "compiled" / "submission.py").read_text().replace("COMPILE = True\n", "")
+    source = source.replace("    return Bigram(config[\"vocab_size\"])", "    import torch\n"
+                            "    return torch.compile(Bigram(config[\"vocab_size\"]))")
+    (folder / "submission.py").write_text(source)
+    result = cli("run", str(folder), "--track", str(one_rank(tmp_path, max_steps=3, compile="eager")))
+    assert result.code == 0, result.err
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "ok" and record["steps"] == 3 and record["compiled"] is False
+    assert record["track"]["compile"] == "eager"
+    assert any("trains it eagerly" in note for note in record["notes"]), record["notes"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert list(ckpt["model"]) == ["table.weight"]
+
+
 # ------------------------------------------------------------------ the event's data path: shard files
 SHARD_TRACK = """\
 name = "shards"

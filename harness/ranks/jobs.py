@@ -57,6 +57,7 @@ class TrainJob:
     # The check said the model is torch.compile'd (COMPILE, or get_model's own): the ranks import the
     # compiler before the team's start-up begins, so its seconds of import are the harness's, not the allowance's.
     compiles: bool = False
+    compile_mode: str = "as_submitted"  # the track's `compile`: "eager" trains a compiled model's plain module
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

@@ -137,7 +137,9 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     model.to(device=device, dtype=torch.float32)  # fp32 master weights; autocast does the bf16
     raw_model = unwrap(model)  # a get_model that returns torch.compile(model) saves the plain module's keys
     params = sum(p.numel() for p in raw_model.parameters())
-    if sub.compile and model is raw_model:  # never compile twice
+    if job.compile_mode == "eager":  # the track trains compiled models eagerly: their plain module, same weights
+        model = raw_model
+    elif sub.compile and model is raw_model:  # never compile twice
         model = torch.compile(model)
     ddp = ddp_setup.wrap(model, device, env.local_rank, job.ddp)  # the track's [ddp] settings, the same for every team
     optimizers = sub.build_optimizers(raw_model, ctx) if sub.build_optimizers else default_optimizers(raw_model, ctx, sub.config)

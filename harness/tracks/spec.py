@@ -26,6 +26,7 @@ CLOCK_STARTS = ("first_forward", "model_build")
 RANKINGS = ("best", "mean")
 SHARD_FORMATS = ("auto", "raw_uint16", "llmc_uint16", "llmc_uint32")
 SANDBOX_MODES = ("auto", "required", "off")
+COMPILE_MODES = ("as_submitted", "eager")
 
 
 class TrackError(ValueError):
@@ -208,6 +209,9 @@ class Track:
     divisions: str = "together"  # fixed-loop and open-division runs ranked together, or "separate"
     max_steps: int = 0  # >0: stop after exactly this many steps, not on the budget (tests and benchmarks)
     sandbox: str = "auto"  # Landlock for processes that run team code: auto (where available), required, off
+    # A team's torch.compile'd model (COMPILE, or get_model's own) trained compiled, or eagerly (its plain
+    # module): compiling on a laptop's CPU can cost more than a short budget; the figure is the same model's.
+    compile: str = "as_submitted"
     data: DataSpec
     eval: EvalSpec
     interconnect: InterconnectSpec = field(default_factory=InterconnectSpec)
@@ -228,6 +232,8 @@ class Track:
             raise TrackError(f"{where}: `clock_start` must be one of {CLOCK_STARTS}, got {self.clock_start!r}")
         if self.sandbox not in SANDBOX_MODES:
             raise TrackError(f"{where}: `sandbox` must be one of {SANDBOX_MODES}, got {self.sandbox!r}")
+        if self.compile not in COMPILE_MODES:
+            raise TrackError(f"{where}: `compile` must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.ranking not in RANKINGS:
             raise TrackError(f"{where}: `ranking` must be one of {RANKINGS}, got {self.ranking!r}")
         if self.divisions not in ("together", "separate"):

@@ -308,6 +308,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         else None
     try:
         try:
+            if spec is None and report.get("compile") is True and track.compile == "eager":
+                record.notes.append(f"the model is torch.compile'd; track {track.name} trains it eagerly (compile = "
+                                    "\"eager\"): its plain module, the same figure at another speed")
             phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
                           compiles=report.get("compile") is True)
         except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
