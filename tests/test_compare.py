@@ -57,7 +57,8 @@ def test_unknown_side_is_a_clear_error(cli, tmp_path):
 
 
 def test_sides_made_differently_and_exact_p_values_are_said_plainly(cli, tmp_path):
-    """Two runs a side with no spread give Welch p = 0.0 exactly: printed `< 0.001`, never `0`. One side
+    """Two runs a side with no spread gave Welch p = 0.0 exactly, printed `< 0.001`: a spread of 0 is no
+    measurement, so no p-value is printed at all (`constant`) and no significance is claimed; never `0`. One side
     trained to the budget, the other bounded by --max-steps: the verdict says they are not comparable."""
     runs = tmp_path / "runs"
     for seed in (1, 2):
@@ -69,8 +70,10 @@ def test_sides_made_differently_and_exact_p_values_are_said_plainly(cli, tmp_pat
     result = cli("compare", "alpha", "bravo", "--all", "--runs-dir", str(runs), "--chart", str(tmp_path / "c.png"))
     assert result.code == 0, result.err
     val_row = next(line for line in result.out.splitlines() if line.startswith("val_loss "))
-    assert val_row.split()[-2:] == ["<", "0.001"]  # the p column
-    assert "alpha beats bravo by 0.1 ± 0 (95% CI), Welch p < 0.001: significant." in result.out
+    assert val_row.split()[-1] == "constant"  # the p column
+    assert ("alpha has the lower val_loss than bravo by 0.1, but the figure does not vary between the runs of either "
+            "side: no test can be made.") in result.out
+    assert ": significant." not in result.out
     assert "p = 0" not in result.out and "  0  " not in val_row
     assert ("alpha and bravo are not comparable: their runs differ in --max-steps (alpha: none (the time budget); "
             "bravo: 200)") in result.out
@@ -138,3 +141,21 @@ def test_compare_max_steps_chooses_the_runs_and_counts_unofficial_ones(cli, tmp_
     assert missing.code == 2
     assert ("team 'baseline' has no ok run at --max-steps 100 of its latest submission: its ok runs are 1 run "
             "bounded by the time budget and 5 runs at --max-steps 200") in missing.err, missing.err
+
+
+def test_compare_prints_no_p_value_for_what_does_not_vary(cli, tmp_path):
+    """Every run of both sides has the same params, steps and tokens (make_run's): the table said `< 0.001` or
+    `1` for them. It says `constant`, beside each side's value, and p-values only for what varies."""
+    runs, _ = _runs(tmp_path)
+    result = cli("compare", "alpha", "bravo", "--runs-dir", str(runs), "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result.err
+    lines = {line.split()[0]: line for line in result.out.splitlines() if line.strip()}
+    for metric in ("params", "steps", "tokens"):
+        assert lines[metric].split()[-1] == "constant", lines[metric]
+        assert "±" not in lines[metric] and "<" not in lines[metric]
+    assert lines["val_loss"].split()[-2:] == ["<", "0.001"] and lines["tokens_per_s"].split()[-2:] == ["<", "0.001"]
+    out = json.loads(cli("compare", "alpha", "bravo", "--runs-dir", str(runs), "--format", "json",
+                         "--chart", str(tmp_path / "c.png")).out)
+    params = next(r for r in out["rows"] if r["metric"] == "params")
+    assert params["bravo vs alpha: p"] is None and params["alpha"] == params["bravo"] == 1000
+    assert params["bravo vs alpha: note"].startswith("the figure does not vary between the runs of either side")

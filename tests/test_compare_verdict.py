@@ -173,12 +173,15 @@ def test_a_side_that_mixes_setups_keeps_its_newest_runs_and_says_what_it_left_ou
 
 
 def test_a_repeated_seed_is_named():
-    """Bounded by steps, a seed run twice gives the same figure twice: a spread of 0 is not a measurement."""
+    """Bounded by steps, a seed run twice gives the same figure twice: a spread of 0 is not a measurement (and no
+    significance is claimed from it: test_a_figure_constant_within_each_side_gets_no_p_value)."""
     a = [run(2.0, 1, steps=100, max_steps=100), run(2.0, 1, steps=100, max_steps=100)]
     b = [run(2.1, 1, steps=100, max_steps=100), run(2.1, 2, steps=100, max_steps=100)]
     lines = verdict(sides(a, b))
-    assert lines[0] == "A beats B by 0.1 ± 0 (95% CI), Welch p < 0.001: significant."
-    assert lines[1].startswith("A ran seed 1 more than once: a repeated seed is the same model and data order again")
+    assert lines[0] == ("A has the lower val_loss than B by 0.1, but the figure does not vary between the runs of "
+                        "either side: no test can be made.")
+    assert any(line.startswith("A ran seed 1 more than once: a repeated seed is the same model and data order again")
+               for line in lines)
     assert not any(line.startswith("B ran seed") for line in lines)
 
 
@@ -234,3 +237,32 @@ def test_every_figure_in_the_table_and_the_verdict_is_written_one_way():
     wrong = [f for f in _figures(table + "\n" + said) if not _one_way(f)]
     assert wrong == [], wrong
     assert not re.search(r"p = 0(?![.\d])", said) and not any(line.rstrip().endswith(" 0") for line in table.splitlines())
+
+
+def test_a_figure_constant_within_each_side_gets_no_p_value():
+    """`harness compare` printed `< 0.001` for params and `1` for steps: figures no run of either side varied (the
+    model's size; the steps of runs bounded by steps). A t-test on a spread of 0 calls any difference certain and
+    none none at all. Such a figure is said to be constant, each side's value shown, no p-value; the verdict rests
+    on what varies, and when val_loss itself is constant (a seed repeated) it claims nothing."""
+    from harness.results.compare_table import compare_table
+
+    a = [run(2.00 + 0.01 * s, s, steps=200, max_steps=200, params=425_984, tokens_per_s=1000.0 + s) for s in (1, 2, 3)]
+    b = [run(2.10 + 0.012 * s, s, steps=200, max_steps=200, params=494_848, tokens_per_s=1100.0 + s) for s in (1, 2, 3)]
+    both = sides(a, b)
+    rows = {r["metric"]: r for r in compare.compare(both)}
+    for metric, (va, vb) in {"params": (425_984, 494_848), "steps": (200, 200)}.items():
+        row = rows[metric]
+        assert row["B vs A: p"] is None and row["B vs A: ci95"] is None and row["B vs A: note"] == compare.CONSTANT
+        assert (row["A"], row["B"], row["A ci95"], row["B ci95"]) == (va, vb, None, None)
+        assert row["B vs A: diff"] == vb - va
+    assert rows["val_loss"]["B vs A: p"] < 0.001 and rows["tokens_per_s"]["B vs A: p"] < 0.001  # these vary: tested
+    lines = {line.split()[0]: line for line in compare_table(both, list(rows.values())).splitlines()}
+    assert lines["params"].split()[1:] == ["425,984", "494,848", "+68,864", "constant"]
+    assert lines["steps"].split()[1:] == ["200", "200", "+0", "constant"]
+    assert verdict(both) == ["A beats B by 0.104 ± 0.02536 (95% CI), Welch p < 0.001: significant."]
+    # val_loss constant within each side: the difference is said, no significance, and why.
+    same = verdict(sides([run(2.0, 1, steps=100, max_steps=100)] * 2, [run(2.1, 1, steps=100, max_steps=100)] * 2))
+    assert same[0] == ("A has the lower val_loss than B by 0.1, but the figure does not vary between the runs of "
+                       "either side: no test can be made.")
+    assert same[1].startswith("val_loss did not vary between the runs of either side (A 2; B 2.1)")
+    assert not any("significant" in line or "p <" in line or "p =" in line for line in same)

@@ -3,7 +3,9 @@
 Each side is a team name (its official ok runs of its latest submission), a run id, or a run
 directory. Every metric is shown side by side with the difference from the first side (the
 reference), a 95% Welch interval and a Welch t-test p-value; with a single run on a side no
-significance is claimed. Throughput is compared as a ratio. An overlay chart shows the loss
+significance is claimed, nor for a figure that does not vary between the runs of either side (params,
+flops_per_token; steps and tokens of runs bounded by steps): it is said to be constant, with each side's
+value, and no verdict rests on it. Throughput is compared as a ratio. An overlay chart shows the loss
 curves of every run of every side.
 
 The verdict also says when the comparison cannot be trusted whatever the p-value: sides made
@@ -109,7 +111,8 @@ def compare(sides: list[Side]) -> list[dict[str, Any]]:
             vals = side.values(key)
             s = summarize(vals) if vals else None
             row[side.label] = None if s is None else s.mean
-            row[f"{side.label} ci95"] = None if s is None else s.ci95
+            # A side whose runs all gave one figure has that figure, not an interval of width 0 around it.
+            row[f"{side.label} ci95"] = None if s is None or constant([vals]) else s.ci95
             row[f"{side.label} n"] = len(vals)
         for side in sides[1:]:
             a, b = ref.values(key), side.values(key)
@@ -118,7 +121,7 @@ def compare(sides: list[Side]) -> list[dict[str, Any]]:
                 row[f"{prefix}: diff"] = row[f"{prefix}: ci95"] = row[f"{prefix}: p"] = None
                 row[f"{prefix}: note"] = "missing on a side"
                 continue
-            cmp = welch(b, a)
+            cmp = difference(b, a)
             if mode == "ratio":
                 ma, mb = sum(a) / len(a), sum(b) / len(b)
                 row[f"{prefix}: ratio"] = mb / ma if ma else None
@@ -137,11 +140,29 @@ def verdict(sides: list[Side]) -> list[str]:
     ref = sides[0]
     lines = [s.note for s in sides if s.note]  # what each mean is of, before anything is said of the means
     for side in sides[1:]:
-        cmp = welch(side.values("val_loss"), ref.values("val_loss"))
+        cmp = difference(side.values("val_loss"), ref.values("val_loss"))
         lines += [line for line in (comparability_line(ref, side), welch_line(ref, side, cmp)) if line]
         lines += noise_lines(ref, side, cmp)
     lines += [line for s in sides if (line := repeated_seeds_line(s))]
     return list(dict.fromkeys(lines))  # what is said of the reference alone is said once, not once per side
+
+
+# What is said of a figure that no run of either side varied: no test is made on it.
+CONSTANT = "the figure does not vary between the runs of either side: no test can be made"
+
+
+def constant(per_side: list[list[float]]) -> bool:
+    """Every side holds two runs or more and each side's runs all gave one figure (params, flops_per_token; steps
+    and tokens of runs bounded by steps; val_loss of a seed repeated bounded by steps). A spread of 0 measures no
+    noise: a t-test on it calls any difference certain (p = 0) and none a difference at all (p = 1)."""
+    return all(len(v) >= 2 and max(v) - min(v) <= 1e-12 * max(1.0, *(abs(x) for x in v)) for v in per_side)
+
+
+def difference(b: list[float], a: list[float]) -> Comparison:
+    """Welch's test of mean(b) - mean(a), but none where the figure is constant within each side: the difference,
+    exact, and CONSTANT as the note."""
+    cmp = welch(b, a)
+    return Comparison(cmp.diff, None, None, CONSTANT) if constant([a, b]) else cmp
 
 
 def welch_line(ref: Side, side: Side, cmp: Comparison) -> str:
@@ -327,6 +348,11 @@ def noise_lines(ref: Side, side: Side, cmp: Comparison) -> list[str]:
     diff = abs(cmp.diff)
     stds = {s.label: summarize(v).std for s in (ref, side) if (v := s.values("val_loss"))}
     measured = {label: std for label, std in stds.items() if std is not None}
+    if cmp.note == CONSTANT and diff != 0:  # every run of each side gave one figure: no noise was measured
+        values = "; ".join(f"{s.label} {format_number(s.values('val_loss')[0])}" for s in (ref, side))
+        head = (f"val_loss did not vary between the runs of either side ({values}): the same figure again (a seed "
+                "repeated, bounded by steps) measures no run-to-run noise, so this difference cannot be tested.")
+        return [head, *causes(ref, side), advice(ref, side, seeds_needed(None, diff))]
     if not measured:
         head = (f"One run a side: the run-to-run noise cannot be measured, and on a busy machine it can be larger "
                 f"than this difference ({format_number(diff)}).")

@@ -1,5 +1,6 @@
 """`harness compare`'s table as text: one row per metric, each side's mean ± its interval, each later side's
-difference (or throughput ratio) from the reference, and the p-value. Every figure is written by
+difference (or throughput ratio) from the reference, and the p-value (or why there is none: one run on a
+side, or a figure constant within each side). Every figure is written by
 compare.format_number and every p-value by compare.format_p, as in the verdict under it (the CSV and the
 JSON keep the raw figures)."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.results.compare import Side, format_number, format_p
+from harness.results.compare import CONSTANT, Side, format_number, format_p
 
 
 def _mean(mean: float | None, ci: float | None, signed: bool = False) -> str:
@@ -17,9 +18,9 @@ def _mean(mean: float | None, ci: float | None, signed: bool = False) -> str:
 
 
 def _p(row: dict[str, Any], prefix: str) -> str:
-    p = row[f"{prefix}: p"]
-    if p is None:  # one run on a side: no test, and the table says why rather than "-"
-        return "n/a (1 run)" if (row[f"{prefix}: note"] or "").startswith("one run") else "-"
+    p, note = row[f"{prefix}: p"], row[f"{prefix}: note"] or ""
+    if p is None:  # no test: the table says why rather than "-" (the side columns show the constant values)
+        return "n/a (1 run)" if note.startswith("one run") else "constant" if note == CONSTANT else "-"
     return format_p(p)
 
 
