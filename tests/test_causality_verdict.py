@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import FIXTURES, HARNESS_SCRIPT, quick_track, run_dirs
+from conftest import FIXTURES, HARNESS_SCRIPT, ROOT, quick_track, run_dirs
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +146,30 @@ def test_the_determinism_settings_never_fill_a_models_buffers_with_nan():
             "x = torch.empty(1000); x[:10] = 1; m = torch.zeros(1000); m[:10] = 1; print(float((x * m).sum()))")
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "10.0", out.stdout + out.stderr
+
+
+def test_the_determinism_settings_cost_a_model_process_no_compiler_import():
+    """torch.use_deterministic_algorithms imports Inductor's config, and with it Inductor and dynamo: 1.7 s of
+    CPU in each of evaluation's model processes, one after the other (evaluation took 7 s on `tiny` for
+    0.2 s of forwards). The settings hold all the same, and Inductor's are set where a model loads it."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys, torch
+from harness.ranks.models.model_worker import hold_determinism
+from harness.scoring.scorer import DETERMINISM
+hold_determinism(DETERMINISM)
+before = {"on": torch.are_deterministic_algorithms_enabled(),
+          "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+          "inductor_loaded": "torch._inductor.config" in sys.modules}
+import torch._inductor.config as config  # what a model that compiles loads: the flags follow
+config.deterministic = False
+config.max_autotune = True
+hold_determinism(DETERMINISM)
+print(json.dumps({**before, "deterministic": config.deterministic, "max_autotune": config.max_autotune}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"on": True, "warn_only": True, "inductor_loaded": False,
+                                      "deterministic": True, "max_autotune": False}
