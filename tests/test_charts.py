@@ -91,7 +91,7 @@ def test_val_loss_chart_shows_n_draws_no_interval_from_one_run_and_lists_non_fin
     fig = val_loss_figure("local", table, counted, colors=NO_TEAMS)
     text = _texts(fig)
     assert "n=3" in text and "2.4000   n=1: no interval" in text
-    assert "did not finish: crashed (rank 1: boom)" in text
+    assert "did not finish: crashed\nrank 1: boom" in text
     ax = fig.axes[0]
     bars = [c for c in ax.collections if c.get_segments()]  # error bars: only alpha has one
     assert len(bars) == 1
@@ -178,16 +178,18 @@ def test_the_loss_charts_show_the_rankings_figure_and_say_what_the_bold_line_is(
         fig = loss_figure("local", table, counted, x_col, colors=colors)
         legend = _legend(fig)
         assert legend[0] == "train loss: bold the run nearest the mean, thin other runs"
-        assert legend[1:3] == ["a run's val loss", "the ranking's figure: mean val loss ± 95% interval"]
+        assert legend[1:3] == ["a run's val loss", "the ranking's figure: mean val loss and its interval"]
         alpha, bravo = by_team["alpha"], by_team["bravo"]
-        assert f"#1 alpha: {alpha['val_loss']:.4f} ± {alpha['ci95']:.4f} (n=3), tied with #2" in legend
-        assert f"#2 bravo: {bravo['val_loss']:.4f} ± {bravo['ci95']:.4f} (n=3), tied with #1" in legend
-        assert "#3 charlie: 2.6000 (n=1: no interval)" in legend
+        interval = {t: f"{by_team[t]['interval_low']:.4f}–{by_team[t]['interval_high']:.4f}" for t in ("alpha", "bravo")}
+        assert f"#1 alpha: {alpha['val_loss']:.4f}, {interval['alpha']}, n=3, tied with #2" in legend
+        assert f"#2 bravo: {bravo['val_loss']:.4f}, {interval['bravo']}, n=3, tied with #1" in legend
+        assert "#3 charlie: 2.6000, n=1: no interval" in legend
         marks = _ranked_marks(fig.axes[0])
         for team in ("alpha", "bravo"):
             y, low, high = marks[colors(team)]
             row = by_team[team]
-            assert math.isclose(y, row["val_loss"]) and math.isclose(high - low, 2 * row["ci95"])
+            assert math.isclose(y, row["val_loss"])
+            assert math.isclose(low, row["interval_low"]) and math.isclose(high, row["interval_high"])
         assert marks[colors("charlie")][1:] == (2.6, 2.6)  # no interval from one run
         bold = [line for line in fig.axes[0].get_lines() if line.get_linewidth() > 2 and
                 to_hex(line.get_color()) == colors("alpha")]
@@ -245,3 +247,84 @@ def test_empty_charts_say_why_and_what_to_type(tmp_path):
         text = _texts(fig)
         assert "No official runs yet." in text and "harness leaderboard --track local --all" in text
         assert "1 unofficial run of 1 team" in text and not fig.axes[0].axison
+
+
+def _dashed(ax) -> list:
+    return [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+def test_the_axes_fit_the_data_and_the_floor_when_it_is_near(tmp_path):
+    """The val_loss axis ran to 10 for figures near 2.7: a t interval from 2 runs (0.41 to 4.99) and room for text
+    inside the axes. The axis spans the intervals with a margin, the floor with them when it is near (else the label
+    says it is left of the axis), and the figures are written right of the axes; the loss charts alike."""
+    for seed, v in enumerate((2.52, 2.88), 1):
+        make_run(tmp_path, "wide", v, seed=seed, loss_floor=1.64)
+    for seed, v in enumerate((2.70, 2.71, 2.72), 1):
+        make_run(tmp_path, "tight", v, seed=seed, loss_floor=1.64)
+    table, counted = _track(tmp_path)
+    fig = val_loss_figure("local", table, counted, colors=NO_TEAMS)
+    ax = fig.axes[0]
+    left, right = ax.get_xlim()
+    assert 2.88 < right < 2.88 + 0.1 and 2.3 < left < 2.52, (left, right)  # the data and a margin: 2.52 to 2.88
+    assert "loss floor 1.640, left of this axis" in ax.get_xlabel() and not _dashed(ax)  # 2.4 spans below: not drawn
+    texts = [t for t in ax.texts if "n=2" in t.get_text()]
+    assert texts and texts[0].xy[0] == 1.0  # at the right edge of the axes (axes fraction), never inside the data
+    assert "2.5200–2.8800 (min–max)" in texts[0].get_text()
+    for x_col in ("train_time_s", "tokens"):
+        bottom, top = loss_figure("local", table, counted, x_col, colors=NO_TEAMS).axes[0].get_ylim()
+        assert 2.3 < bottom and top < 3.3, (x_col, bottom, top)  # the curves end near 2.5 to 2.9
+    near = tmp_path / "near"
+    for seed, v in enumerate((1.90, 2.00, 1.95), 1):
+        make_run(near, "alpha", v, seed=seed, loss_floor=1.64)
+    table, counted = _track(near)
+    ax = val_loss_figure("local", table, counted, colors=NO_TEAMS).axes[0]
+    left, right = ax.get_xlim()
+    assert 1.55 < left < 1.64 and right < 2.2, (left, right)  # the floor is in, with a margin, and nothing far right
+    assert [line.get_xdata()[0] for line in _dashed(ax)] == [1.64]  # the floor's dashed line
+
+
+def test_a_panel_without_figures_is_not_drawn_and_the_figure_fits_the_panels(tmp_path):
+    """On a CPU no team has an MFU: the MFU panel was an empty frame with a sentence in it. It is not drawn; the
+    sentence is said once under the panels, and the figure is as tall as the two panels drawn. With MFU figures, the
+    panel is drawn."""
+    make_run(tmp_path, "alpha", 2.0, comm_overlap_efficiency=0.9)
+    make_run(tmp_path, "bravo", 2.1, comm_overlap_efficiency=0.8)
+    table, _ = _track(tmp_path)
+    cpu = throughput_figure("local", table, colors=NO_TEAMS)
+    assert [ax.get_title() for ax in cpu.axes] == ["Throughput: track local",
+                                                   "Comm overlap (probe at the run's world size)"]
+    assert any("MFU n/a" in t.get_text() for t in cpu.texts)
+    gpu_runs = tmp_path / "gpu"
+    make_run(gpu_runs, "alpha", 2.0, comm_overlap_efficiency=0.9, mfu=0.41)
+    make_run(gpu_runs, "bravo", 2.1, comm_overlap_efficiency=0.8, mfu=0.38)
+    gpu_table, _ = _track(gpu_runs)
+    gpu = throughput_figure("local", gpu_table, colors=NO_TEAMS)
+    assert [ax.get_title() for ax in gpu.axes][1] == "Model FLOPs utilisation" and len(gpu.axes) == 3
+    assert cpu.get_size_inches()[1] < gpu.get_size_inches()[1] * 0.75
+
+
+def test_a_missing_measurement_reads_the_same_in_the_tables_the_page_and_the_charts(tmp_path):
+    """The open division's comm overlap (its own train.py runs no probe) was blank in the table and "n/a" on the
+    chart; MFU on a CPU "n/a" on the page and blank in the Markdown. A ranked team's missing measurement reads
+    cells.NOT_MEASURED everywhere; a figure reads the same everywhere too (≈100% above 1)."""
+    from harness.results.cells import NOT_MEASURED, cell
+    from harness.results.page import to_html
+    from harness.results.tables import MARKDOWN_COLUMNS, to_markdown
+
+    make_run(tmp_path, "fixed", 2.0, comm_overlap_efficiency=1.02)
+    make_run(tmp_path, "open", 2.1, division="open")
+    table, _ = _track(tmp_path)
+    fig = throughput_figure("local", table, colors=NO_TEAMS)
+    comm = next(ax for ax in fig.axes if ax.get_title().startswith("Comm overlap"))
+    on_chart = [t.get_text() for t in comm.texts]  # the bars' labels, top team first
+    by = {row["team"]: row for _, row in table.iterrows()}
+    assert on_chart == [cell("comm_overlap_efficiency", by["fixed"]), cell("comm_overlap_efficiency", by["open"])]
+    assert on_chart == ["≈100%", NOT_MEASURED]
+    md = to_markdown(table, "local", "mean")
+    open_row = next(line for line in md.splitlines() if line.startswith("| 2 | open |"))
+    cells = dict(zip(MARKDOWN_COLUMNS, (c.strip() for c in open_row.strip("|").split("|"))))
+    assert cells["comm_overlap_efficiency"] == cells["mfu"] == NOT_MEASURED and cells["tokens_per_s"] == "1,000"
+    page = to_html(table, "local", "mean", [], "now", colors=lambda team: "#000000")
+    assert f'<td class="comm_overlap_efficiency wide">{NOT_MEASURED}</td>' in page
+    assert '<td class="comm_overlap_efficiency wide">≈100%</td>' in page
+    assert f'<td class="mfu wide">{NOT_MEASURED}</td>' in page

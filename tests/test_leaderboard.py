@@ -20,9 +20,40 @@ def test_mean_ranking_with_intervals_and_ties(tmp_path):
     t = table(tmp_path)
     assert list(t["team"]) == ["alpha", "bravo", "charlie"] and list(t["rank"]) == [1, 2, 3]
     assert t.loc[0, "val_loss"] == pytest.approx(2.01) and t.loc[0, "n_runs"] == 3
-    assert t.loc[0, "ci95"] == pytest.approx(4.303 * 0.01 / 3**0.5, rel=1e-3)  # t(0.975, 2) * s / sqrt(n)
+    half = 4.303 * 0.01 / 3**0.5  # t(0.975, 2) * s / sqrt(n): 3 runs, the 95% t interval (the floor, 1.5, is far)
+    assert t.loc[0, "interval_kind"] == "t95"
+    assert (t.loc[0, "interval_low"], t.loc[0, "interval_high"]) == (pytest.approx(2.01 - half, rel=1e-4),
+                                                                     pytest.approx(2.01 + half, rel=1e-4))
     assert t.loc[0, "tied_with"] == "#2" and t.loc[1, "tied_with"] == "#1"  # not significantly different
     assert t.loc[1, "p_vs_next"] < 0.05 and t.loc[2, "tied_with"] == ""
+
+
+def test_the_boards_intervals_never_claim_a_loss_below_the_floor(tmp_path):
+    """The issue's board: 2 runs (2.52, 2.88) over a floor of 1.64 had the interval 0.41 to 4.99. Its interval is
+    now the runs' range; 3 runs near the floor have a t interval cut at the floor, and the Markdown says so. The
+    ranking's statistics are the runs' as before: Welch's p to the next team, the ties it finds."""
+    from harness.results.stats import welch
+    from harness.results.tables import to_markdown
+
+    for seed, v in enumerate((1.70, 2.30, 1.75), 1):
+        make_run(tmp_path, "near", v, seed=seed, loss_floor=1.64)
+    for seed, v in enumerate((2.52, 2.88), 1):
+        make_run(tmp_path, "wide", v, seed=seed, loss_floor=1.64)
+    for seed, v in enumerate((2.70, 2.71, 2.72), 1):
+        make_run(tmp_path, "tight", v, seed=seed, loss_floor=1.64)
+    t = table(tmp_path)
+    by = {row["team"]: row for _, row in t.iterrows()}
+    assert list(t["team"]) == ["near", "wide", "tight"]
+    assert (by["wide"]["interval_low"], by["wide"]["interval_high"], by["wide"]["interval_kind"]) == (2.52, 2.88, "range")
+    assert by["near"]["interval_low"] == 1.64 and by["near"]["interval_kind"] == "t95_floor"
+    assert by["tight"]["interval_kind"] == "t95" and by["tight"]["interval_low"] > 2.6
+    assert (t["interval_low"] >= 1.64).all()
+    assert by["near"]["p_vs_next"] == pytest.approx(welch([1.70, 2.30, 1.75], [2.52, 2.88]).p_value, rel=1e-12)
+    assert by["wide"]["p_vs_next"] == pytest.approx(welch([2.52, 2.88], [2.70, 2.71, 2.72]).p_value, rel=1e-12)
+    assert by["wide"]["tied_with"] == "#1, #3" and by["tight"]["tied_with"] == "#2"  # p >= 0.05 both ways
+    md = to_markdown(t, "local", "mean")
+    assert "| 1.6400–" in md and "(cut at floor) |" in md and "| 2.5200–2.8800 (min–max) |" in md
+    assert "0.41" not in md
 
 
 def test_single_runs_are_never_silently_ordered(tmp_path):

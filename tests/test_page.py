@@ -89,8 +89,8 @@ def test_ties_undetermined_orders_and_reasons_are_on_the_page(page, browser):
 
 
 def test_intervals_and_run_counts_are_on_the_page(page, browser):
-    """The 95% t interval of each mean, beside n; none for a single run. Half-widths computed here from the
-    runs and the t table (t(0.975, 1) = 12.706, t(0.975, 2) = 4.303), not by the harness's code."""
+    """The interval of each mean, beside n: from 2 runs their range, from 3 the 95% t interval; none for a single
+    run. Half-widths computed here from the runs and the t table (t(0.975, 2) = 4.303), not by the harness's code."""
     browser.get(page.as_uri())
     by_team = {r.get_attribute("data-team"): r for r in browser.find_elements("css selector", "#leaderboard tbody tr[data-team]")}
 
@@ -104,10 +104,11 @@ def test_intervals_and_run_counts_are_on_the_page(page, browser):
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
         return t * std / len(values) ** 0.5
 
-    assert cell("alpha", "ci95") == f"±{half_width([2.00, 2.01], 12.706):.4f}" and cell("alpha", "n_runs") == "2"
-    assert cell("gamma", "ci95") == f"±{half_width([2.30, 2.32, 2.31], 4.303):.4f}" and cell("gamma", "n_runs") == "3"
+    assert cell("alpha", "interval") == "2.0000–2.0100 (min–max)" and cell("alpha", "n_runs") == "2"
+    half = half_width([2.30, 2.32, 2.31], 4.303)
+    assert cell("gamma", "interval") == f"{2.31 - half:.4f}–{2.31 + half:.4f}" and cell("gamma", "n_runs") == "3"
     assert cell("alpha", "val_loss") == "2.0050"
-    assert cell("beta", "ci95") == "" and cell("beta", "n_runs") == "1"  # one run: no interval, and n says why
+    assert cell("beta", "interval") == "" and cell("beta", "n_runs") == "1"  # one run: no interval, and n says why
 
 
 def test_details_open_on_demand(page, browser):
@@ -181,7 +182,7 @@ def test_the_page_fits_the_window_without_horizontal_scrolling(page, width):
         table = driver.find_element("css selector", "#leaderboard")
         assert table.size["width"] <= client
         headers = [h.text for h in driver.find_elements("css selector", "#leaderboard th") if h.is_displayed()]
-        assert headers[:4] == ["#", "team", "val loss", "± 95%"]  # what a room ranks by, first
+        assert headers[:4] == ["#", "team", "val loss", "interval"]  # what a room ranks by, first
         if width == 1400:
             assert "tokens/s" in headers and "comm overlap" in headers
     finally:

@@ -62,3 +62,25 @@ def test_runs_needed_stops_at_a_ceiling():
     assert stats.runs_needed(0.1, 1e-8) is None
     assert stats.runs_needed(0.05, 0.01) is None and stats.runs_needed(0.05, 0.01, most=10_000) > 100
     assert stats.runs_needed(0.02, 0.01) == stats.runs_needed(0.02, 0.01, most=10_000) <= 100
+
+
+def test_an_interval_never_reaches_below_the_loss_floor():
+    """The board's interval at n = 2 was a t interval (t = 12.7): 2.70 ± 2.29 reached 0.41 against a floor of
+    1.64. From 2 runs it is their range; from 3, the 95% t interval, its low end cut at the floor where it reached
+    below (and said so); from one run, none."""
+    assert stats.loss_interval([2.6]) is None
+    two = stats.loss_interval([2.52, 2.88], floor=1.64)
+    assert (two.low, two.high, two.kind) == (2.52, 2.88, "range") and two.text() == "2.5200–2.8800 (min–max)"
+    near = [1.70, 2.30, 1.75]  # mean 1.9167, t half-width 0.8278: the t interval reaches 1.09
+    s = summarize(near)
+    assert s.mean - s.ci95 < 1.64
+    cut = stats.loss_interval(near, floor=1.64)
+    assert (cut.low, cut.kind) == (1.64, "t95_floor") and cut.high == pytest.approx(s.mean + s.ci95, rel=1e-12)
+    assert cut.text() == f"1.6400–{s.mean + s.ci95:.4f} (cut at floor)"
+    far = stats.loss_interval([2.61, 2.58, 2.66, 2.60], floor=1.64)  # the interval of test_the_interval_of_a_mean
+    assert far.kind == "t95" and (far.low, far.high) == (summarize([2.61, 2.58, 2.66, 2.60]).low,
+                                                         summarize([2.61, 2.58, 2.66, 2.60]).high)
+    below = stats.loss_interval([1.62, 1.70], floor=1.64)  # a run measured below the floor by chance
+    assert (below.low, below.high, below.kind) == (1.64, 1.70, "range_floor")
+    for values in ([2.52, 2.88], near, [1.0, 5.0, 9.0], [1.6, 1.61]):
+        assert stats.loss_interval(values, floor=1.64).low >= 1.64

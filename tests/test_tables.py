@@ -5,7 +5,7 @@ import io
 import json
 
 from harness.results.leaderboard import COLUMNS, build_table, load_rows
-from harness.results.tables import to_csv, to_markdown
+from harness.results.tables import MARKDOWN_COLUMNS, to_csv, to_markdown
 from records_factory import make_run
 
 
@@ -24,18 +24,32 @@ def test_csv_writes_counts_as_integers_even_when_they_are_means(tmp_path):
     assert not any(v.endswith(".0") for r in rows for k, v in r.items() if k in ("params", "tokens", "steps", "rank"))
 
 
-def test_csv_and_markdown_have_the_same_columns_in_the_same_order(tmp_path):
+def test_the_csv_holds_every_column_and_the_markdown_the_ones_a_reader_needs(tmp_path):
+    """The Markdown had the CSV's 23 columns. It has the page's: rank, team, division, val_loss, its interval, n,
+    whom it is tied with, status, tokens/s, MFU, comm overlap, and the reason a team is not ranked; the CSV keeps
+    every column, raw. A measurement a ranked team lacks reads n/a, as on the charts."""
     make_run(tmp_path, "alpha", 2.0, comm_overlap_efficiency=1.012)
+    make_run(tmp_path, "alpha", 2.02, seed=2, comm_overlap_efficiency=1.012)
     make_run(tmp_path, "bravo", 2.1, comm_overlap_efficiency=0.931)
+    make_run(tmp_path, "open", 2.2, division="open")  # its own train.py: no communication probe
+    make_run(tmp_path, "delta", None, status="crashed", reason="rank 1: boom")
     table = _table(tmp_path)
-    csv_header = to_csv(table).splitlines()[0].split(",")
+    assert to_csv(table).splitlines()[0].split(",") == COLUMNS
+    assert {"interval_low", "interval_high", "interval_kind", "p_vs_next", "params", "run_id", "reason"} <= set(COLUMNS)
     md = to_markdown(table, "local", "mean")
     md_header = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| rank")).strip("|").split("|")]
-    assert csv_header == md_header == COLUMNS
+    assert md_header == MARKDOWN_COLUMNS == ["rank", "team", "division", "val_loss", "interval", "n_runs", "vs_next",
+                                             "status", "tokens_per_s", "mfu", "comm_overlap_efficiency", "reason"]
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in md.splitlines() if line.startswith("| ") and not line.startswith("| rank")}
+    by = {team: dict(zip(MARKDOWN_COLUMNS, cells)) for team, cells in rows.items()}
+    assert by["alpha"]["interval"] == "2.0000–2.0200 (min–max)" and by["alpha"]["vs_next"] == "undetermined"
+    assert by["alpha"]["mfu"] == "n/a" and by["open"]["comm_overlap_efficiency"] == "n/a"
+    assert by["delta"]["mfu"] == "" and by["delta"]["reason"] == "rank 1: boom"  # not ranked: nothing to measure
     assert "comm_overlap_efficiency" in COLUMNS and "scaling_efficiency" not in md
     # Above 1 is timing noise around "nothing exposed": shown as such, kept raw in the CSV.
-    assert "| ≈100% |" in md and "| 93.1% |" in md and "101.2%" not in md
-    assert "1.012" in to_csv(table)
+    assert by["alpha"]["comm_overlap_efficiency"] == "≈100%" and by["bravo"]["comm_overlap_efficiency"] == "93.1%"
+    assert "101.2%" not in md and "1.012" in to_csv(table)
 
 
 def test_records_of_the_old_schema_still_rank_with_the_new_names(tmp_path):

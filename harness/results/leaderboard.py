@@ -5,8 +5,8 @@ Rules (docs/leaderboard.md):
   answers for: a final status other than `aborted`); runs of earlier versions do not count. A run in
   progress (or left so by a killed launcher) or aborted never chooses it: it is said in the entry's reason.
 - Ranked: teams with at least one official, unflagged `ok` run of that submission, by
-  validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and a 95%
-  t interval) or the best run (`ranking = "best"`). Only runs of one setup (budget or step bound, world
+  validation loss: the mean over those runs (track `ranking = "mean"`, with std, n and an interval
+  that claims nothing below the loss floor: stats.loss_interval) or the best run (`ranking = "best"`). Only runs of one setup (budget or step bound, world
   size) are counted: those made as the newest of them was; the others are named in the reason.
 - Each ranked team is tested against the next with a test that matches the rule (Welch's t-test
   for `mean`, a permutation test on the best runs for `best`): `vs_next` is ahead, tied (p >= 0.05)
@@ -26,12 +26,14 @@ from typing import Any, Iterable
 import pandas as pd
 
 from harness.results.records import field_kinds, read_record_json, upgrade_record
-from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, summarize, welch
+from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, loss_interval, summarize, welch
 
-# One order for every table (CSV, Markdown, the page's details): what a team is ranked by first, then
-# whether the order is evidence, then throughput, then identity; reasons last (they are long).
+# Every column, in the CSV's order and the page's details': what a team is ranked by first, then whether the order
+# is evidence, then throughput, then identity; reasons last (they are long). The Markdown shows a few
+# (tables.MARKDOWN_COLUMNS).
 COLUMNS = [
-    "rank", "team", "division", "val_loss", "ci95", "n_runs", "vs_next", "tied_with", "p_vs_next", "status",
+    "rank", "team", "division", "val_loss", "interval_low", "interval_high", "interval_kind", "n_runs", "vs_next",
+    "tied_with", "p_vs_next", "status",
     "tokens_per_s", "mfu", "comm_overlap_efficiency", "params", "tokens", "steps", "train_time_s", "startup_s",
     "precision", "val_loss_std", "run_id", "submission_sha256", "reason",
 ]
@@ -258,14 +260,24 @@ def _ranked_entry(team: str, ok: list[dict], ranking: str) -> dict:
              "precision": "/".join(sorted({r.get("precision") or "?" for r in ok})),
              "submission_sha256": (best.get("submission_sha256") or "")[:12], "_losses": losses}
     if ranking == "mean":
-        entry.update(val_loss=s.mean, ci95=s.ci95, val_loss_std=s.std)
+        interval = loss_interval(losses, floor_of(ok))
+        entry.update(val_loss=s.mean, val_loss_std=s.std)
+        if interval is not None:
+            entry.update(interval_low=interval.low, interval_high=interval.high, interval_kind=interval.kind)
         for col in METRIC_COLUMNS:  # means over the same runs the loss is averaged over
             values = [r[col] for r in ok if r.get(col) is not None]
             entry[col] = sum(values) / len(values) if values else None
     else:
-        entry.update(val_loss=best["val_loss"], ci95=None, val_loss_std=s.std)
+        entry.update(val_loss=best["val_loss"], val_loss_std=s.std)  # the best run's figure: no interval
         entry.update({col: best.get(col) for col in METRIC_COLUMNS})
     return entry
+
+
+def floor_of(runs: list[dict]) -> float | None:
+    """The loss floor of a mean of these runs: the mean of their floors (one data set: one floor; the synthetic local
+    tracks' draws differ by about 0.01 between machines). None where no record holds one."""
+    floors = [float(r["loss_floor"]) for r in runs if is_finite(r.get("loss_floor"))]
+    return sum(floors) / len(floors) if floors else None
 
 
 def _division(runs: list[dict]) -> str:

@@ -21,18 +21,19 @@ from typing import Callable
 
 import pandas as pd
 
+from harness.results.cells import NOT_MEASURED, cell, fmt, missing
 from harness.results.charts.colors import NOT_FINISHED
 from harness.results.charts.empty import EmptyState
 from harness.results.leaderboard import COLUMNS
 from harness.results.scale_records import measured, newest_per_team
-from harness.results.tables import fmt, missing
 
 # The main table: (column, header, header tooltip). Everything in COLUMNS is in each team's details.
 MAIN = [
     ("rank", "#", "rank by validation loss"),
     ("team", "team", "click a team for its details"),
     ("val_loss", "val loss", "validation loss, nats per token (lower is better)"),
-    ("ci95", "± 95%", "half-width of the 95% t interval of the mean; none from a single run"),
+    ("interval", "interval", "the 95% t interval of the mean; from 2 runs their range (min–max); never below the "
+                             "loss floor (cut at floor); none from a single run"),
     ("n_runs", "runs", "official ok runs of the team's latest submission"),
     ("vs_next", "vs next", "is the gap to the next team evidence? ahead = significant (p < 0.05)"),
     ("tokens_per_s", "tokens/s", "training throughput, all devices"),
@@ -112,10 +113,7 @@ def _badge(row) -> str:
     verdict = row["vs_next"]
     if missing(verdict) or not verdict:
         return ""
-    text = {"ahead": "ahead", "tied": "tied", "undetermined": "undetermined"}.get(verdict, verdict)
-    if verdict == "tied" and isinstance(row["tied_with"], str) and row["tied_with"]:
-        text = f"tied with {row['tied_with']}"
-    return f'<span class="badge {html.escape(verdict)}">{html.escape(text)}</span>'
+    return f'<span class="badge {html.escape(verdict)}">{html.escape(cell("vs_next", row))}</span>'
 
 
 def _details(row) -> str:
@@ -149,7 +147,7 @@ def _row(row, color: str) -> str:
              f'<td class="team"><details><summary>{swatch}{team}{tag}</summary></details></td>']
     if ranked:
         for col, _, _ in MAIN[2:]:
-            text = _badge(row) if col == "vs_next" else html.escape(fmt(col, row[col]) or ("n/a" if col == "mfu" else ""))
+            text = _badge(row) if col == "vs_next" else html.escape(cell(col, row))
             if col == "tokens_per_s" and open_division and text:  # the script's own count, not measured
                 text += ' <span class="reported" title="reported by the team\'s script, not measured">(reported)</span>'
 
@@ -245,8 +243,10 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
 latest submission). Generated {html.escape(generated_at)} from the run records{"; produced on " + html.escape(machine) if machine else ""}.</p>
 <p class="key"><span class="badge ahead">ahead</span> significantly better than the next team (p &lt; 0.05).
 <span class="badge tied">tied</span> not significantly different: the order between them is not evidence.
-<span class="badge undetermined">undetermined</span> one run on a side: nothing can be tested. Click a team for
-every figure.</p>
+<span class="badge undetermined">undetermined</span> one run on a side: nothing can be tested. Interval: the 95% t
+interval of the mean; from 2 runs their range (min–max); never below the loss floor (cut at floor).
+{NOT_MEASURED}: not measured (MFU without a known peak, as on a CPU; the communication probe in the open division).
+Click a team for every figure.</p>
 {empty_html(empty)}
 <div class="board"><table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
 {body}

@@ -1,4 +1,5 @@
-"""The statistics behind rankings and comparisons: means with t intervals, Welch's t-test.
+"""The statistics behind rankings and comparisons: means with t intervals, Welch's t-test, and the interval a
+board shows beside a mean loss (loss_interval: the runs' range from 2 runs, never below the loss floor).
 
 Every estimate comes with its spread. With fewer than two values on a side, no interval and no
 p-value are given (None): nothing significant can be claimed from one run.
@@ -65,6 +66,50 @@ def summarize(values: list[float]) -> Summary:
         return Summary(n, mean, None, None)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     return Summary(n, mean, std, t_quantile(1 - ALPHA / 2, n - 1) * std / math.sqrt(n))
+
+
+# Fewer runs than this: the interval shown is the runs' own range, not a t interval. At 2 runs the t interval has
+# one degree of freedom (t = 12.7): its half-width is 9 times the gap between the runs, and it reached 1.2 nats
+# below a loss floor that no model beats in expectation. At 3, t = 4.3 and the interval is the usual one.
+T_INTERVAL_MIN_RUNS = 3
+# What an interval is: its kind, as the CSV writes it, and the mark the tables, the page and the charts add.
+INTERVAL_KINDS = {"t95": "", "t95_floor": " (cut at floor)", "range": " (min–max)",
+                  "range_floor": " (min–max, cut at floor)"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The interval shown beside a mean val_loss (never a ranking statistic: ties are Welch's, on the runs).
+    kind: "t95", the 95% t interval of the mean; "range", the lowest and highest run (fewer than
+    T_INTERVAL_MIN_RUNS runs); with "_floor", its low end was raised to the loss floor it reached below."""
+    low: float
+    high: float
+    kind: str
+
+    def text(self) -> str:
+        return interval_text(self.low, self.high, self.kind)
+
+
+def interval_text(low: float, high: float, kind: str) -> str:
+    """'1.9700–2.0700', '2.0000–2.0100 (min–max)', '1.6400–2.9000 (cut at floor)': one way everywhere."""
+    return f"{low:.4f}–{high:.4f}{INTERVAL_KINDS.get(kind, f' ({kind})')}"
+
+
+def loss_interval(values: list[float], floor: float | None = None) -> Interval | None:
+    """The interval of a mean loss that claims no loss below `floor` (the data's own loss: nothing beats it in
+    expectation). None from one run; the runs' range from fewer than T_INTERVAL_MIN_RUNS; else the 95% t interval,
+    its low end cut at the floor where it reached below (the kind says so)."""
+    if len(values) < 2:
+        return None
+    if len(values) < T_INTERVAL_MIN_RUNS:
+        low, high, kind = min(values), max(values), "range"
+    else:
+        s = summarize(values)
+        low, high, kind = s.mean - s.ci95, s.mean + s.ci95, "t95"
+    if is_finite(floor) and low < floor:
+        # A run can measure below the floor by chance on finite tokens; the interval still claims nothing there.
+        low, high, kind = floor, max(high, floor), kind + "_floor"
+    return Interval(low, high, kind)
 
 
 @dataclass(frozen=True)

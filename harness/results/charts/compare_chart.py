@@ -28,13 +28,15 @@ def side_colors(sides: list[Side]) -> Callable[[str], str]:
 def overlay_figure(sides: list[Side], colors: Callable[[str], str]):
     """Every run's loss curve, each side in its team's colour (the same as on the leaderboard's charts); a
     second side of the same team is dashed. As on the leaderboard's loss charts, the run nearest the side's mean
-    is bold, and the side's mean val_loss with its 95% interval is marked right of the curves."""
+    is bold, and the side's mean val_loss with the leaderboard's interval (stats.loss_interval: never below the
+    loss floor) is marked right of the curves."""
     from matplotlib.legend_handler import HandlerTuple
 
     from harness.results.charts.loss_charts import (curve_end, figure_label, fit_loss_axis, key_handles, mark_positions,
                                              mark_ranked, nearest_curves, note_handles, plot_runs)
     from harness.results.charts.kit import legend_outside, subplots
-    from harness.results.stats import is_finite, summarize
+    from harness.results.leaderboard import floor_of
+    from harness.results.stats import is_finite, loss_interval, summarize
 
     fig, ax = subplots(figsize=(12, 6.5))
     drawn, seen = [], []
@@ -58,8 +60,9 @@ def overlay_figure(sides: list[Side], colors: Callable[[str], str]):
         if summary is None:
             labels.append(f"{side.label} (n={len(side.runs)}, no val_loss)")
             continue
-        ys += mark_ranked(ax, color, x_mark, summary.mean, summary.ci95)
-        labels.append(figure_label(side.label, summary.mean, summary.ci95, summary.n, "mean"))
+        interval = loss_interval(side.values("val_loss"), floor_of(side.runs))
+        ys += mark_ranked(ax, color, x_mark, summary.mean, interval)
+        labels.append(figure_label(side.label, summary.mean, interval, summary.n, "mean"))
     top = max((float(frame["train_loss"].max()) for *_, runs, _ in drawn for _, frame in runs), default=None)
     best = min((float(r["val_loss"]) for s in sides for r in s.runs if is_finite(r.get("val_loss"))), default=None)
     note_h, note_l = note_handles(fit_loss_axis(ax, ys, top, min(floors) if floors else None, best))

@@ -4,8 +4,10 @@ The y range is the range the teams are actually in: the first steps (loss near l
 the loss floor would squash every curve into a sliver, so they are stated as labels instead.
 Curves: a team's counted runs, at most MAX_CURVES per team, the run nearest the team's ranked figure
 drawn bold (under `mean` a typical run, not the luckiest one), so a track with thousands of runs stays
-readable. Beside the curves, each team's ranked figure itself (mean with its 95% interval, or its best
-run) is marked, and the legend says whether the ranking found it tied with its neighbour.
+readable. Beside the curves, each team's ranked figure itself (mean with its interval, or its best
+run) is marked, and the legend says whether the ranking found it tied with its neighbour. The interval is the
+table's (stats.loss_interval: the runs' range from 2 runs, never below the loss floor), written as the table
+writes it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from matplotlib.lines import Line2D
 from harness.results.charts.colors import NOT_FINISHED
 from harness.results.charts.empty import EmptyState
 from harness.results.charts.kit import ROW_TEAMS, count_axis, legend_outside, subplots
-from harness.results.stats import is_finite
+from harness.results.stats import Interval, is_finite
+from harness.results.cells import cell
 from harness.submission.files import read_regular
 
 MAX_CURVES = 5
@@ -83,12 +86,27 @@ def curve_end(run: dict, frame: pd.DataFrame, x_col: str) -> float:
     return float(run[x_col]) if is_finite(run.get(x_col)) else float(frame[x_col].iloc[-1])
 
 
-def mark_ranked(ax, color: str, x: float, value: float, ci: float | None) -> list[float]:
-    """The team's ranked figure beside its curves: a diamond at the mean (or the best run) with its 95% interval as
+def row_interval(row) -> Interval | None:
+    """A table row's interval (leaderboard: interval_low, interval_high, interval_kind), None where it has none."""
+    low, high = row["interval_low"], row["interval_high"]
+    if not (is_finite(low) and is_finite(high)):
+        return None
+    return Interval(float(low), float(high), str(row["interval_kind"]))
+
+
+def error_bar(value: float, interval: Interval | None):
+    """matplotlib's xerr / yerr of an interval that need not be symmetric (a range, an interval cut at the floor)."""
+    if interval is None:
+        return None
+    return [[max(value - interval.low, 0.0)], [max(interval.high - value, 0.0)]]
+
+
+def mark_ranked(ax, color: str, x: float, value: float, interval: Interval | None) -> list[float]:
+    """The team's ranked figure beside its curves: a diamond at the mean (or the best run) with its interval as
     a bar, the figure the table ranks by rather than any one run. Returns the y values it covers."""
-    ax.errorbar([x], [value], yerr=[[ci], [ci]] if ci else None, fmt="D", color=color, ecolor=color, elinewidth=3,
+    ax.errorbar([x], [value], yerr=error_bar(value, interval), fmt="D", color=color, ecolor=color, elinewidth=3,
                 capsize=7, markersize=11, markeredgecolor="black", zorder=5)
-    return [value - (ci or 0.0), value + (ci or 0.0)]
+    return [value] + ([interval.low, interval.high] if interval else [])
 
 
 def mark_positions(right: float, left: float, count: int) -> list[float]:
@@ -98,19 +116,21 @@ def mark_positions(right: float, left: float, count: int) -> list[float]:
     return [right + span * (0.03 + 0.1 * i / max(count, 4)) for i in range(count)]
 
 
-def figure_label(name: str, value: float, ci: float | None, n: int, ranking: str, tied_with: str = "") -> str:
-    """'#1 alpha: 2.0050 ± 0.0635 (n=2)' or 'best 1.9000 of n=4', and ', tied with #2' where the ranking said so."""
+def figure_label(name: str, value: float, interval: Interval | None, n: int, ranking: str,
+                 tied_with: str = "") -> str:
+    """'#1 alpha: 2.0050, 1.9415–2.0685, n=3', '2.0050, 2.0000–2.0100 (min–max), n=2' or 'best 1.9000 of n=4', and
+    ', tied with #2' where the ranking said so."""
     if ranking == "best":
         figure = f"best {value:.4f} of n={n}"
     else:
-        figure = f"{value:.4f} ± {ci:.4f} (n={n})" if ci else f"{value:.4f} (n={n}: no interval)"
+        figure = f"{value:.4f}, {interval.text()}, n={n}" if interval else f"{value:.4f}, n={n}: no interval"
     return f"{name}: {figure}" + (f", tied with {tied_with}" if tied_with else "")
 
 
 def key_handles(ranking: str, whose: str = "the ranking's figure") -> tuple[list, list[str]]:
     """The legend's first entries, in black: what the bold line, a star and a diamond (`whose` figure) are."""
     bold = "the best run" if ranking == "best" else "the run nearest the mean"
-    figure = "the best run's val loss" if ranking == "best" else "mean val loss ± 95% interval"
+    figure = "the best run's val loss" if ranking == "best" else "mean val loss and its interval"
     handles = [(Line2D([], [], color="black", linewidth=BOLD), Line2D([], [], color="black", alpha=0.35,
                                                                         linewidth=THIN)),
                Line2D([], [], color="black", marker="*", markersize=15, linestyle=""),
@@ -172,11 +192,11 @@ def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]],
     ys, handles, labels = [], [], []
     for (row, color, curves), x_mark in zip(teams, marks):
         team_ys, handle = plot_runs(ax, color, curves, x_col)
-        ci = float(row["ci95"]) if is_finite(row["ci95"]) else None
-        ys += team_ys + mark_ranked(ax, color, x_mark, float(row["val_loss"]), ci)
+        interval = row_interval(row)
+        ys += team_ys + mark_ranked(ax, color, x_mark, float(row["val_loss"]), interval)
         tied = row["tied_with"] if isinstance(row["tied_with"], str) else ""
         handles.append(handle)
-        labels.append(figure_label(f"#{int(row['rank'])} {row['team']}", float(row["val_loss"]), ci,
+        labels.append(figure_label(f"#{int(row['rank'])} {row['team']}", float(row["val_loss"]), interval,
                                    int(row["n_runs"]), ranking, tied))
     floors = [r["loss_floor"] for runs in counted.values() for r in runs if is_finite(r.get("loss_floor"))]
     best = min((float(v) for v in ranked_rows["val_loss"] if is_finite(v)), default=None)
@@ -197,42 +217,40 @@ def loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]],
 
 def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], ranking: str = "mean", *,
                     colors: Callable[[str], str], empty: EmptyState | None = None):
-    """One row per team: mean with its 95% interval and n (or the best of n runs); teams that did not
-    finish greyed, with their status. No interval is drawn from a single run: there is none."""
-    what = "best run of each team" if ranking == "best" else "mean ± 95% interval"
+    """One row per team: the mean with its interval (the table's), or the best of n runs; teams that did not finish
+    greyed, with their status. The figures are written right of the axes, so that the axis spans the data (and the
+    loss floor when it is near), not room for text. No interval is drawn from a single run: there is none."""
+    what = "best run of each team" if ranking == "best" else "mean and interval"
     if table.empty:  # every run unofficial, say: why, and what to type
         return (empty or EmptyState("No runs yet", "", "")).figure(f"Validation loss ({what}): track {track}")
     rows = list(table.iterrows())
     total = len(rows)
     rows = rows[:ROW_TEAMS]
-    fig, ax = subplots(figsize=(8.5, max(3.2, 0.7 * len(rows) + 1.8)))
+    fig, ax = subplots(figsize=(8.5, max(2.6, 0.7 * len(rows) + 1.4)))
+    fig.subplots_adjust(right=0.66)  # the figures' column, right of the axes
     ys = list(range(len(rows)))[::-1]
     xs: list[float] = []
     for y, (_, row) in zip(ys, rows):
         if row["status"] != "ok" or not is_finite(row["val_loss"]):
-            continue
-        ci = row["ci95"] if is_finite(row["ci95"]) else None
-        color = colors(row["team"])
-        ax.errorbar([row["val_loss"]], [y], xerr=[[ci], [ci]] if ci else None, fmt="o", color=color,
-                    ecolor=color, elinewidth=3, capsize=8, markersize=11, markeredgecolor="black")
-        xs += [row["val_loss"] - (ci or 0), row["val_loss"] + (ci or 0)]
-    span = max(max(xs) - min(xs), 0.02) if xs else 1.0
-    left, right = (min(xs) - 0.15 * span, max(xs) + 1.2 * span) if xs else (0.0, 1.0)
-    for y, (_, row) in zip(ys, rows):
-        if row["status"] == "ok" and is_finite(row["val_loss"]):
-            ci = row["ci95"] if is_finite(row["ci95"]) else None
-            n = int(row["n_runs"])
-            if ranking == "best":
-                text = f"{row['val_loss']:.4f}   best of n={n}"
-            else:
-                text = f"{row['val_loss']:.4f}" + (f" ± {ci:.4f}" if ci else "") + f"   n={n}" + ("" if ci else ": no interval")
-            ax.annotate(text, (row["val_loss"] + (ci or 0), y), xytext=(12, -5), textcoords="offset points",
-                        fontsize=14)
-        else:
             reason = str(row["reason"] or "")
-            reason = reason.splitlines()[0][:45] + ("…" if len(reason) > 45 else "") if reason else ""
-            ax.annotate(f"did not finish: {row['status']}" + (f" ({reason})" if reason else ""), (left, y),
-                        xytext=(8, -5), textcoords="offset points", fontsize=13, color=NOT_FINISHED)
+            reason = reason.splitlines()[0][:REASON_CHARS] + ("…" if len(reason) > REASON_CHARS else "") if reason else ""
+            ax.annotate(f"did not finish: {row['status']}" + (f"\n{reason}" if reason else ""), (1.0, y),
+                        xycoords=("axes fraction", "data"), xytext=(12, 0), textcoords="offset points", va="center",
+                        fontsize=13, linespacing=1.2, color=NOT_FINISHED, annotation_clip=False)
+            continue
+        value, interval = float(row["val_loss"]), (None if ranking == "best" else row_interval(row))
+        color = colors(row["team"])
+        ax.errorbar([value], [y], xerr=error_bar(value, interval), fmt="o", color=color, ecolor=color, elinewidth=3,
+                    capsize=8, markersize=11, markeredgecolor="black")
+        xs += [value] + ([interval.low, interval.high] if interval else [])
+        n = int(row["n_runs"])
+        text = (f"{value:.4f}   best of n={n}" if ranking == "best" else
+                f"{value:.4f}   n={n}" + (f"\n{cell('interval', row)}" if interval else ": no interval"))
+        ax.annotate(text, (1.0, y), xycoords=("axes fraction", "data"), xytext=(12, 0), textcoords="offset points",
+                    va="center", fontsize=13, linespacing=1.2, annotation_clip=False)
+    floors = [r["loss_floor"] for runs in counted.values() for r in runs if is_finite(r.get("loss_floor"))]
+    floor = min(floors) if floors and xs else None
+    left, right, floor_shown = fit_value_axis(xs, floor)
     labels = []
     for _, row in rows:
         mark = " (tied)" if isinstance(row.get("tied_with"), str) and row["tied_with"] else ""
@@ -243,16 +261,33 @@ def val_loss_figure(track: str, table: pd.DataFrame, counted: dict[str, list[dic
             tick.set_color(NOT_FINISHED)
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_xlim(left, right)
-    floors = [r["loss_floor"] for runs in counted.values() for r in runs if is_finite(r.get("loss_floor"))]
-    if floors and xs:
-        floor = min(floors)
-        if floor >= left:
+    if floor is not None:
+        if floor_shown:
             ax.axvline(floor, color="black", linestyle="--", linewidth=1.3)
         ax.set_xlabel(f"validation loss (nats per token); loss floor {floor:.3f}"
-                      + ("" if floor >= left else ", left of this axis"))
+                      + ("" if floor_shown else ", left of this axis"))
     else:
         ax.set_xlabel("validation loss (nats per token)")
     ax.grid(axis="y", visible=False)
     shown = f", top {len(rows)} of {total} teams" if total > len(rows) else ""
     ax.set_title(f"Validation loss ({what}{shown}): track {track}")
     return fig
+
+
+REASON_CHARS = 32  # of a reason, in the figures' column: its first line, cut to the column's width
+FLOOR_REACH = 1.0  # the floor is drawn when it is at most this many data spans below the lowest figure
+MARGIN = 0.08  # of the data's span, each side
+
+
+def fit_value_axis(xs: list[float], floor: float | None) -> tuple[float, float, bool]:
+    """(left, right, floor shown) of an axis of loss values: the data with a margin each side, and the loss floor
+    when it is near enough to show without squashing the data (else the label says it is left of the axis)."""
+    if not xs:
+        return 0.0, 1.0, False
+    lo, hi = min(xs), max(xs)
+    span = max(hi - lo, 0.01 * max(abs(hi), 1.0))  # one team, or teams on one figure: a readable width
+    shown = floor is not None and floor >= lo - FLOOR_REACH * span
+    if shown:
+        lo, hi = min(lo, floor), max(hi, floor)
+        span = max(hi - lo, span)
+    return lo - MARGIN * span, hi + MARGIN * span, shown

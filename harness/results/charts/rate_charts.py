@@ -14,6 +14,7 @@ from typing import Callable
 
 import pandas as pd
 
+from harness.results.cells import NOT_MEASURED, cell
 from harness.results.charts.empty import EmptyState
 from harness.results.charts.kit import ROW_TEAMS
 from harness.results.charts.kit import count_axis, legend_outside, log2_axis, message_figure, subplots
@@ -34,45 +35,52 @@ def _bars(ax, ys, values, colors, labels, title: str, xlabel: str, xmax: float |
 
 def throughput_figure(track: str, table: pd.DataFrame, *, colors: Callable[[str], str],
                       empty: EmptyState | None = None):
-    """Per ranked team: tokens/s (all devices), MFU, and the comm overlap efficiency its runs measured."""
+    """Per ranked team: tokens/s (all devices), MFU, and the comm overlap efficiency its runs measured. A panel no
+    team has a figure for (MFU on a CPU, where no peak is known) is not drawn, and the figure is as tall as the
+    panels drawn; a team without a figure on a panel drawn is labelled as the tables label it (cells.cell)."""
     all_ranked = table[table["status"] == "ok"]
     ranked = all_ranked.head(ROW_TEAMS)  # the table has every team; a chart of 100 bars reads as none
     teams = list(ranked["team"])
     if not teams:  # why, and what to type
         return (empty or EmptyState("No finished runs yet", "", "")).figure(f"Throughput: track {track}")
+    rows = [row for _, row in ranked.iterrows()]
+    panels = [col for col in ("tokens_per_s", "mfu", "comm_overlap_efficiency")
+              if col == "tokens_per_s" or any(is_finite(row[col]) for row in rows)]
     if len(teams) <= 12:  # stacked: the width of one page column
         panel_in = max(2.2, 0.55 * len(teams) + 1.3)
-        fig, axes = subplots(3, 1, figsize=(8.5, 3 * panel_in + 1.0), sharey=True)
+        fig, axes = subplots(len(panels), 1, figsize=(8.5, len(panels) * panel_in + 1.0), sharey=True, squeeze=False)
         fig.subplots_adjust(hspace=0.75)
     else:  # side by side: many teams would make the stack metres tall
-        fig, axes = subplots(1, 3, figsize=(18, 0.4 * len(teams) + 2.5), sharey=True)
+        fig, axes = subplots(1, len(panels), figsize=(6 * len(panels), 0.4 * len(teams) + 2.5), sharey=True,
+                             squeeze=False)
         fig.subplots_adjust(wspace=0.3)
+    axes = list(axes.flat)
     ys = list(range(len(teams)))[::-1]
     bar_colors = [colors(t) for t in teams]
-    tps = list(ranked["tokens_per_s"])
-    _bars(axes[0], ys, tps, bar_colors, [f"{v:,.0f}" if is_finite(v) else "n/a" for v in tps],
-          f"Throughput: track {track}" + (f" (top {len(teams)} of {len(all_ranked)})" if len(all_ranked) > len(teams)
-                                          else ""), "tokens per second (all devices)")
-    count_axis(axes[0].xaxis, max([v for v in tps if is_finite(v)], default=0.0) * 1.3,
-               "tokens per second, all devices")  # 1.3: _bars's right margin
-    mfu = list(ranked["mfu"])
-    if any(is_finite(v) for v in mfu):
-        _bars(axes[1], ys, [100 * v if is_finite(v) else float("nan") for v in mfu], bar_colors,
-              [f"{100 * v:.1f}%" if is_finite(v) else "n/a" for v in mfu], "Model FLOPs utilisation",
-              "MFU (% of peak dense bf16)")
-    else:
-        axes[1].text(0.5, 0.5, "MFU n/a: the track gives no peak FLOP/s for this device (a CPU)", ha="center",
-                     va="center", transform=axes[1].transAxes, fontsize=14)
-        axes[1].set_title("Model FLOPs utilisation")
-        axes[1].set_xticks([])
-        axes[1].grid(False)
-    overlap = list(ranked["comm_overlap_efficiency"])
-    _bars(axes[2], ys, [100 * min(v, 1.0) if is_finite(v) else float("nan") for v in overlap], bar_colors,
-          ["≈100%" if is_finite(v) and v > 1 else (f"{100 * v:.1f}%" if is_finite(v) else "n/a") for v in overlap],
-          "Comm overlap (probe at the run's world size)",
-          "compute-only / synchronised step (%)\n100% = no exposed communication; not weak scaling", xmax=100.0)
-    axes[2].set_xticks([0, 25, 50, 75, 100])
+    for ax, col in zip(axes, panels):
+        values = [row[col] if is_finite(row[col]) else float("nan") for row in rows]
+        labels = [cell(col, row) for row in rows]
+        if col == "tokens_per_s":
+            _bars(ax, ys, values, bar_colors, labels,
+                  f"Throughput: track {track}" + (f" (top {len(teams)} of {len(all_ranked)})"
+                                                  if len(all_ranked) > len(teams) else ""),
+                  "tokens per second (all devices)")
+            count_axis(ax.xaxis, max([v for v in values if is_finite(v)], default=0.0) * 1.3,
+                       "tokens per second, all devices")  # 1.3: _bars's right margin
+        elif col == "mfu":
+            _bars(ax, ys, [100 * v for v in values], bar_colors, labels, "Model FLOPs utilisation",
+                  "MFU (% of peak dense bf16)")
+        else:
+            _bars(ax, ys, [100 * min(v, 1.0) for v in values], bar_colors, labels,
+                  "Comm overlap (probe at the run's world size)",
+                  "compute-only / synchronised step (%)\n100% = no exposed communication; not weak scaling", xmax=100.0)
+            ax.set_xticks([0, 25, 50, 75, 100])
     axes[0].set_yticks(ys, [f"#{int(r)} {t}" for r, t in zip(ranked["rank"], teams)])
+    if "mfu" not in panels:  # said once, under the panels (room kept for it under the last x label)
+        height_in = fig.get_size_inches()[1]
+        fig.subplots_adjust(bottom=1.4 / height_in)
+        fig.text(0.02, 0.1 / height_in, f"MFU {NOT_MEASURED}: the track gives no peak FLOP/s for this device (a CPU)",
+                 va="bottom", fontsize=13, color="#555")
     return fig
 
 
