@@ -189,6 +189,32 @@ def test_the_page_fits_the_window_without_horizontal_scrolling(page, width):
         driver.quit()
 
 
+@pytest.mark.parametrize("width", [1400, 800])
+def test_no_chart_leaves_a_blank_beside_a_taller_one(page, width):
+    """In a grid of rows, the short val-loss chart sat beside the tall throughput chart with a blank under it as tall
+    as the difference. The charts stand in two columns, each under the shorter column: every chart is followed in
+    its column by the next one, a gap apart. On a narrow screen, one column in the charts' own order."""
+    driver = _driver(width)
+    try:
+        driver.get(page.as_uri())
+        figures = driver.find_elements("css selector", ".charts figure")
+        names = [f.find_element("css selector", "img").get_attribute("alt") for f in figures]
+        assert sorted(names) == ["loss_vs_time", "loss_vs_tokens", "scaling", "throughput", "val_loss"]
+        boxes = {name: _box(driver, f) for name, f in zip(names, figures)}
+        gap = driver.execute_script("return parseFloat(getComputedStyle(document.querySelector('.charts')).rowGap)")
+        for name, box in boxes.items():
+            below = [b for b in boxes.values() if abs(b["left"] - box["left"]) < 2 and b["top"] > box["bottom"] - 1]
+            if below:  # the next chart in its column starts a gap under it, not under a taller neighbour
+                assert min(b["top"] for b in below) - box["bottom"] <= gap + 2, (name, box, below)
+        if width == 1400:
+            assert len({round(b["left"]) for b in boxes.values()}) == 2  # two columns
+        else:
+            order = sorted(boxes, key=lambda n: boxes[n]["top"])
+            assert order == ["loss_vs_time", "loss_vs_tokens", "val_loss", "throughput", "scaling"]
+    finally:
+        driver.quit()
+
+
 def test_the_page_states_the_measured_weak_scaling_not_the_prediction():
     """Under the scaling chart, in words: the measured efficiency per world size and the measurement's own notes;
     the model's predicted figures appear only on the chart, drawn as a prediction."""

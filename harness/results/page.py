@@ -8,6 +8,8 @@
 - Each team's name has its colour in the charts beside it.
 - Ties, undetermined orders, and the status and reason of teams that did not finish are on the page; a
   ranking with nobody in it says why and what to type.
+- The charts stand in two columns, each chart under the shorter column (chart_columns), so a short chart
+  beside a tall one leaves no blank under it; on a narrow screen, one column in the charts' order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import struct
 from pathlib import Path
 
 from typing import Callable
@@ -45,7 +48,6 @@ WIDE_ONLY = {"tokens_per_s", "mfu", "comm_overlap_efficiency"}  # give way on a 
 CHART_TITLES = {"loss_vs_time": "Loss against training time", "loss_vs_tokens": "Loss against tokens seen",
                 "val_loss": "Validation loss per team", "scaling": "Weak scaling (harness scale)",
                 "throughput": "Throughput, MFU and the communication probe"}
-FULL_WIDTH: set[str] = set()
 
 CSS = """
 :root { --ink: #111; --muted: #555; --line: #d8d8d8; --warn: #a64200; }
@@ -89,17 +91,17 @@ p.empty code, p.key code { font-family: ui-monospace, monospace; background: #f1
 .panel dd { margin: 0; font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
 .panel dd.reason { white-space: pre-wrap; }
 .panel .wide { grid-column: 1 / -1; }
-.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(600px, 1fr)); gap: 1.2em; margin-top: 1.5em;
-          align-items: start; }
+.charts { display: flex; gap: 1.2em; margin-top: 1.5em; align-items: flex-start; }
+.charts .column { flex: 1 1 0; min-width: 0; display: flex; flex-direction: column; gap: 1.2em; }
 .charts figure { margin: 0; border: 1px solid #e2e2e2; border-radius: 0.4em; padding: 0.5em; }
-.charts figure.full { grid-column: 1 / -1; }
 .charts figcaption { font-weight: 600; margin-bottom: 0.3em; }
 .charts img { width: 100%; height: auto; display: block; }
 .charts .measured { font-size: 0.85em; margin: 0.5em 0.2em 0.2em; }
 .charts .measured ul { margin: 0.3em 0 0; padding-left: 1.2em; color: var(--warn); }
 @media (max-width: 1000px) {
   body { font-size: 17px; padding: 0.8rem; }
-  .charts { grid-template-columns: 1fr; }
+  .charts { flex-direction: column; align-items: stretch; }
+  .charts .column { display: contents; }  /* one column: the charts in their own order (each figure's `order`) */
   th.wide, td.wide { display: none; }
 }
 """
@@ -182,6 +184,27 @@ def scaling_caption(scale_records: list[dict]) -> str:
             f'model\'s prediction, not a measurement.{"<ul>" + items + "</ul>" if items else ""}</div>')
 
 
+def png_aspect(path: Path) -> float:
+    """A PNG's height over its width, from its header (the IHDR chunk: width, height as big-endian 32-bit)."""
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+    width, height = struct.unpack(">II", head[16:24])
+    return height / width if width else 1.0
+
+
+def chart_columns(paths: list[Path], columns: int = 2) -> list[list[tuple[int, Path]]]:
+    """The charts (with their place in `paths`) in `columns` columns of equal width: each, in order, under the
+    column that is shortest so far (heights as aspect ratios: at equal widths they compare as heights). A short
+    chart is followed by the next one in its column, not by the blank beside a taller chart."""
+    placed: list[list[tuple[int, Path]]] = [[] for _ in range(columns)]
+    heights = [0.0] * columns
+    for i, path in enumerate(paths):
+        shortest = heights.index(min(heights))
+        placed[shortest].append((i, path))
+        heights[shortest] += png_aspect(path)
+    return [column for column in placed if column]
+
+
 def machine_summary(rows: list[dict]) -> str:
     """Which machine(s) produced the figures, from the newest ok run (records are self-contained)."""
     ok = [r for r in rows if r.get("status") == "ok"] or rows
@@ -220,13 +243,15 @@ def to_html(table: pd.DataFrame, track: str, ranking: str, chart_paths: list[Pat
     # A team that did not finish is grey on the page as in every chart (its own colour is drawn nowhere yet).
     body = "\n".join(_row(row, colors(str(row["team"])) if row["status"] == "ok" else NOT_FINISHED)
                      for _, row in table.iterrows())
-    figures = []
-    for p in chart_paths:
-        cls = ' class="full"' if p.stem in FULL_WIDTH else ""
-        title = html.escape(CHART_TITLES.get(p.stem, p.stem))
-        caption = scaling_caption(scale_records or []) if p.stem == "scaling" else ""
-        figures.append(f'<figure{cls}><figcaption>{title}</figcaption><img src="{data_uri(p)}" alt="{html.escape(p.stem)}">'
-                       f"{caption}</figure>")
+    columns = []
+    for column in chart_columns(chart_paths):
+        figures = []
+        for i, p in column:
+            title = html.escape(CHART_TITLES.get(p.stem, p.stem))
+            caption = scaling_caption(scale_records or []) if p.stem == "scaling" else ""
+            figures.append(f'<figure style="order: {i}"><figcaption>{title}</figcaption><img src="{data_uri(p)}" '
+                           f'alt="{html.escape(p.stem)}">{caption}</figure>')
+        columns.append(f'<div class="column">{"".join(figures)}</div>')
     ranked = int((table["status"] == "ok").sum())
     machine = machine_summary(rows or [])
     rule = "mean over" if ranking == "mean" else "the best of"
@@ -251,6 +276,6 @@ Click a team for every figure.</p>
 <div class="board"><table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>
 {body}
 </tbody></table></div>
-<div class="charts">{"".join(figures)}</div>
+<div class="charts">{"".join(columns)}</div>
 </body></html>
 """
