@@ -84,3 +84,20 @@ def test_an_interval_never_reaches_below_the_loss_floor():
     assert (below.low, below.high, below.kind) == (1.64, 1.70, "range_floor")
     for values in ([2.52, 2.88], near, [1.0, 5.0, 9.0], [1.6, 1.61]):
         assert stats.loss_interval(values, floor=1.64).low >= 1.64
+
+
+def test_the_repeat_summary_shows_the_boards_interval_never_below_the_floor():
+    """`harness run --repeat 2` once printed a t half-width at 2 runs (t = 12.7), reaching a nat below the floor."""
+    from harness.launcher.run.assemble import repeat_summary
+    from harness.results.records import RunRecord
+
+    def run(seed, loss):
+        return RunRecord(run_id=str(seed), team="t", track_name="local", seed=seed, status="ok", val_loss=loss,
+                         loss_floor=1.64)
+
+    (line,) = repeat_summary([run(1, 1.70), run(2, 2.90)])
+    assert "val_loss mean 2.3000, 1.7000–2.9000 (min–max)" in line and "±" not in line
+    (line,) = repeat_summary([run(1, 1.65), run(2, 1.66), run(3, 2.90)])
+    assert "1.6400–" in line and "(cut at floor)" in line
+    (line,) = repeat_summary([run(1, 2.0)])
+    assert line.endswith("1 ok, val_loss mean 2.0000")

@@ -494,13 +494,18 @@ def _trained(record: RunRecord) -> str:
 
 
 def repeat_summary(records: list[RunRecord]) -> list[str]:
-    from harness.results.stats import summarize
+    """The seeds' mean, with the interval the board shows (stats.loss_interval: the runs' range from 2 runs,
+    never below the loss floor), not a t half-width that at 2 runs reached a nat below the floor."""
+    from harness.results.stats import loss_interval, summarize
 
-    ok = [r.val_loss for r in records if r.status == "ok" and r.val_loss is not None]
+    counted = [r for r in records if r.status == "ok" and r.val_loss is not None]
+    ok = [r.val_loss for r in counted]
     line = f"{len(records)} runs (seeds {records[0].seed}..{records[-1].seed}): {len(ok)} ok"
     if ok:
         s = summarize(ok)
         line += f", val_loss mean {s.mean:.4f}"
-        if s.ci95 is not None:
-            line += f" ± {s.ci95:.4f} (95% CI, std {s.std:.4f})"
+        floors = [r.loss_floor for r in counted if isinstance(r.loss_floor, (int, float)) and math.isfinite(r.loss_floor)]
+        interval = loss_interval(ok, sum(floors) / len(floors) if len(floors) == len(counted) else None)
+        if interval is not None:
+            line += f", {interval.text()}" + (f" (std {s.std:.4f})" if s.std is not None else "")
     return [line]
