@@ -342,3 +342,27 @@ def test_check_size_script_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     runs = json.loads(out.read_text())
     assert runs[0]["accepted"] and runs[0]["timings_s"]["step_s"] > 0 and "median" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_honest_under_load_script_runs(tmp_path):
+    """benchmarks/honest_under_load.py end to end: one quick run beside one CPU hog (the 20-run figure for
+    `local` is in docs/performance.md); the hog is gone afterwards."""
+    import json
+    import subprocess
+
+    import psutil
+    from conftest import quick_track
+
+    out = tmp_path / "load.json"
+    env = {**__import__("os").environ, "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "honest_under_load.py"), "--runs", "1",
+                           "--hogs", "1", "--track", str(quick_track(tmp_path)), "--submissions",
+                           "tests/fixtures/ok_bigram", "--out", str(out)], capture_output=True, text=True, timeout=280,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["status"] == "ok" and row["team"] == "ok_bigram" and "not ok: 0 of 1" in proc.stdout
+    me = psutil.Process()
+    assert not [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
