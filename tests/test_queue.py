@@ -159,6 +159,44 @@ def test_slurm_writes_the_queue_as_a_job_array_of_what_is_left(cli, tmp_path):
     assert argv[argv.index("--run-id") + 1] == "77_3" and argv[argv.index("--node-rank") + 1] == "0"
 
 
+def test_an_entry_is_claimed_by_one_queue_at_a_time(tmp_path):
+    """Two queues over one runs tree read the same records and would both start an entry: the claim (a flock
+    held for the run) lets one through; the other is told why, and a claim freed is free again."""
+    from harness.launcher.event.queue import Queue, claim
+
+    folder = team_folder(tmp_path, "alpha")
+    queue = Queue(build_queue([str(folder)], seed=1, repeat=2), tmp_path / "runs" / "local", {})
+    first, second = queue.entries
+    with claim(queue, first) as mine:
+        assert mine == ""
+        with claim(queue, first) as theirs:  # another open file description: as another process's
+            assert theirs == "another queue is running it now"
+        with claim(queue, second) as other_seed:
+            assert other_seed == ""
+    with claim(queue, first) as again:
+        assert again == ""
+    assert [p.name for p in (tmp_path / "runs" / "local" / "alpha").iterdir()] != []
+
+
+@pytest.mark.slow
+def test_two_queues_started_at_once_run_each_entry_once(tmp_path, cache_dir):
+    """An organiser's two terminals (or a queue beside a SLURM array task) over one runs tree: every team x seed
+    runs exactly once between them."""
+    track = quick_track(tmp_path)
+    runs = tmp_path / "runs"
+    folders = [str(team_folder(tmp_path, name)) for name in ("alpha", "bravo")]
+    args = [sys.executable, "-m", "harness", "run", *folders, "--repeat", "2", "--track", str(track), "--resume",
+            "--no-leaderboard"]
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
+    queues = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    outs = [q.communicate(timeout=600) for q in queues]
+    assert [q.returncode for q in queues] == [0, 0], outs
+    records = [json.loads(p.read_text()) for p in runs.glob("*/*/*/run.json")]
+    assert sorted((r["team"], r["seed"]) for r in records) == [("alpha", 1), ("alpha", 2), ("bravo", 1), ("bravo", 2)]
+    assert all(r["status"] == "ok" for r in records)
+
+
 def test_a_free_lock_seen_from_another_host_proves_nothing_but_slurm_can_say(tmp_path, monkeypatch):
     # flock on a shared file system may be local to each client (NFS local_lock, Lustre localflock): from
     # another host every lock looks free. There, the run's SLURM job is asked (squeue stood in for here).

@@ -24,12 +24,16 @@ def pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, 
                                                     reporter.info)]
 
 
+def entry_of(queue, submission, run_seed):
+    return next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
+
+
 def still_pending(queue, submission, run_seed, reporter) -> bool:
-    """Read the entry's records again just before it runs: the window in which two queues can both start
-    one entry is one run's start, not the whole queue's."""
+    """Read the entry's records again just before it runs (under its claim: harness/launcher/event/queue.py
+    claim), so that a queue never starts what another settled or is running."""
     from harness.launcher.event.queue import PENDING
 
-    entry = next(e for e in queue.entries if e.submission == submission and e.seed == run_seed)
+    entry = entry_of(queue, submission, run_seed)
     state = queue.state(entry)
     if state.state not in PENDING:
         reporter.info(f"skipped {entry.team} seed {entry.seed}: {state.state} since the queue started ({state.run_dir})")

@@ -53,7 +53,10 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
     reporter = ConsoleReporter()
     overrides = _overrides(budget_s=budget_s, grace_s=grace_s, nproc_per_node=nproc_per_node, nnodes=nnodes,
                            val_tokens=val_tokens, max_steps=max_steps)
-    from harness.cli.queues import pending_runs, queue_of, show_queue, still_pending
+    from contextlib import ExitStack
+
+    from harness.cli.queues import entry_of, pending_runs, queue_of, show_queue, still_pending
+    from harness.launcher.event.queue import claim
 
     try:
         pending = pending_runs(submissions, track, runs_dir, seed, repeat, overrides, resume, reporter)
@@ -62,25 +65,31 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
         raise SetupError(str(exc)) from None
     records, queue = [], len(pending) > 1
     for submission, run_seed in pending:
-        if queue_now is not None and not still_pending(queue_now, submission, run_seed, reporter):
-            continue  # another queue took it, or settled it, while this one ran others
-        opts = RunOptions(
-            submission=submission, track=track, runs_dir=runs_dir, seed=run_seed,
-            overrides=overrides, data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
-            eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
-        )
-        try:
-            record, run_dir = run_submission(opts, reporter)
-        except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
-            if not queue:
-                raise SetupError(str(exc)) from None
-            reporter.error(f"{submission} seed {run_seed} did not start: {exc}")  # the rest of the queue goes on
-            continue
-        except Exception as exc:  # noqa: BLE001  (the run's record says what happened; one team never ends the queue)
-            if not queue:
-                raise
-            reporter.error(f"{submission} seed {run_seed}: harness error {type(exc).__name__}: {exc}; the queue goes on")
-            continue
+        with ExitStack() as held:  # a resumed queue's claim on the entry, held until its run has ended
+            if queue_now is not None:
+                taken = held.enter_context(claim(queue_now, entry_of(queue_now, submission, run_seed)))
+                if taken:
+                    reporter.info(f"skipped {submission} seed {run_seed}: {taken}")
+                    continue
+                if not still_pending(queue_now, submission, run_seed, reporter):
+                    continue  # another queue settled it while this one ran others
+            opts = RunOptions(
+                submission=submission, track=track, runs_dir=runs_dir, seed=run_seed,
+                overrides=overrides, data_root=data_root, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                run_id=run_id, eval_nproc=eval_nproc_per_node, command=["harness", *sys.argv[1:]],
+            )
+            try:
+                record, run_dir = run_submission(opts, reporter)
+            except (TrackError, DataError, SubmissionError, ValueError, RuntimeError, FileExistsError) as exc:
+                if not queue:
+                    raise SetupError(str(exc)) from None
+                reporter.error(f"{submission} seed {run_seed} did not start: {exc}")  # the rest of the queue goes on
+                continue
+            except Exception as exc:  # noqa: BLE001  (the run's record says what happened; one team never ends the queue)
+                if not queue:
+                    raise
+                reporter.error(f"{submission} seed {run_seed}: harness error {type(exc).__name__}: {exc}; the queue goes on")
+                continue
         if node_rank == 0:
             reporter.summary(summary_lines(record, run_dir))
         else:  # node 0 writes the record; this node wrote its own account

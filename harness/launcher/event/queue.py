@@ -23,6 +23,7 @@ array of jobs (launcher/event/slurm.py).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,36 @@ def build(submissions: list[str], track: str, runs_root: Path, seed: int, repeat
 
 
 LOST_REASON = "its launcher died before the run finished: the infrastructure's failure, not the team's; run again"
+
+
+@contextmanager
+def claim(queue: Queue, entry: Entry):
+    """Yields "" while this process alone runs `entry` among the queues over this runs tree, else why not.
+
+    An exclusive flock on a claim file beside the team's records (runs/<track>/<team>/.claim-<seed>-<hash>),
+    taken before the entry's records are read again and held until its run has ended: two queues started
+    at once (two terminals, or a queue and a SLURM array task) never run one entry twice, however their
+    reads interleave. The kernel drops it with the process, however that ends. Where the file system has
+    no locks, the records' read again just before the run is the only guard (as before), and it is said."""
+    import fcntl
+
+    from harness.results.locks import no_locks_here, open_lock_file
+
+    team_dir = queue.track_dir / team_slug(entry.team)
+    team_dir.mkdir(parents=True, exist_ok=True)
+    fh = open_lock_file(team_dir / f".claim-{entry.seed}-{entry.sha256[:16]}")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield "another queue is running it now"
+            return
+        except OSError as exc:
+            if not no_locks_here(exc):
+                raise
+        yield ""
+    finally:
+        fh.close()  # the lock goes with the descriptor
 
 
 def pending(queue: Queue, say=lambda text: None) -> list[Entry]:
