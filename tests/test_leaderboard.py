@@ -433,3 +433,37 @@ def test_two_runs_folders_never_overwrite_each_others_board(tmp_path, cli):
     # An explicit --out still wins.
     result = cli("leaderboard", "--runs-dir", str(tmp_path / "event-runs"), "--no-charts", "--out", str(tmp_path / "x"))
     assert result.code == 0 and (tmp_path / "x" / "local.csv").is_file()
+
+
+def test_team_text_that_reads_as_math_never_stops_the_board(tmp_path, cli):
+    """A team name or a crash reason with `$\\q$` in it was read by the chart library as a formula, raised, and
+    no table of the track was written (the board frozen for every team). Text is text in every chart; a chart
+    that fails all the same leaves the tables written and says so."""
+    import csv
+
+    runs = tmp_path / "runs"
+    make_run(runs, "Team $\\q$", 2.0, seed=1)
+    make_run(runs, "Team $\\q$", 2.1, seed=2)
+    make_run(runs, "bravo", None, status="crashed", reason="rank 0: m.py:4: E: $\\q$ and $\\frac{$")
+    make_run(runs, "charlie", 2.2)
+    result = cli("leaderboard", "--runs-dir", str(runs))
+    assert result.code == 0, result.text
+    assert "could not be drawn" not in result.err
+    rows = {r["team"]: r for r in csv.DictReader((tmp_path / "leaderboard" / "local.csv").open())}
+    assert rows["Team $\\q$"]["rank"] == "1" and rows["bravo"]["status"] == "crashed"
+    assert (tmp_path / "plots" / "local" / "val_loss.png").is_file()
+
+
+def test_a_chart_that_fails_leaves_the_tables_written(tmp_path, monkeypatch):
+    from harness.results import views
+    from harness.results.charts import plots
+
+    make_run(tmp_path / "runs", "alpha", 2.0)
+
+    def broken(*args, **kwargs):
+        raise ValueError("a chart that cannot be drawn")
+
+    monkeypatch.setattr(plots, "draw_track", broken)
+    out = views.rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots")
+    assert out.csv.is_file() and out.html.is_file() and out.charts == []
+    assert out.chart_error == "ValueError: a chart that cannot be drawn"

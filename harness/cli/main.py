@@ -75,5 +75,7 @@ def _refresh_leaderboard(runs_dir, track: str, reporter) -> None:
         root = runs_root(runs_dir)
         out = rebuild(root, track, leaderboard_root(runs=root), plots_root(runs=root))
         reporter.info(f"leaderboard {out.html} ({out.ranked} ranked of {out.teams} teams)")
+        if out.chart_error:
+            reporter.error(f"the leaderboard's charts could not be drawn ({out.chart_error}); the tables are written")
     except Exception as exc:  # the record is written; the view can be rebuilt with `harness leaderboard`
         reporter.error(f"leaderboard not refreshed ({type(exc).__name__}: {exc}); run `harness leaderboard`")

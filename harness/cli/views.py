@@ -47,6 +47,9 @@ def leaderboard(tracks, include_unofficial, runs_dir, out_dir, plots_dir, rankin
                        + (f", {len(out.charts)} charts in {out.charts[0].parent}" if out.charts else ""))
             for reason in out.unreadable:
                 click.echo(f"warning: {reason}", err=True)
+            if out.chart_error:
+                click.echo(f"warning: the charts of {track} could not be drawn ({out.chart_error}); the tables are "
+                           "written", err=True)
 
     if watch_s is None:
         rebuild_all()

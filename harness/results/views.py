@@ -13,6 +13,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class Outputs:
     teams: int
     ranked: int
     unreadable: list[str]  # reasons of the run.json files that could not be read (listed, never dropped)
+    chart_error: str = ""  # why the charts could not be drawn: the tables are written all the same
 
 
 def _newest(rows: list[dict], key: str):
@@ -110,21 +112,25 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     suffix = "-all" if include_unofficial else ""
     out = leaderboard_dir / f"{track}{suffix}"
     chart_paths: list[Path] = []
+    chart_error = ""
     with leaderboard_lock(leaderboard_dir):
         if charts:
             from harness.results.charts.plots import draw_track
 
             eligible = [r for r in rows if r.get("official") or include_unofficial]
             counted = counted_runs(eligible)  # the runs the table's figures are of, and no others
-            chart_paths = draw_track(track, table, counted, scale_records, plots_dir / f"{track}{suffix}", ranking,
-                                     command_track(rows, track, spec), colors=colors, empty=empty)
+            try:
+                chart_paths = draw_track(track, table, counted, scale_records, plots_dir / f"{track}{suffix}", ranking,
+                                         command_track(rows, track, spec), colors=colors, empty=empty)
+            except Exception as exc:  # noqa: BLE001  (the charts are a view of the view: never the board's end)
+                chart_error = f"{type(exc).__name__}: {str(exc)[:300]}"
         csv_path, md_path, html_path = (out.with_suffix(".csv"), out.with_suffix(".md"), out.with_suffix(".html"))
         write_atomic(csv_path, to_csv(table))
         write_atomic(md_path, to_markdown(table, track, ranking, empty=empty))
         write_atomic(html_path, to_html(table, track, ranking, chart_paths, utc_now(), rows, refresh_s=reload_s,
                                           scale_records=scale_records, colors=colors, empty=empty))
     return Outputs(csv_path, md_path, html_path, chart_paths, len(table), int((table["status"] == "ok").sum()),
-                   [r["reason"] for r in rows if r["status"] == UNREADABLE])
+                   [r["reason"] for r in rows if r["status"] == UNREADABLE], chart_error)
 
 
 def tracks_in(runs_root: Path) -> list[str]:
@@ -182,7 +188,11 @@ def watch(runs_root: Path, tracks: list[str], rebuild_all: Callable[[], None], e
             write_atomic(mark, json.dumps({"every_s": every_s}))  # also the heartbeat that shows it is alive
             current = records_signature(runs_root, tracks)
             if current != seen:
-                rebuild_all()
+                try:
+                    rebuild_all()
+                except Exception as exc:  # noqa: BLE001  (a board that cannot be built now may be at the next change)
+                    print(f"harness leaderboard --watch: rebuild failed ({type(exc).__name__}: {exc}); watching on",
+                          file=sys.stderr, flush=True)
                 seen, rebuilds = current, rebuilds + 1
             sleep(every_s)
     except KeyboardInterrupt as stop:  # Ctrl-C is how a watch ends: the last rebuild still happens

@@ -20,7 +20,10 @@ ROW_TEAMS = 30  # rows of a per-team chart: the ranked teams first, then the one
 matplotlib.rcParams.update({"font.size": 15, "axes.titlesize": 17, "axes.labelsize": 15, "legend.fontsize": 13,
                      "xtick.labelsize": 13, "ytick.labelsize": 13, "axes.grid": True, "grid.alpha": 0.3,
                      "figure.dpi": 100, "savefig.bbox": "tight", "axes.spines.top": False,
-                     "axes.spines.right": False})
+                     "axes.spines.right": False,
+                     # Team names and reasons are team-written text: `$...$` must never be read as math (an
+                     # unknown command in it once made every chart, and with them the board, fail to build).
+                     "text.parse_math": False, "text.usetex": False})
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kw):
     """A new figure and its axes, as pyplot.subplots gives them."""
