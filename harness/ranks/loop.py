@@ -89,6 +89,7 @@ class Training:
     first_step_relabeled_loss: float | None = None
     first_step_relabeled_spread: float | None = None
     compiled: bool = False  # torch.compile'd (COMPILE, or get_model's own): the first step compiles
+    compile_skipped: bool = False  # it asked to be, and the track trains its plain module (compile = "eager")
     static_graph: bool = False  # the track's DDP static graph: its first step synchronises every micro-step
 
     @property
@@ -137,6 +138,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     model.to(device=device, dtype=torch.float32)  # fp32 master weights; autocast does the bf16
     raw_model = unwrap(model)  # a get_model that returns torch.compile(model) saves the plain module's keys
     params = sum(p.numel() for p in raw_model.parameters())
+    compile_skipped = job.compile_mode == "eager" and (model is not raw_model or bool(sub.compile))
     if job.compile_mode == "eager":  # the track trains compiled models eagerly: their plain module, same weights
         model = raw_model
     elif sub.compile and model is raw_model:  # never compile twice
@@ -165,7 +167,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         accum=accum, vocab_out=int(sub.config["vocab_size"]), t0=t0,
         grad_clip=float(sub.config["grad_clip"]) if sub.config.get("grad_clip") else None,
         grad_norm=torch.zeros((), dtype=torch.float32, device=device),
-        loss_sum=torch.zeros((), dtype=torch.float64, device=device), compiled=model is not raw_model,
+        loss_sum=torch.zeros((), dtype=torch.float64, device=device), compiled=model is not raw_model, compile_skipped=compile_skipped,
         static_graph=bool(ddp.static_graph),
     )
 
@@ -348,6 +350,6 @@ def train(job, env: RankEnv, channel, holders: list) -> dict:
             "max_step_s": max(step_s, default=0.0), "median_step_s": median_step_s,
             "slowest_earlier_step_s": slowest_earlier_s, "last_step_start_s": last_step_start_s,
             "first_step_s": step_s[0] if step_s else None,  # none when no step ran
-            "compiled": tr.compiled, "ddp": ddp_setup.applied(tr.ddp),
+            "compiled": tr.compiled, "compile_skipped": tr.compile_skipped, "ddp": ddp_setup.applied(tr.ddp),
             "first_step_loss": tr.first_step_loss, "first_step_relabeled_loss": tr.first_step_relabeled_loss,
             "first_step_relabeled_spread": tr.first_step_relabeled_spread}

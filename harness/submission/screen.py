@@ -172,3 +172,28 @@ def summarize(findings: list[dict]) -> list[str]:
             by_category.setdefault(f["category"], []).append(f"{f['file']}:{f['line']}")
     return [f"screen: {category} at {', '.join(places[:6])}" + (f" and {len(places) - 6} more" if len(places) > 6 else "")
             for category, places in sorted(by_category.items())] + warning_lines(findings)
+
+
+# Any mention, case aside: `torch.compile(`, `COMPILE = True`, `from torch import compile`. Reading too much
+# into a `re.compile` costs the harness an import; reading too little costs only a team that hides its compile.
+COMPILE_MENTION = re.compile(rb"compile", re.IGNORECASE)
+
+
+def mentions_compile(folder: Path) -> bool:
+    """Whether a submission's Python files mention compiling: the training ranks then import the compiler
+    before the team's start-up allowance begins (harness/ranks/loop.py). Harness code reading the files as
+    bytes, never running them: the decision cannot come from a report team code could have written."""
+    from harness.submission.contract import SubmissionError, submission_files
+
+    try:
+        paths = submission_files(Path(folder))
+    except SubmissionError:  # refused elsewhere, with its reason
+        return False
+    for path in paths:
+        if path.suffix == ".py":
+            try:
+                if COMPILE_MENTION.search(path.read_bytes()):
+                    return True
+            except OSError:
+                continue
+    return False

@@ -157,7 +157,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "weights_sha256": sha256_hex(), "device_name": text(200),
         "reports_dropped": count(), "train_loss": loss(), "max_step_s": seconds(), "median_step_s": seconds(),
         "slowest_earlier_step_s": seconds(), "first_step_s": seconds(optional=True),
-        "compiled": flag(optional=True), "ddp": obj(optional=True),
+        "compiled": flag(optional=True), "compile_skipped": flag(optional=True), "ddp": obj(optional=True),
         "last_step_start_s": seconds(), "first_step_loss": loss(), "first_step_relabeled_loss": loss(),
         "first_step_relabeled_spread": number(0.0, 1e6, nan=True, optional=True),
         "weights_changed_after_clock": flag(optional=True),

@@ -43,7 +43,7 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.train_time_s, record.train_loss, record.params = r0.get("train_time_s"), r0.get("train_loss"), r0.get("params")
     record.device_name = r0.get("device_name")
     for key in ("max_step_s", "median_step_s", "slowest_earlier_step_s", "last_step_start_s", "tokens_per_step",
-                "reports_dropped", "first_step_s", "compiled", "ddp"):
+                "reports_dropped", "first_step_s", "compiled", "compile_skipped", "ddp"):
         if key in r0:
             record.extra[key] = r0[key]
     if r0.get("config"):

@@ -150,8 +150,9 @@ def _render(result: CheckResult) -> list[str]:
     if r.get("compile"):
         how = "get_model returns a torch.compile'd module" if r.get("compiled_by_get_model") else "COMPILE = True"
         if t.compile == "eager":
-            row("compile", f"yes ({how}); track {t.name} trains it eagerly (compile = \"eager\"): its plain module, "
-                           "the same figure at another speed; a track that compiles does so in the first step")
+            row("compile", f"yes ({how}); track {t.name} trains its plain module (compile = \"eager\"): the same "
+                           "model at another speed, so another number of steps; a track that compiles does so in the "
+                           "first step")
         else:
             row("compile", f"yes ({how}): the first training step compiles, on the clock (seconds to minutes; on a "
                            f"{t.budget_s:.0f} s budget on a small CPU it can be most of it). Checked here eagerly")

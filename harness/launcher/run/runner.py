@@ -38,6 +38,7 @@ from harness.results.locks import RunLock
 from harness.launcher.run.identity import name_clash
 from harness.launcher.control.heartbeat import NodeHeartbeat, lost_after_s, silent_after_s
 from harness.launcher.run.nodes import NodePaths, merge_node_reports
+from harness.submission.screen import mentions_compile
 from harness.launcher.run.open_run import apply_open_training, check_open, explain_silence, finish_open_training
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.phases import run_preflight
@@ -308,11 +309,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         else None
     try:
         try:
-            if spec is None and report.get("compile") is True and track.compile == "eager":
-                record.notes.append(f"the model is torch.compile'd; track {track.name} trains it eagerly (compile = "
-                                    "\"eager\"): its plain module, the same figure at another speed")
+            # Decided from the files, by harness code, never from the check's report (team code wrote it there).
             phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
-                          compiles=report.get("compile") is True)
+                          compiles=mentions_compile(node.snapshot))
         except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
             set_outcome(record, "aborted", str(exc))
             return
@@ -321,6 +320,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             apply_open_training(record, phase, spec, track.startup_allowance_s)
         else:
             apply_training(record, phase)
+            if record.extra.get("compile_skipped") is True:  # what the rank saw: it asked to compile, and did not
+                record.notes.append(f"the model is torch.compile'd; track {track.name} trained its plain module "
+                                    "(compile = \"eager\"): the same weights at another speed, so another number of "
+                                    "steps in the budget; compiled blocks inside the model still compile")
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
         reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" /

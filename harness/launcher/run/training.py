@@ -178,7 +178,7 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
         comm_probe_steps=track.comm_probe_steps, max_steps=track.max_steps,
         data_fingerprint=data.fingerprint, submission_sha256=record.submission_sha256 or "",
         sandbox=track.sandbox, sandbox_policy=policy.to_dict() if track.sandbox != "off" else {},
-        ddp=dataclasses.asdict(track.ddp), compiles=compiles and track.compile != "eager", compile_mode=track.compile,
+        ddp=dataclasses.asdict(track.ddp), compiles=compiles, compile_mode=track.compile,
     )
 
 
