@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -173,3 +174,36 @@ print(json.dumps({**before, "deterministic": config.deterministic, "max_autotune
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"on": True, "warn_only": True, "inductor_loaded": False,
                                       "deterministic": True, "max_autotune": False}
+
+
+def test_a_model_that_compiles_lazily_in_evaluation_compiles_nothing():
+    """Evaluation runs a team's model eagerly. With dynamo no longer loaded by the determinism settings, a forward
+    that calls torch.compile on its first call would have compiled for real in each model process (the scoring
+    and the check process each on its own first batch): nothing compiles, whenever dynamo is first loaded."""
+    code = """
+import json, torch
+from harness.ranks.models.model_worker import eager, hold_determinism
+from harness.scoring.scorer import DETERMINISM
+hold_determinism(DETERMINISM)
+graphs = []
+def backend(gm, example_inputs):
+    graphs.append(1)
+    return gm.forward
+class Lazy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fn = None
+    def forward(self, x):
+        if self.fn is None:
+            self.fn = torch.compile(lambda t: t * 2 + 1, backend=backend)
+        return self.fn(x)
+model = Lazy()
+for _ in range(3):
+    hold_determinism(DETERMINISM)
+    with torch.inference_mode(), eager():
+        out = model(torch.ones(4))
+print(json.dumps({"graphs": len(graphs), "out": out.tolist()}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"graphs": 0, "out": [3.0, 3.0, 3.0, 3.0]}

@@ -64,6 +64,9 @@ DETERMINISM = {
         "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "0", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "0",
         "TORCHINDUCTOR_MULTI_KERNEL": "0", "TORCHINDUCTOR_BENCHMARK_FUSION": "0",
         "TORCHINDUCTOR_BENCHMARK_EPILOGUE_FUSION": "0",
+        # Evaluation runs a team's model eagerly (model_worker.eager): dynamo, wherever it is first imported
+        # (a forward that compiles lazily, on its first call), compiles nothing.
+        "TORCH_COMPILE_DISABLE": "1",
     },
     "deterministic_algorithms": "warn_only",  # torch.use_deterministic_algorithms(True, warn_only=True)
     "cudnn_benchmark": False,  # cuDNN picks no algorithm by timing it

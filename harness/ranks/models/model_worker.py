@@ -86,11 +86,13 @@ def hold_determinism(spec: dict) -> None:
         # What torch.use_deterministic_algorithms does but for setting Inductor's config, which it imports
         # (and with it Inductor and dynamo: 1.7 s of CPU in every model process, a model that never compiles
         # included). Inductor's flag is set below where it is loaded; the environment covers a later import.
-        setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-        if setter is not None:
-            setter(True, warn_only=warn_only)
-        else:  # another torch: the public call, import and all
+        try:
+            torch._C._set_deterministic_algorithms(True, warn_only=warn_only)
+        except (AttributeError, TypeError):  # another torch: the public call, import and all
             torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and spec.get("env", {}).get("TORCH_COMPILE_DISABLE") == "1":
+        dynamo.config.disable = True  # loaded before the environment was set (get_model's compile): the same
         # ...which also fills every torch.empty with NaN: a model that reads a buffer it only partly wrote (and
         # masks the rest) would score NaN in evaluation alone. Kernels' determinism is what is wanted, not this.
         utils = getattr(getattr(torch, "utils", None), "deterministic", None)
