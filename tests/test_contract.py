@@ -149,6 +149,33 @@ def test_a_forward_with_the_wrong_signature_is_named_at_its_def_line_with_the_fi
     assert problem["fix"].startswith("define forward(self, idx, targets=None)")
 
 
+def test_a_forward_that_runs_is_never_judged_by_its_signature(tmp_path):
+    """The signature is read only to explain a call that failed: a forward behind a functools.wraps decorator
+    (whose signature is the inner function's, with a parameter more) or one whose targets come from a
+    pre-hook runs, and is accepted."""
+    (tmp_path / "submission.py").write_text(
+        "import functools\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+        "CONFIG = {'micro_batch_size': 2, 'seq_len': 8}\n"
+        "def keeps_signature(fn):\n"
+        "    @functools.wraps(fn)\n"
+        "    def wrapper(self, idx, targets=None):\n"
+        "        return fn(self, idx, targets, None)\n"
+        "    return wrapper\n"
+        "class Bigram(nn.Module):\n"
+        "    def __init__(self, v):\n"
+        "        super().__init__()\n"
+        "        self.table = nn.Embedding(v, v)\n"
+        "    @keeps_signature\n"
+        "    def forward(self, idx, targets, mask):\n"
+        "        logits = self.table(idx)\n"
+        "        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())\n"
+        "        return logits, loss\n"
+        "def get_model(config):\n"
+        "    return Bigram(config['vocab_size'])\n")
+    report = run_checks({"submission_dir": str(tmp_path), "vocab_size": 64, "device": "cpu", "seed": 0})
+    assert report["ok"] and report["problems"] == [], report["problems"]
+
+
 def test_preflight_accepts_a_good_submission():
     report = run_checks({"submission_dir": str(FIXTURES / "ok_bigram"), "vocab_size": 64, "device": "cpu", "seed": 0})
     assert report["ok"] and report["params"] == 64 * 64 and report["problems"] == []
