@@ -76,9 +76,15 @@ def test_a_silent_scripts_reason_says_hang_only_when_it_printed_nothing(tmp_path
 
     reason = "killed at the hard limit: 27.0 s after the ranks started" + NO_REPORT_HINT
     log = tmp_path / "rank0.log"
-    assert explain_silence(reason, log).endswith("and printed nothing: a hang in start-up?)")  # no log at all
+    assert explain_silence(reason, log).endswith("and rank 0 printed nothing: a hang in start-up?)")  # no log at all
     log.write_text("[harness] sandbox on\n\n")
-    assert explain_silence(reason, log).endswith("and printed nothing: a hang in start-up?)")
+    assert explain_silence(reason, log).endswith("and rank 0 printed nothing: a hang in start-up?)")
+    import os
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)  # a team's FIFO (or a link) where its log was: never waited on, never followed
+    assert explain_silence(reason, fifo, 8).endswith("and rank 8 printed nothing: a hang in start-up?)")
+    (tmp_path / "link.log").symlink_to(log)
+    assert explain_silence(reason, tmp_path / "link.log").endswith("printed nothing: a hang in start-up?)")
     log.write_text("[harness] sandbox on\nstep 319 loss 3.2\nstep 320 loss 3.1\x1b[2J\n")
     said = explain_silence(reason, log)
     assert "hang" not in said and "rank 0 last printed 'step 320 loss 3.1" in said and "\x1b" not in said

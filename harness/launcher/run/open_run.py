@@ -20,7 +20,7 @@ from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome, team_number
 from harness.launcher.run.phases import PhaseResult, run_preflight
 from harness.launcher.control.watch import NO_REPORT_HINT, Deadlines
-from harness.launcher.control.workarea import WorkArea
+from harness.launcher.control.workarea import WorkArea, read_tail
 from harness.ranks import interpreter
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
@@ -96,23 +96,18 @@ def open_window(w, allowance_s: float) -> tuple[float | None, float | None]:
     return start, end
 
 
-def explain_silence(reason: str, rank0_log: Path) -> str:
+def explain_silence(reason: str, rank0_log: Path, rank: int = 0) -> str:
     """A script killed at its limit that reported nothing through the harness's API: a hang in start-up only
     where rank 0 printed nothing either; otherwise its last printed line (a script that trained 320 steps and
     overran was once told it hung in start-up). The log is team-written: its tail only, shown as text."""
     if not reason.endswith(NO_REPORT_HINT):
         return reason
-    try:
-        with open(rank0_log, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 64 * 1024))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        tail = ""
+    tail = read_tail(rank0_log)  # no link followed, a regular file only, 64 KiB at most
     lines = [line for line in tail.splitlines() if line.strip() and not line.startswith("[harness]")]
     head = reason[: -len(NO_REPORT_HINT)] + NO_REPORT_HINT[:-1]
     if not lines:
-        return head + " and printed nothing: a hang in start-up?)"
-    return head + f"; rank 0 last printed {printable(lines[-1], 200)!r}: still training? does it stop at --time_limit_min?)"
+        return head + f" and rank {rank} printed nothing: a hang in start-up?)"
+    return head + f"; rank {rank} last printed {printable(lines[-1], 200)!r}: still training? does it stop at --time_limit_min?)"
 
 
 def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, allowance_s: float) -> None:

@@ -326,8 +326,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                     "steps in the budget; compiled blocks inside the model still compile")
         record.killed_pids = phase.leftover_pids
         o = phase.outcome
-        reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" /
-                                                               f"rank{opts.node_rank * nproc}.log")
+        first = opts.node_rank * nproc  # this node's first rank: its log is here
+        reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" / f"rank{first}.log",
+                                                               first)
         set_outcome(record, o.status, reason, o.failing_rank, o.traceback)
         # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
         if o.status == "timeout" and report.get("compile") and phase.watch.train_start_s is not None \
