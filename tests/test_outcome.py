@@ -1,3 +1,5 @@
+import pytest
+
 from harness.launcher.control.channel import Message
 from harness.launcher.run.outcome import classify
 
@@ -101,5 +103,12 @@ def test_an_nccl_error_without_a_gpu_is_the_teams_line_not_a_collective_failure(
             namespace[call]()
         except RuntimeError as exc:
             report = process.describe_failure(exc, team)
+            # The job's device decides where it is known (a CPU track on a GPU node: the team's line), and
+            # then no CUDA query is made (the scorer asks CUDA nothing).
+            monkeypatch.setattr(process, "_has_gpu", lambda: pytest.fail("asked the host for a GPU"))
+            on_track = process.describe_failure(exc, team, "cuda" if gpu else "cpu")
+            assert on_track["cause"] == cause
+            assert process.describe_failure(exc, team, "cpu")["cause"] == ("collective" if call == "peer_gone"
+                                                                             else "exception")
         assert report["cause"] == cause, (gpu, call, report)
         assert report["reason"].startswith(f"{script}:") == (cause == "exception"), report["reason"]

@@ -112,7 +112,7 @@ def main(argv: list[str]) -> None:
         channel.send("result", peak_mem_gib=_peak_mem_gib(), division="open")
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
         open_api._channel = None
-        report = describe_failure(exc, job.get("submission_dir"))
+        report = describe_failure(exc, job.get("submission_dir"), job.get("device"))
         print(report["traceback"], file=sys.stderr, flush=True)
         channel.send("error", **report)
         code = 1

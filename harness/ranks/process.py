@@ -134,7 +134,7 @@ def init_process_group(backend: str, device, timeout_s: float) -> None:
     dist.init_process_group(**kwargs)
 
 
-def is_collective_error(exc: BaseException) -> bool:
+def is_collective_error(exc: BaseException, device: str | None = None) -> bool:
     """True for failures of the communication itself (a peer died or hung), not of the rank's own code."""
     import torch.distributed as dist
 
@@ -147,9 +147,9 @@ def is_collective_error(exc: BaseException) -> bool:
                "socket", "c10d", "store")
     if any(n in text for n in needles):
         return True
-    # NCCL communicates only between GPUs: without one, an NCCL error is the code's asking for it (a script's
-    # hard-coded backend on a CPU track), not a peer that died, and its line is the team's to fix.
-    return "nccl" in text and _has_gpu()
+    # NCCL communicates only between GPUs: on a CPU track (or a machine without one), an NCCL error is the
+    # code's asking for it (a script's hard-coded backend), not a peer that died, and its line is the team's.
+    return "nccl" in text and (device == "cuda" if device is not None else _has_gpu())
 
 
 def _has_gpu() -> bool:
@@ -204,7 +204,7 @@ def team_site(exc: BaseException, team_dir: str | os.PathLike | None) -> str:
     return ""
 
 
-def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = None) -> dict:
+def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = None, device: str | None = None) -> dict:
     """A rank's failure as a report: status, a one-line reason, the traceback and its kind. Where the
     team's code is on the traceback, the reason starts with its innermost file:line (team_site)."""
     from harness.submission.contract import SubmissionError
@@ -221,7 +221,7 @@ def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = No
         return {"status": exc.harness_status, "reason": str(exc), "traceback": tb, "cause": "rule"}
     if is_oom(exc):
         return {"status": "crashed", "reason": f"{at}out of memory ({line[:200]})", "traceback": tb, "cause": "oom"}
-    if is_collective_error(exc):
+    if is_collective_error(exc, device):  # the job's device ("cuda", "cpu"): the track's, not the host's
         # No team line: where a rank waited when its peer died is not the cause (the launcher names the peer).
         return {"status": "crashed", "reason": line[:300], "traceback": tb, "cause": "collective"}
     return {"status": "crashed", "reason": f"{at}{line[:300]}", "traceback": tb, "cause": "exception"}

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
         result = train(TrainJob.from_dict(raw), env, channel, holders)
         channel.send("result", **result)  # its sandbox report went first, before any team code ran
     except BaseException as exc:  # every failure becomes a report; SystemExit and Ctrl-C included
-        report = describe_failure(exc, raw.get("submission_dir"))
+        report = describe_failure(exc, raw.get("submission_dir"), raw.get("device"))
         print(report["traceback"], file=sys.stderr, flush=True)
         channel.send("error", **report)
         code = 1

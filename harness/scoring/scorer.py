@@ -323,7 +323,7 @@ def main(argv: list[str]) -> None:
         result = evaluate(job, env, holders, started)
         channel.send("eval_result", **result)
     except BaseException as exc:
-        report = describe_failure(exc)
+        report = describe_failure(exc, device=job.device)  # never a CUDA query of its own
         worker_tb = getattr(exc, "worker_traceback", "")
         if worker_tb:
             report["traceback"] = worker_tb
