@@ -82,8 +82,10 @@ def test_an_interval_never_reaches_below_the_loss_floor():
                                                          summarize([2.61, 2.58, 2.66, 2.60]).high)
     below = stats.loss_interval([1.62, 1.70], floor=1.64)  # a run measured below the floor by chance
     assert (below.low, below.high, below.kind) == (1.64, 1.70, "range_floor")
-    for values in ([2.52, 2.88], near, [1.0, 5.0, 9.0], [1.6, 1.61]):
+    for values in ([2.52, 2.88], near, [1.0, 5.0, 9.0]):
         assert stats.loss_interval(values, floor=1.64).low >= 1.64
+    # Every run below the floor: the interval goes no lower than their mean (test_an_interval_cut_at_the_floor_...)
+    assert stats.loss_interval([1.6, 1.61], floor=1.64).low == pytest.approx(1.605)
 
 
 def test_the_repeat_summary_shows_the_boards_interval_never_below_the_floor():
@@ -101,3 +103,13 @@ def test_the_repeat_summary_shows_the_boards_interval_never_below_the_floor():
     assert "1.6400–" in line and "(cut at floor)" in line
     (line,) = repeat_summary([run(1, 2.0)])
     assert line.endswith("1 ok, val_loss mean 2.0000")
+
+
+def test_an_interval_cut_at_the_floor_still_holds_its_mean():
+    """Two runs that both measured just below the floor (finite tokens near it): the interval once became
+    1.5500-1.5500 beside a mean of 1.51."""
+    from harness.results.stats import loss_interval
+
+    interval = loss_interval([1.50, 1.52], floor=1.55)
+    assert interval.low <= 1.51 <= interval.high and interval.kind == "range_floor"
+    assert loss_interval([1.50, 1.52, 1.56], floor=1.55).low <= (1.50 + 1.52 + 1.56) / 3

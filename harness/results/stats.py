@@ -108,7 +108,10 @@ def loss_interval(values: list[float], floor: float | None = None) -> Interval |
         low, high, kind = s.mean - s.ci95, s.mean + s.ci95, "t95"
     if is_finite(floor) and low < floor:
         # A run can measure below the floor by chance on finite tokens; the interval still claims nothing there.
-        low, high, kind = floor, max(high, floor), kind + "_floor"
+        # ...and never past the mean it is the interval of: runs that all measured below the floor (near it, on
+        # finite tokens) keep their mean inside, the low end at the lowest value that mean claims.
+        low = min(floor, sum(values) / len(values))
+        low, high, kind = low, max(high, low), kind + "_floor"
     return Interval(low, high, kind)
 
 
