@@ -231,3 +231,10 @@ def test_the_page_states_the_measured_weak_scaling_not_the_prediction():
     assert "0.877 at 2 devices" in text and "alpha" in text and "the machine was busy" in text
     assert "0.997" not in text and "0.943" not in text and "0.500" not in text  # no prediction, no stale record
     assert scaling_caption([]) == ""
+
+
+def test_a_chart_file_cut_short_is_placed_as_a_square(tmp_path):
+    from harness.results.page import png_aspect
+
+    (tmp_path / "short.png").write_bytes(b"\x89PNG")
+    assert png_aspect(tmp_path / "short.png") == 1.0 and png_aspect(tmp_path / "gone.png") == 1.0

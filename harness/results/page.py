@@ -186,9 +186,12 @@ def scaling_caption(scale_records: list[dict]) -> str:
 
 def png_aspect(path: Path) -> float:
     """A PNG's height over its width, from its header (the IHDR chunk: width, height as big-endian 32-bit)."""
-    with open(path, "rb") as fh:
-        head = fh.read(24)
-    width, height = struct.unpack(">II", head[16:24])
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(24)
+        width, height = struct.unpack(">II", head[16:24])
+    except (OSError, struct.error):  # a chart gone or cut short: placed as a square, never the page's end
+        return 1.0
     return height / width if width else 1.0
 
 
