@@ -74,3 +74,20 @@ def test_multi_line_reasons_stay_in_one_markdown_row(tmp_path):
     md = to_markdown(_table(tmp_path), "local", "mean")
     row = next(line for line in md.splitlines() if "| echo |" in line)
     assert "def f(x)<br>" in row and row.endswith("|")
+
+
+def test_a_team_name_that_reads_as_a_formula_is_text_in_the_csv(tmp_path):
+    """A spreadsheet opening the board would run `=HYPERLINK(...)` written as a team name or reason."""
+    import csv
+    import io
+
+    from harness.results.leaderboard import build_table, load_rows
+    from harness.results.tables import to_csv
+    from records_factory import make_run
+
+    make_run(tmp_path, "=HYPERLINK(\"x\")", 2.0)
+    make_run(tmp_path, "bravo", None, status="crashed", reason="@SUM(A1)")
+    rows = list(csv.DictReader(io.StringIO(to_csv(build_table(load_rows(tmp_path, "local"))))))
+    assert {r["team"] for r in rows} == {"'=HYPERLINK(\"x\")", "bravo"}
+    assert next(r for r in rows if r["team"] == "bravo")["reason"] == "'@SUM(A1)"
+    assert all(not (v or "").startswith(("=", "@", "+")) for r in rows for v in r.values())

@@ -18,8 +18,27 @@ MARKDOWN_COLUMNS = ["rank", "team", "division", "val_loss", "interval", "n_runs"
                     "mfu", "comm_overlap_efficiency", "reason"]
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (`=HYPERLINK(...)` as a team name): text
+# cells that do are written behind an apostrophe, which spreadsheets show as text and hide.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(value):
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        try:
+            float(value)  # "-0.5" is a number, not a formula
+            return value
+        except ValueError:
+            return "'" + value
+    return value
+
+
 def to_csv(table: pd.DataFrame) -> str:
-    return table[COLUMNS].to_csv(index=False)
+    out = table[COLUMNS].copy()
+    for column in out.columns:
+        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):  # text and mixed columns only
+            out[column] = out[column].map(_inert)
+    return out.to_csv(index=False)
 
 
 def to_markdown(table: pd.DataFrame, track: str, ranking: str, empty: EmptyState | None = None) -> str:
