@@ -140,10 +140,11 @@ def test_no_tracked_file_lies_where_a_run_writes_by_default(monkeypatch):
     ignored, so that a newcomer's `git status` stays clean after it."""
     from harness.results.records import leaderboard_root, plots_root
 
-    for var in ("HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR"):
+    for var in ("HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_RUNS_DIR"):
         monkeypatch.delenv(var, raising=False)
-    board, plots = leaderboard_root(), plots_root()
-    assert not board.is_absolute() and not plots.is_absolute()
+    monkeypatch.chdir(ROOT)  # where the README's commands are typed: the board goes beside ./runs
+    assert (leaderboard_root(), plots_root()) == (ROOT / "leaderboard", ROOT / "plots")
+    board, plots = Path("leaderboard"), Path("plots")
     assert _git("ls-files", "--", str(board), str(plots)).split() == []
     written = [str(board / "local.csv"), str(board / "local.html"), str(board / ".lock"),
                str(plots / "local" / "val_loss.png"), str(plots / "compare" / "a_vs_b.png")]
