@@ -367,7 +367,8 @@ def test_shard_files_train_and_are_scored_as_computed_independently(shard_runs):
         assert rec["val_loss"] == pytest.approx(linear_lm_val_loss(d, data / "val_0000.bin", 4096, 64), abs=1e-5)
         assert rec["val_loss"] < math.log(256) - 0.5, "it learned nothing from the train shards"
     assert records[0][1]["val_loss"] != records[1][1]["val_loss"], "two seeds, the same run"
-    mean = re.search(r"2 runs \(seeds 1\.\.2\): 2 ok, val_loss mean (\d+\.\d+) ± (\d+\.\d+)", proc.stdout)
+    mean = re.search(r"2 runs \(seeds 1\.\.2\): 2 ok, val_loss mean (\d+\.\d+), (\d+\.\d+)–(\d+\.\d+) \(min–max\)",
+                     proc.stdout)
     assert mean, proc.stdout[-2000:]
     assert float(mean.group(1)) == pytest.approx((records[0][1]["val_loss"] + records[1][1]["val_loss"]) / 2, abs=1e-4)
 

@@ -168,7 +168,8 @@ LOST_REASON = "its launcher died before the run finished: the infrastructure's f
 def claim(queue: Queue, entry: Entry):
     """Yields "" while this process alone runs `entry` among the queues over this runs tree, else why not.
 
-    An exclusive flock on a claim file beside the team's records (runs/<track>/<team>/.claim-<seed>-<hash>),
+    An exclusive flock on a claim file of the track's (runs/<track>/.claims/<team>-<seed>-<hash>: not among the
+    team's run folders, which tools list),
     taken before the entry's records are read again and held until its run has ended: two queues started
     at once (two terminals, or a queue and a SLURM array task) never run one entry twice, however their
     reads interleave. The kernel drops it with the process, however that ends. Where the file system has
@@ -177,9 +178,9 @@ def claim(queue: Queue, entry: Entry):
 
     from harness.results.locks import no_locks_here, open_lock_file
 
-    team_dir = queue.track_dir / team_slug(entry.team)
-    team_dir.mkdir(parents=True, exist_ok=True)
-    fh = open_lock_file(team_dir / f".claim-{entry.seed}-{entry.sha256[:16]}")
+    claims = queue.track_dir / ".claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    fh = open_lock_file(claims / f"{team_slug(entry.team)}-{entry.seed}-{entry.sha256[:16]}")
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

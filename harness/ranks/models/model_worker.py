@@ -90,14 +90,18 @@ def hold_determinism(spec: dict) -> None:
             torch._C._set_deterministic_algorithms(True, warn_only=warn_only)
         except (AttributeError, TypeError):  # another torch: the public call, import and all
             torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        # ...which also fills every torch.empty with NaN: a model that reads a buffer it only partly wrote (and
+        # masks the rest) would score NaN in evaluation alone. Kernels' determinism is what is wanted, not this.
+        # Imported here: nothing else loads the module now that Inductor is not imported.
+        try:
+            import torch.utils.deterministic as utils
+        except ImportError:  # a torch without the setting: nothing to turn off
+            utils = None
+        if utils is not None and hasattr(utils, "fill_uninitialized_memory"):
+            utils.fill_uninitialized_memory = False
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None and spec.get("env", {}).get("TORCH_COMPILE_DISABLE") == "1":
         dynamo.config.disable = True  # loaded before the environment was set (get_model's compile): the same
-        # ...which also fills every torch.empty with NaN: a model that reads a buffer it only partly wrote (and
-        # masks the rest) would score NaN in evaluation alone. Kernels' determinism is what is wanted, not this.
-        utils = getattr(getattr(torch, "utils", None), "deterministic", None)
-        if utils is not None and hasattr(utils, "fill_uninitialized_memory"):
-            utils.fill_uninitialized_memory = False
     if "cudnn_benchmark" in spec:
         torch.backends.cudnn.benchmark = bool(spec["cudnn_benchmark"])
     if "cudnn_deterministic" in spec:
