@@ -217,17 +217,26 @@ def test_ctrl_c_on_harness_leaderboard_watch_leaves_a_page_that_does_not_reload(
     runs, board = tmp_path / "runs", tmp_path / "lb"
     make_run(runs, "alpha", 2.0)
     html = board / "local.html"
+    def as_a_terminal_starts_it():  # Ctrl-C's SIGINT neither blocked nor ignored, whatever this worker inherited
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen([sys.executable, "-m", "harness", "leaderboard", "--watch", "1", "--no-charts",
                              "--runs-dir", str(runs), "--out", str(board)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_a_terminal_starts_it)
     try:
         deadline = time.monotonic() + 60
         while not (html.exists() and _reloads(html)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
         assert '<meta http-equiv="refresh" content="1">' in html.read_text()
+        status = {line.split(":")[0]: line.split(":")[1].strip() for line in
+                  open(f"/proc/{proc.pid}/status").read().splitlines() if line.startswith(("SigBlk", "SigIgn"))}
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"Ctrl-C did not stop the watch (its signal masks before it: {status})") from None
     finally:
         if proc.poll() is None:
             proc.kill()
