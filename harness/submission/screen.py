@@ -183,6 +183,7 @@ def mentions_compile(folder: Path) -> bool:
     """Whether a submission's Python files mention compiling: the training ranks then import the compiler
     before the team's start-up allowance begins (harness/ranks/loop.py). Harness code reading the files as
     bytes, never running them: the decision cannot come from a report team code could have written."""
+    from harness.submission import files
     from harness.submission.contract import SubmissionError, submission_files
 
     try:
@@ -191,9 +192,9 @@ def mentions_compile(folder: Path) -> bool:
         return False
     for path in paths:
         if path.suffix == ".py":
-            try:
-                if COMPILE_MENTION.search(path.read_bytes()):
+            try:  # the project's bounded reader: a regular file, no link followed, the submission's cap at most
+                if COMPILE_MENTION.search(files.read_regular(path, files.MAX_SUBMISSION_BYTES)):
                     return True
-            except OSError:
+            except (OSError, files.UnsafeEntry, files.TooLarge):
                 continue
     return False
