@@ -123,14 +123,16 @@ def one_rank(folder: Path, **values) -> Path:
     return tiny_track_with(folder, nproc_per_node=1, cpu_threads_per_rank=1, **values)
 
 
-QUICK_STEPS = 20
+QUICK_STEPS, QUICK_BUDGET_S = 20, 30.0
 
 
 def quick_track(folder: Path, **values) -> Path:
-    """tiny on one rank for QUICK_STEPS steps, not to the 4 s budget: for a submission whose test is about
-    the check, evaluation or the record, where neither the number of ranks nor the budget is under test.
-    The hard limit still holds, and the run stays official."""
-    return one_rank(folder, max_steps=QUICK_STEPS, **values)
+    """tiny on one rank for QUICK_STEPS steps, not to a budget: for a submission whose test is about the
+    check, evaluation or the record, where neither the number of ranks nor the budget is under test.
+    The budget is QUICK_BUDGET_S, not tiny's 4 s: the steps bound the work, and the hard limit (budget +
+    grace) must not end 20 honest steps on a machine at a load of 10 (CI saw 0.3 s a step, 17 of 20
+    steps at tiny's 7 s limit). The hard limit still holds, and the run stays official."""
+    return one_rank(folder, max_steps=QUICK_STEPS, **{"budget_s": QUICK_BUDGET_S, **values})
 
 
 def run_as_slurm(script: Path, folder: Path, **slurm_env: str) -> list[str]:

@@ -270,13 +270,16 @@ def test_the_validation_tokens_cannot_be_rebuilt_from_the_public_track_file(cli,
     """rebuilds_val regenerates the synthetic validation tokens in evaluation with the harness's own code and
     every seed a track file has named, and predicts by six-token context. The seed is drawn when the cache is
     built: the rebuilt tokens are not the validation tokens, and the figure is the trained bigram's, above
-    the floor and unflagged."""
-    result = cli("run", str(FIXTURES / "rebuilds_val"), "--track", str(one_rank(tmp_path, max_steps=200)),
+    the floor, with no flag but the one its rebuild may earn: on a loaded machine the rebuild inside the
+    first scoring batch takes past SLOW_BATCH_FLOOR_S (3.2 s on a quiet one), work in evaluation that is not
+    a forward pass, which is flagged as it should be."""
+    result = cli("run", str(FIXTURES / "rebuilds_val"), "--track", str(one_rank(tmp_path, max_steps=200, budget_s=30.0)),
                  timeout=240)
     assert result.code == 0, result.err
     run_dir, record = _record(tmp_path / "runs", "rebuilds_val")
     assert "REBUILDS-VAL rebuilt" in (run_dir / "logs" / "eval-model-rank0.log").read_text()
-    assert record["status"] == "ok" and not record["flagged"]
+    others = [f for f in record["flag_reason"].split("; ") if f and "over one batch" not in f]
+    assert record["status"] == "ok" and not others, record["flag_reason"]
     assert record["val_loss"] > record["loss_floor"] + 0.3, record["val_loss"]  # a bigram's gap, not a lookup's
     assert record["floor_check"]["below_by"] < 0
 
