@@ -242,6 +242,18 @@ def ended_how(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def reap_children() -> None:
+    """Collect the exit status of every finished child (adopted orphans included), so none lingers as a
+    zombie: the launcher after torch elastic's agent, a scorer after its model processes."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def release_and_exit(code: int, *objects_to_drop: list) -> None:
     """Drop the DDP model and optimizers, destroy the process group, flush, and leave for good."""
     try:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from harness.ranks import interpreter
 from harness.ranks.confine import sandbox, scratch
-from harness.ranks.process import MODEL_PROCESS_ENV
+from harness.ranks.process import MODEL_PROCESS_ENV, reap_children
 from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree  # noqa: F401
 from harness.ranks.models.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
@@ -102,16 +102,6 @@ def _kill_if_still(pid: int, parents: set[int]) -> bool:
             os.close(fd)
 
 
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = frozenset(), timeout_s: float = 10.0,
               teardown_s: float = 120.0) -> None:
     """SIGKILL the process `leader`, its session, and every descendant of this process except `keep`,
@@ -137,7 +127,7 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
             st = _proc_stat(pid) if pid in found else None
             if _kill_if_still(pid, {parent, me}) or (st is not None and st[0] not in ("Z", "X")):
                 alive.add(pid)  # signalled, or still ours and moved under another parent: another round
-        _reap()
+        reap_children()
         first = False
         if not alive:
             return

@@ -33,6 +33,7 @@ from pathlib import Path
 from harness.launcher.control import process_tree
 from harness.launcher.control.workarea import patched_environ, read_tail
 from harness.ranks import interpreter
+from harness.ranks.process import reap_children
 
 
 @dataclass(kw_only=True)
@@ -274,7 +275,7 @@ class ElasticJob:
             self._store_proc.kill()
             self._store_proc.wait()
             self._store_proc.stdout.close()
-        process_tree.reap_zombies()
+        reap_children()
         tempfile.tempdir = None
         if self._env is not None:
             self._env.__exit__(None, None, None)

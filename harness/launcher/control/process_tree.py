@@ -86,7 +86,7 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
     """SIGTERM every descendant, SIGKILL what is left after grace_s; returns every pid it ended.
 
     Zombies are not reaped here (a Popen in torch elastic may still want their exit status);
-    `reap_zombies` does that once the agent is done.
+    `harness.ranks.process.reap_children` does that once the agent is done.
     """
     exclude = exclude or set()
     procs = [p for p in descendants() if p.pid not in exclude and _alive(p)]
@@ -111,17 +111,6 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
     while time.monotonic() < deadline and any(_alive(p) for p in procs):
         time.sleep(0.05)
     return sorted({p.pid for p in procs} | set(killed))
-
-
-def reap_zombies() -> None:
-    """Collect the exit status of finished children (adopted orphans included)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 class ProcessScope:
