@@ -554,12 +554,13 @@ def test_a_training_rank_can_leave_no_mark_on_files_outside_its_folder(cli, tmp_
 
 
 def test_training_again_in_evaluation_is_flagged(cli, tmp_path):
-    """trains_in_eval carries training batches in a buffer of its checkpoint and trains on them for 3,000 steps
+    """trains_in_eval carries training batches in a buffer of its checkpoint and trains on them for 300 steps
     at its first forward in evaluation (the same steps in both model processes, so the causality check
-    agrees). That batch takes far longer than the others: the run is flagged for review. An honest model's
-    batches take alike (test_an_honest_submission_passes_every_door_unflagged)."""
-    result = cli("run", str(FIXTURES / "trains_in_eval"), "--track", str(quick_track(tmp_path, eval__timeout_s=300.0)),
-                 timeout=600)
+    agrees), that batch held to 8 s at least, past the door's absolute 5 s on any machine. That batch takes
+    far longer than the others: the run is flagged for review. An honest model's batches take alike
+    (test_an_honest_submission_passes_every_door_unflagged)."""
+    result = cli("run", str(FIXTURES / "trains_in_eval"), "--track", str(quick_track(tmp_path, eval__timeout_s=120.0)),
+                 timeout=400)
     assert result.code == 0, result.err
     run_dir, record = _record(tmp_path / "runs", "trains_in_eval")
     assert "TRAINS-IN-EVAL trained" in (run_dir / "logs" / "eval-model-rank0.log").read_text()
