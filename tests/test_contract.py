@@ -112,11 +112,13 @@ def test_relative_and_sibling_imports_both_work(tmp_path):
 
 
 @pytest.mark.parametrize("out, message", [
-    (torch.zeros(2, 4, 8), "not a pair"),
-    ((torch.zeros(2, 8), torch.zeros(())), r"logits have shape \(2, 8\)"),
-    ((torch.zeros(2, 4, 8, dtype=torch.long), torch.zeros(())), "not a float type"),
-    ((torch.zeros(2, 4, 8), torch.zeros(2, 4)), r"loss is shape \(2, 4\), not a scalar"),
-    ((torch.zeros(2, 4, 8), None), "loss is NoneType"),
+    (torch.zeros(2, 4, 8), r"forward returned a Tensor, not a pair \(logits, loss\)\."),
+    ((torch.zeros(2, 8), torch.zeros(())),
+     r"forward's logits have shape \(2, 8\), expected \(2, 4, 8\) \[batch, seq_len, vocab_size\]\."),
+    ((torch.zeros(2, 4, 8, dtype=torch.long), torch.zeros(())),
+     r"forward's logits have dtype torch.int64, not a float type\."),
+    ((torch.zeros(2, 4, 8), torch.zeros(2, 4)), r"forward's loss is shape \(2, 4\), not a scalar tensor\."),
+    ((torch.zeros(2, 4, 8), None), r"forward's loss is NoneType, not a scalar tensor\."),
 ])
 def test_forward_output_checks(out, message):
     with pytest.raises(SubmissionError, match=message):

@@ -364,11 +364,11 @@ def test_the_sandbox_report_recorded_is_the_one_sent_before_team_code():
     forged = {"active": True, "why": "Landlock ABI 7"}
     w = worker((SANDBOX, honest), (READY, {"sandbox": forged, "params": 3}))
     assert w.wait_ready() == {"sandbox": honest, "params": 3}
-    with pytest.raises(WorkerFailed):
+    with pytest.raises(WorkerFailed, match=r"^the model process answered message \d+, expected \d+$"):
         worker((READY, {"sandbox": forged, "params": 3})).wait_ready()
     with pytest.raises(WorkerFailed) as caught:
         worker((SANDBOX, honest), (READY, {"sandbox": forged}), required=True).wait_ready()
-    assert "requires the sandbox" in str(caught.value)
+    assert str(caught.value) == "the track requires the sandbox and it is not active: no Landlock here"
 
 
 def test_logits_that_are_not_the_batchs_shape_are_refused():
@@ -389,6 +389,9 @@ def test_logits_that_are_not_the_batchs_shape_are_refused():
         with pytest.raises(WorkerFailed) as caught:
             worker.logits(16)
         assert caught.value.harness_status == status, (rows, seq_len, code)
+        assert str(caught.value) == (f"the model process answered a batch of (2, 8) tokens with logits for "
+                                     f"{(rows, seq_len)}" if status == "invalid"
+                                     else "the model process named an unknown logits dtype (77)")
         os.close(worker.replies)
 
 
@@ -441,4 +444,5 @@ def test_a_model_process_cannot_announce_a_payload_of_any_size():
     with pytest.raises(WorkerFailed) as caught:
         worker.wait_ready()
     assert caught.value.harness_status == "crashed"
+    assert str(caught.value).startswith("the model process sent "), str(caught.value)
     os.close(worker.replies)

@@ -73,6 +73,8 @@ def test_a_node_called_lost_because_its_file_system_stalled_is_the_infrastructur
     node); node 0 called it lost, and its account came afterwards. The run was `crashed`, charged to the team."""
     record = _answered(tmp_path, longest_write_s=12.0)
     assert record.status == "aborted" and "blocked for 12 s" in record.reason, record.reason
+    assert record.reason.startswith("node 1 was called lost: its launcher's writes to the shared file system blocked "
+                                    "for 12 s (a stall of the file system"), record.reason
 
 
 def test_a_node_called_lost_whose_writes_never_blocked_was_late_on_its_own(tmp_path):

@@ -17,7 +17,7 @@ def state(setup=None, start=None, end=None) -> WatchResult:
     (state(setup=5.0), 24.0, None),
     (state(setup=5.0), 25.5, "start-up took longer than the track's allowance of 20 s"),
     (state(setup=5.0, start=10.0), 16.9, None),
-    (state(setup=5.0, start=10.0), 17.5, "killed at the hard limit: 7.0 s"),
+    (state(setup=5.0, start=10.0), 17.5, "killed at the hard limit: 7.0 s (budget + grace) after training started"),
     # A report that training ended does not switch the clock off: the save allowance runs from it...
     (state(setup=5.0, start=10.0, end=11.0), 30.5, None),
     (state(setup=5.0, start=10.0, end=11.0), 31.5, "ranks still running 20 s (the save allowance)"),
@@ -63,9 +63,11 @@ def test_an_open_division_script_is_killed_at_one_limit_no_report_moves():
     assert _expired(r, d, launched=99.0, now=126.9) is None
     reason, at = _expired(r, d, launched=99.0, now=127.1)
     assert at == 127.0 and "hard limit" in reason
+    assert reason.endswith("(its rank 0 reported the end of training 25.5 s before and the job had not exited: a save "
+                           "that did not finish, or a thread that never ends)")
     silent = WatchResult(setup_start_s=100.0)  # never said "first forward": a hang in its start-up?
     assert "reported neither a first forward nor progress" in _expired(silent, d, launched=99.0, now=127.1)[0]
-    assert "did not start" in _expired(WatchResult(), d, launched=0.0, now=61.0)[0]
+    assert _expired(WatchResult(), d, launched=0.0, now=61.0)[0] == "the ranks did not start within 60 s of launch"
 
 
 def test_a_silent_scripts_reason_says_hang_only_when_it_printed_nothing(tmp_path):
