@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 # Peak dense BF16 FLOP/s per GPU (vendor figures, no sparsity).
 PEAK_BF16_FLOPS = {
@@ -45,7 +47,29 @@ def peak_flops_per_device(peak_flops: float, device_peak: str, device_name: str 
     return None
 
 
-def mfu(flops_per_token: float | None, tokens_per_s_per_device: float | None, peak: float | None) -> float | None:
+def raw_mfu(flops_per_token: float | None, tokens_per_s_per_device: float | None, peak: float | None) -> float | None:
+    """FLOPs per token x tokens per second per device / the device's peak, as computed; None where a factor is unknown."""
     if not flops_per_token or not tokens_per_s_per_device or not peak:
         return None
     return flops_per_token * tokens_per_s_per_device / peak
+
+
+def mfu(flops_per_token: float | None, tokens_per_s_per_device: float | None, peak: float | None) -> float | None:
+    """Model FLOPs utilisation, or None: unknown, or a share no device reaches (past its peak, or not finite).
+    FLOPs per token are counted in the check process beside the team's code, which can make them say
+    anything (docs/rules.md): a forged count showed as 1,032% and as inf (not even JSON). The record says why
+    (implausible_mfu_note)."""
+    value = raw_mfu(flops_per_token, tokens_per_s_per_device, peak)
+    return value if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+def implausible_mfu_note(flops_per_token: float | None, tokens_per_s_per_device: float | None,
+                         peak: float | None) -> str | None:
+    """The record's note where mfu() refused the computed figure; None where it did not."""
+    value = raw_mfu(flops_per_token, tokens_per_s_per_device, peak)
+    if value is None or mfu(flops_per_token, tokens_per_s_per_device, peak) is not None:
+        return None
+    share = f"{value:.0%}" if math.isfinite(value) else str(value)
+    return (f"MFU not shown: the FLOPs per token counted in the check process ({flops_per_token:.4g}) at this "
+            f"throughput make {share} of the device's peak, which no device reaches; the count is taken beside "
+            "the team's code")

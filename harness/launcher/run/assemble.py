@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.launcher.run.console import fmt_rate
-from harness.results.metrics import mfu, peak_flops_per_device
+from harness.results.metrics import implausible_mfu_note, mfu, peak_flops_per_device
 from harness.launcher.run.phases import PhaseResult
 from harness.ranks.confine.namespaces import PROC_SYS, USERNS_OTHER_CAUSES, userns_restriction
 from harness.results.records import RunRecord
@@ -69,6 +69,9 @@ def apply_training(record: RunRecord, phase: PhaseResult) -> None:
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
     record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    note = implausible_mfu_note(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    if note:
+        record.notes.append(note)
     if r0.get("comm_overlap_efficiency") is not None:
         record.comm_overlap_efficiency = r0["comm_overlap_efficiency"]
         record.comm_probe = {new: r0.get(old) for old, new in PROBE_FIELDS.items()}

@@ -25,7 +25,7 @@ from harness.ranks import interpreter
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob
 from harness.ranks.process import ended_how
-from harness.results.metrics import mfu, peak_flops_per_device
+from harness.results.metrics import implausible_mfu_note, mfu, peak_flops_per_device
 from harness.results.records import RunRecord
 from harness.submission.open_division import OpenSpec, config_before_training, script_argv
 from harness.submission.printable import printable
@@ -168,6 +168,9 @@ def apply_open_checkpoint(record: RunRecord, found: dict, report: dict, spec: Op
     record.peak_flops_per_device = peak_flops_per_device(track.get("peak_flops_per_device", 0.0),
                                                          track.get("device_peak", ""), record.device_name)
     record.mfu = mfu(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    note = implausible_mfu_note(record.flops_per_token, record.tokens_per_s_per_device, record.peak_flops_per_device)
+    if note:
+        record.notes.append(note)
 
 
 def parameter_count(found: dict, names) -> int | None:
