@@ -3,7 +3,6 @@
 import pytest
 import json
 import uuid
-from pathlib import Path
 
 import psutil
 
@@ -136,14 +135,13 @@ def test_the_check_at_the_events_sizes_does_its_arithmetic_small(cli, tmp_path):
     """Shapes at the real micro-batch and FLOPs on the meta device; for real only batch 1 and a short
     causality window (benchmarks/check_size.py times the 124M version)."""
     from harness.ranks.flops import count_training_flops_per_token
-    from harness.ranks.models.contract_checks import VALUES_SEQ_LEN
     from harness.ranks.models.preflight import CAUSALITY_WINDOW
 
     result = cli("check", _small_gpt(tmp_path, "gpt_small"), "--track", "paris2026", "--json")
     assert result.code == 0, result.out + result.err
     r = json.loads(result.out)
     assert r["shapes_on"] == "meta" and r["logits_shape"] == [16, 1024, 32768] and r["real_batch"] == 1
-    assert r["real_seq_len"] == VALUES_SEQ_LEN and r["initial_loss"] is not None
+    assert r["initial_loss"] is not None and "values_checked" not in r  # 111M: under the CPU's limit, checked for real
     assert r["causality"]["positions"] == [0, CAUSALITY_WINDOW // 4, CAUSALITY_WINDOW // 2, CAUSALITY_WINDOW - 2]
     assert set(r["check_timings_s"]) == {"meta_s", "build_s", "step_s", "eval_length_s", "causality_s"}
     import importlib.util
@@ -161,53 +159,15 @@ def test_a_model_that_needs_real_values_is_checked_for_real_at_batch_2(cli, tmp_
     assert result.code == 0, result.out + result.err
     r = json.loads(result.out)
     assert r["shapes_on"].startswith("cpu (") and r["real_batch"] == 2 and r["logits_shape"] == [2, 1024, 32768]
-    assert r["real_seq_len"] == 1024  # its full length: no meta pass saw it
     assert r["flops_method"].startswith("cpu batch 1")
-
-
-def _checked(cli, folder: str) -> dict:
-    result = cli("check", folder, "--track", "paris2026", "--json")
-    return json.loads(result.out) | {"exit": result.code}
-
-
-def test_the_short_real_step_catches_what_the_full_one_did_and_blames_nothing_it_did_not(cli, tmp_path):
-    """The real forward and backward runs at VALUES_SEQ_LEN tokens once the meta pass has checked the full length.
-    What only the full length shows is still checked: a position table shorter than seq_len (= the evaluation
-    length here) is rejected by the forward at the evaluation length. What only a short step would misjudge is
-    not: a parameter used only by long sequences gets its gradient on the meta device at the full length, and a
-    model that accepts exactly its own length is run at it."""
-    from harness.ranks.models.contract_checks import VALUES_SEQ_LEN
-
-    folder = Path(_small_gpt(tmp_path, "short_table"))
-    src = (folder / "submission.py").read_text()
-    (folder / "submission.py").write_text(src.replace('nn.Embedding(config["seq_len"], d)',
-                                                      'nn.Embedding(config["seq_len"] // 2, d)'))
-    short = _checked(cli, str(folder))
-    assert short["exit"] == 1 and not short["accepted"]
-    assert "forward fails on a window of 1024 tokens, the track's evaluation length" in short["problems"][0]["problem"]
-
-    long_only = _small_gpt(tmp_path, "long_only", "        x_long = T > 512\n")
-    path = Path(long_only) / "submission.py"
-    text = path.read_text().replace("        self.ln_f = nn.LayerNorm(d)\n",
-                                    "        self.ln_f = nn.LayerNorm(d)\n        self.long = nn.Linear(d, d)\n")
-    text = text.replace("        logits = self.head(self.ln_f(x))\n",
-                        "        if x_long:\n            x = x + 0.0 * self.long(x)\n        logits = self.head(self.ln_f(x))\n")
-    path.write_text(text)
-    report = _checked(cli, long_only)
-    assert report["exit"] == 0 and report["accepted"], report["problems"]
-    assert report["real_seq_len"] == VALUES_SEQ_LEN
-
-    exact = _small_gpt(tmp_path, "exact", "        assert targets is None or T == 1024, T\n")
-    report = _checked(cli, exact)
-    assert report["exit"] == 0 and report["accepted"], report["problems"]
-    assert report["real_seq_len"] == 1024 and report["real_batch"] == 1
 
 
 def test_a_billion_parameter_model_is_checked_by_its_shapes_in_little_memory(tmp_path):
     """Issue 31's target: `harness check` of a 1B-parameter model on a CPU within 2 GiB (and 60 s: timed by
     benchmarks/check_size.py, not here). Its float32 weights and gradients (7.3 GiB) are past
-    VALUES_MAX_GIB_ON_CPU: shapes, gradients and FLOPs are checked on the meta device, and the check says the
-    values are left to the run. The peak is the largest process of the command's whole tree."""
+    VALUES_MAX_GIB_ON_CPU: shapes and FLOPs are checked on the meta device, a parameter it saw no gradient for is a
+    warning, and the check says who sees the values (on paris2026, the run's own check on the GPU). The peak is
+    the largest process of the command's whole tree."""
     import subprocess
     import sys
 
@@ -216,8 +176,15 @@ def test_a_billion_parameter_model_is_checked_by_its_shapes_in_little_memory(tmp
     folder = tmp_path / "gpt1b"
     folder.mkdir()
     src = (ROOT / "benchmarks" / "gpt_event_size" / "submission.py").read_text()
-    (folder / "submission.py").write_text(src.replace('"n_layer": 12, "n_head": 12, "n_embd": 768',
-                                                      '"n_layer": 24, "n_head": 16, "n_embd": 1792'))
+    src = src.replace('"n_layer": 12, "n_head": 12, "n_embd": 768', '"n_layer": 24, "n_head": 16, "n_embd": 1792')
+    # A parameter only a real device's branch uses: on the meta device it gets no gradient. With no real backward
+    # to agree, that is a warning, never a rejection (an honest model must not be caught by the meta device).
+    src = src.replace("        self.ln_f = nn.LayerNorm(d)\n",
+                      "        self.ln_f = nn.LayerNorm(d)\n        self.gain = nn.Parameter(torch.ones(()))\n")
+    src = src.replace("        logits = self.head(self.ln_f(x))\n",
+                      "        if x.device.type != 'meta':\n            x = x * self.gain\n"
+                      "        logits = self.head(self.ln_f(x))\n")
+    (folder / "submission.py").write_text(src)
     measure = ("import json, resource, subprocess, sys\n"
                "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
                "print(json.dumps({'code': p.returncode, 'out': p.stdout, 'err': p.stderr,\n"
@@ -228,7 +195,8 @@ def test_a_billion_parameter_model_is_checked_by_its_shapes_in_little_memory(tmp
     assert got["code"] == 0, got["out"] + got["err"]
     assert got["peak_kib"] < 2 * 2**20, got["peak_kib"]
     r = json.loads(got["out"])
-    assert r["accepted"] and r["params"] == 985_961_984 and r["initial_loss"] is None and r["causality"] is None
+    assert r["accepted"] and r["params"] == 985_961_985 and r["initial_loss"] is None and r["causality"] is None
+    assert any("1 trainable parameter(s) got no gradient on the meta device: gain" in w for w in r["warnings"])
     assert set(r["check_timings_s"]) == {"meta_s"} and r["flops_method"] == "meta" and r["logits_shape"] == [16, 1024, 32768]
     # What `harness check` prints of that report (the same function renders it, without --json).
     from harness.launcher.run.check import CheckResult, render
@@ -236,8 +204,9 @@ def test_a_billion_parameter_model_is_checked_by_its_shapes_in_little_memory(tmp
 
     command = ["harness", "run", str(folder), "--track", "paris2026"]
     text = "\n".join(render(CheckResult(True, r, "gpt1b", load_track("paris2026"), command)))
-    assert "values            not checked here: 985,961,984 parameters hold 7.3 GiB" in text, text
-    assert "checked by the run itself, at its first step and in evaluation" in text and "ACCEPTED" in text
+    assert "values            not checked here: 985,961,985 parameters hold 7.3 GiB" in text, text
+    assert "on track paris2026 the run's own check, on the GPU, sees them before training" in text
+    assert "ACCEPTED BY ITS SHAPES: this submission passes every check the harness could make here" in text
 
 
 def test_a_get_model_that_returns_a_compiled_module_is_said_to_compile(cli, tmp_path):

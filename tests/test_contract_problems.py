@@ -217,17 +217,6 @@ def test_a_model_whose_first_loss_is_not_finite_is_refused(folder):
     assert _problems(folder, source) == ["the loss of the freshly built model is nan."]
 
 
-def test_a_model_that_fails_at_its_own_training_length_is_named_with_the_length(folder):
-    """Its position table holds 128 positions and it trains at 256: the meta pass (shapes only) and the real step
-    (at 128 tokens) pass, the real forward at 256 does not."""
-    source = BIGRAM.replace('"seq_len": 8', '"seq_len": 256').replace(
-        "self.table = nn.Embedding(vocab_size, vocab_size)",
-        "self.table = nn.Embedding(vocab_size, vocab_size)\n        self.pos = nn.Embedding(128, vocab_size)").replace(
-        "logits = self.table(idx)", "logits = self.table(idx) + self.pos(torch.arange(idx.size(1), device=idx.device))")
-    (problem,) = _problems(folder, source, eval_seq_len=64)
-    assert problem.startswith("forward fails on a window of 256 tokens, the seq_len it trains at (IndexError: ")
-
-
 def test_a_model_that_looks_ahead_is_refused_by_the_checks_probe(folder):
     source = BIGRAM.replace("logits = self.table(idx)", "logits = self.table(idx.roll(-1, dims=1))")  # the next token
     (problem,) = _problems(folder, source)

@@ -119,6 +119,15 @@ def render(result: CheckResult) -> list[str]:
     return [printable(line, 8000, one_line=False) for line in _render(result)]
 
 
+def values_seen_by(track: Track) -> str:
+    """Who first sees the values of a model the check on this CPU took by its shapes alone."""
+    if track.device == "cuda":
+        return (f"on track {track.name} the run's own check, on the GPU, sees them before training (a finite first "
+                "loss, causality)")
+    return (f"on track {track.name} the run sees them first: its first training step (a non-finite loss ends it "
+            "diverged) and evaluation's causality check on the scoring itself")
+
+
 def _render(result: CheckResult) -> list[str]:
     r, t = result.report, result.track
     lines = [f"checking team {result.team!r} for track {t.name!r} (on this CPU; the event runs {t.device})"]
@@ -130,7 +139,11 @@ def _render(result: CheckResult) -> list[str]:
         row("division", "open: your script runs on every rank (torch elastic, as torchrun) as")
         lines.append(f"      python {' '.join(r['script_argv'])}")
         before = r.get("before_training") or {}
-        if before.get("ok"):
+        if before.get("ok") and before.get("values_checked"):  # a large model on a CPU: its shapes alone
+            how = "[open.config]" if before.get("declared") else "the config your arguments suggest"
+            row("model", f"ok before training with {how}, by its shapes: {before['values_checked']}; "
+                         f"{values_seen_by(t)}")
+        elif before.get("ok"):
             how = "[open.config]" if before.get("declared") else "the config your arguments suggest"
             row("model", f"ok before training with {how}: {before.get('params', 0):,} parameters, forward at the "
                          f"evaluation length {t.eval.seq_len}, causal; checked again after training, rebuilt from the "
@@ -161,7 +174,7 @@ def _render(result: CheckResult) -> list[str]:
         on = "on the meta device" if r.get("shapes_on") == "meta" else r.get("shapes_on", "")
         if r.get("initial_loss") is None:  # a large model on a CPU: its shapes alone (contract_checks.values_unchecked)
             row("forward/backward", f"ok: logits {r['logits_shape']} ({on}), a gradient for every parameter")
-            row("values", f"not checked here: {r.get('values_checked', 'no real forward was run')}")
+            row("values", f"not checked here: {r.get('values_checked', 'no real forward was run')}; {values_seen_by(t)}")
         else:
             row("forward/backward", f"ok: logits {r['logits_shape']} ({on}) {r['logits_dtype']}, loss {r['loss_dtype']}, "
                                     f"initial loss {r['initial_loss']:.3f} at batch {r.get('real_batch')} x "
@@ -194,7 +207,11 @@ def _render(result: CheckResult) -> list[str]:
             row("", f"one launcher per node: harness slurm {result.command[2]} --track {shlex.quote(result.command[4])} --submit")
     for w in result.warnings:
         lines.append(f"  WARNING: {printable(w)}")
-    if result.verdict == "accepted":
+    shapes_only = r.get("values_checked") or (r.get("before_training") or {}).get("values_checked")
+    if result.verdict == "accepted" and shapes_only:
+        lines.append("ACCEPTED BY ITS SHAPES: this submission passes every check the harness could make here; "
+                     f"its values were not checked ({values_seen_by(t)}).")
+    elif result.verdict == "accepted":
         lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")
     elif result.verdict == "not ready":
         n = len(result.wont_run)

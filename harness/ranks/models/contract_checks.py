@@ -12,14 +12,11 @@ from pathlib import Path
 # Tokens the quick causality probe runs on: enough for a missing mask to show at every probed cut,
 # an eighth of a Paris 2026 window. Evaluation checks causality again on the full scoring windows.
 CAUSALITY_WINDOW = 128
-# The real forward and backward's length once the meta pass has checked the shapes at the full one: the
-# values it checks (a finite loss) need no more, and at 1024 tokens it was most of a 124M model's check.
-VALUES_SEQ_LEN = 128
-# On a CPU, the most the real pass may hold in float32 weights and gradients (8 bytes a parameter): a
-# team's laptop checks a 1B-parameter model in seconds and under 2 GiB (issue 31) by its shapes alone.
-# About 200M parameters; past it, the values are checked by the run (its first step's loss, evaluation's
-# causality check on the scoring itself). A GPU check has the device's memory and checks them always.
-VALUES_MAX_GIB_ON_CPU = 1.5
+# On a CPU, the most float32 weights and gradients the real pass may hold: past it (about 134M parameters,
+# 8 bytes each), a team's laptop checks the model by its shapes alone, in seconds and well under 2 GiB at
+# 1B parameters (issue 31), and the values are first seen by the run. A GPU check has the device's memory
+# and makes the real pass always.
+VALUES_MAX_GIB_ON_CPU = 1.0
 
 
 def problem_of(exc: BaseException, team_dir: str) -> dict:
@@ -112,9 +109,9 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
         out[1].backward()
     shapes = {"logits_shape": list(out[0].shape), "flops_per_token": counter.get_total_flops() / (B * T),
               "flops_method": "meta", "compiled_by_get_model": model is not built, **_parameters(model)}
-    # Gradients at the full micro-batch and length: the real pass runs shorter, where a parameter used
-    # only by long sequences would look unused.
-    unused_error(model, file)
+    # A gradient for every parameter, as far as the meta device shows it: a parameter only a real device's
+    # branch uses looks unused here, so it only warns, where no real backward runs (check_model).
+    shapes["meta_unused"] = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         check_forward_output(call_forward(model, (idx,), file), B, T, V, False, file)
@@ -125,9 +122,20 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
 
 def _parameters(model) -> dict:
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return {"params": sum(p.numel() for p in model.parameters()),
+    return {"params": sum(p.numel() for p in model.parameters()), "values_gib": _float32_gib(model),
             "param_names": [name for name, _ in model.named_parameters()],  # open division: counted by the launcher
             "trainable_params": sum(p.numel() for p in trainable)}
+
+
+def _float32_gib(model) -> float:
+    """What the real pass would hold: each distinct storage of the parameters in float32 (a tied or expanded
+    weight counts once, as allocated), and a float32 gradient of every trainable parameter's shape."""
+    storages: dict[int, int] = {}
+    for p in model.parameters():
+        storage = p.untyped_storage()
+        storages[storage._cdata] = storage.nbytes() // max(1, p.element_size()) * 4
+    grads = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return (sum(storages.values()) + grads) / 2**30
 
 
 def unused_error(model, file: str) -> None:
@@ -146,28 +154,27 @@ def values_unchecked(meta: dict, device_kind: str) -> str:
     are past VALUES_MAX_GIB_ON_CPU is checked by its shapes alone."""
     if not meta or device_kind == "cuda":
         return ""
-    need_gib = meta["params"] * 8 / 2**30
+    need_gib = meta["values_gib"]
     if need_gib <= VALUES_MAX_GIB_ON_CPU:
         return ""
     return (f"{meta['params']:,} parameters hold {need_gib:.1f} GiB of float32 weights and gradients, past the "
-            f"check's {VALUES_MAX_GIB_ON_CPU} GiB on a CPU: shapes, gradients and FLOPs were checked on the meta "
-            "device; the values (a finite first loss, causality) are checked by the run itself, at its first "
-            "step and in evaluation")
+            f"check's {VALUES_MAX_GIB_ON_CPU} GiB on a CPU: its shapes, gradients and FLOPs were checked on the "
+            "meta device, not its values (a finite first loss, causality)")
 
 
 def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None,
                 precision: str = "bfloat16") -> dict:
     """The model's contract at the submission's real size, in as little arithmetic as honesty allows.
 
-    Shapes at the run's micro-batch and length, a gradient for every parameter, parameter count and
-    FLOPs on the meta device (free at any size); then for real, once each: the model built, one forward
-    and backward at batch 1 x VALUES_SEQ_LEN tokens (a finite loss), one forward at the evaluation
-    length (and at the training length where that is longer), and the causality probe on a short
-    window. On a CPU this is float32 (bf16 there may be emulated, ~45x slower), and a model past
-    VALUES_MAX_GIB_ON_CPU gets the meta pass alone (values_unchecked says why). benchmarks/check_size.py
-    times it for a 124M GPT at the Paris 2026 sizes. A model that cannot run on the meta device (it
-    needs real values) is checked for real at batch 2 and its full length, with FLOPs counted as
-    flops.py does.
+    Shapes at the run's micro-batch, parameter count and FLOPs on the meta device (free at any size);
+    then for real, once each: the model built, one forward and backward at batch 1 and the training
+    length (a finite loss, a gradient for every parameter), one forward at the evaluation length where
+    it differs from the training length, and the causality probe on a short window. On a CPU this is
+    float32 (bf16 there may be emulated, ~45x slower), and a model whose float32 weights and gradients
+    pass VALUES_MAX_GIB_ON_CPU gets the meta pass alone (values_unchecked says why; a parameter with no
+    gradient there is a warning, `model_warnings`). benchmarks/check_size.py times it at the Paris 2026
+    sizes. A model that cannot run on the meta device (it needs real values) is checked for real at
+    batch 2, with FLOPs counted as flops.py does.
     """
     import time
 
@@ -183,7 +190,9 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
-        meta = _shapes_on_meta(sub, eval_len, file)
+        with torch.random.fork_rng(devices=[]):  # a forward that draws (layer drop) gives one verdict, not a coin's
+            torch.manual_seed(seed)
+            meta = _shapes_on_meta(sub, eval_len, file)
         meta_why = ""
     except SubmissionError:
         raise
@@ -191,10 +200,17 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
         meta, meta_why = {}, f"{type(exc).__name__} on the meta device"
     timings["meta_s"] = time.perf_counter() - t0
     skipped = values_unchecked(meta, device_kind)
+    unused_on_meta = meta.pop("meta_unused", [])
     if skipped:
-        return {**meta, "initial_loss": None, "causality": None,
-                "values_checked": skipped, "check_timings_s": timings, "shapes_on": "meta", "real_batch": None,
-                "logits_dtype": None, "loss_dtype": None}
+        found = {**meta, "initial_loss": None, "causality": None, "values_checked": skipped,
+                 "check_timings_s": timings, "shapes_on": "meta", "real_batch": None, "logits_dtype": None,
+                 "loss_dtype": None}
+        if unused_on_meta:  # the meta device's word alone: a real device's branch may use them (not a rejection)
+            shown = ", ".join(unused_on_meta[:5]) + (" ..." if len(unused_on_meta) > 5 else "")
+            found["model_warnings"] = [f"{len(unused_on_meta)} trainable parameter(s) got no gradient on the meta device: "
+                                 f"{shown}; DDP needs every trainable parameter used in forward, or the run's first "
+                                 "step fails"]
+        return found
 
     torch.manual_seed(seed)
     autocast = lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,  # noqa: E731
@@ -214,51 +230,37 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
         raise SubmissionError(file, "the model has no trainable parameters.", "return a model with parameters")
     timings["build_s"] = time.perf_counter() - t0
 
-    # Batch 1 and VALUES_SEQ_LEN tokens when the meta pass saw the real micro-batch's shapes (a model
-    # built for exactly its length is run at it); batch 2 at the full length otherwise, so that a batch
-    # dimension mixed up with another is still caught.
+    # Batch 1 when the meta pass saw the real micro-batch's shapes; 2 otherwise, so that a batch
+    # dimension mixed up with another is still caught. At the training length, as training calls it.
     t0 = time.perf_counter()
-    batch, length = (1, min(T, VALUES_SEQ_LEN)) if meta else (2, T)
-    while True:
-        idx = torch.randint(0, vocab_size, (batch, length + 1), device=device)
-        x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-        try:
-            with autocast():
-                out = call_forward(model, (x, y), file)
-            break
-        except SubmissionError:
-            raise
-        except Exception:  # noqa: BLE001  (at the full length, a failure is the submission's own)
-            if length == T:
-                raise
-            length = T
-            model.zero_grad(set_to_none=True)
-    check_forward_output(out, batch, length, V, True, file)
+    batch = 1 if meta else 2
+    idx = torch.randint(0, vocab_size, (batch, T + 1), device=device)
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    with autocast():
+        out = call_forward(model, (x, y), file)
+    check_forward_output(out, batch, T, V, True, file)
     shapes = {"logits_dtype": str(out[0].dtype).replace("torch.", ""), "loss_dtype": str(out[1].dtype).replace("torch.", ""),
-              "logits_shape": meta.get("logits_shape", list(out[0].shape)), "real_batch": batch, "real_seq_len": length,
+              "logits_shape": meta.get("logits_shape", list(out[0].shape)), "real_batch": batch,
               "shapes_on": "meta" if meta else f"cpu ({meta_why})"}
     loss = out[1]
     if not torch.isfinite(loss.detach()).item():
         raise SubmissionError(file, f"the loss of the freshly built model is {loss.item()}.",
                               "check the initialisation and the loss computation")
     loss.backward()
-    if not meta:  # there, at the full length; here only the meta pass's shorter cousin ran
-        unused_error(model, file)
+    unused_error(model, file)
     model.zero_grad(set_to_none=True)
     if not meta:  # the shapes without targets, for real
         with torch.no_grad(), autocast():
             check_forward_output(model(x), batch, T, V, False, file)
     timings["step_s"] = time.perf_counter() - t0
 
-    # The evaluation length for real, once, and the training length where it is longer and the step above ran
-    # shorter: a position table too short shows only on real values. Forwards alone, at batch 1.
+    # The evaluation length, for real, once: a position table too short shows only on real values. At
+    # the training length the step above was that check.
     t0 = time.perf_counter()
-    longer_training = [T] if T > eval_len and T != length else []
-    for check_len in ([eval_len] if eval_len != length else []) + longer_training:
+    if eval_len != T:
         model.eval()
         with torch.inference_mode(), autocast():
-            out = _at_length(model, vocab_size, check_len, device, file, training=check_len != eval_len)
-            check_forward_output(out, 1, check_len, V, False, file)
+            check_forward_output(_at_eval_length(model, vocab_size, eval_len, device, file), 1, eval_len, V, False, file)
         model.train()
     timings["eval_length_s"] = time.perf_counter() - t0
 
@@ -315,18 +317,13 @@ def _eval_length_error(file: str, eval_len: int, exc: BaseException):
         "tables for the evaluation length, not only CONFIG's seq_len)")
 
 
-def _at_length(model, vocab_size: int, length: int, device, file: str, training: bool = False):
+def _at_eval_length(model, vocab_size: int, eval_len: int, device, file: str):
     import torch
 
-    from harness.submission.contract import SubmissionError
-
     try:
-        return model(torch.randint(0, vocab_size, (1, length), device=device))
+        return model(torch.randint(0, vocab_size, (1, eval_len), device=device))
     except Exception as exc:
-        if training:
-            raise SubmissionError(file, f"forward fails on a window of {length} tokens, the seq_len it trains at "
-                                  f"({type(exc).__name__}: {exc}).", "size position tables for seq_len") from exc
-        raise _eval_length_error(file, length, exc) from exc
+        raise _eval_length_error(file, eval_len, exc) from exc
 
 
 def screen_of(request: dict) -> list[dict]:

@@ -60,8 +60,10 @@ def run_open_checks(request: dict) -> dict:
             seq_len = int(config.get("seq_len") or config.get("block_size") or request["eval_seq_len"])
             model = OpenModel(folder=folder, file=folder / model_file, config=config, get_model=get_model,
                               seq_len=seq_len, vocab_out=int(config.get("vocab_size") or request["vocab_size"]))
-            report.update(check_model(model, request["device"], request["seed"], request["vocab_size"],
-                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
+            found = check_model(model, request["device"], request["seed"], request["vocab_size"],
+                                request.get("eval_seq_len"), request.get("precision", "bfloat16"))
+            report["warnings"] = [*report.get("warnings", []), *found.pop("model_warnings", [])]
+            report.update(found)
         elif request.get("config") is not None:
             # Strict: the team declared the config and it is checked where it will run (a check on this CPU
             # of a model for a GPU track may fail on GPU-only code, and then warns).
@@ -137,7 +139,8 @@ def _before_training(folder: Path, model_file: str, get_model, request: dict) ->
                           seq_len=seq_len, vocab_out=int(config.get("vocab_size") or request["vocab_size"]))
         found = check_model(model, request["device"], request["seed"], request["vocab_size"],
                             request.get("eval_seq_len"), request.get("precision", "bfloat16"))
-        return {"ok": True, "declared": declared, "config": config, "params": found.get("params")}
+        return {"ok": True, "declared": declared, "config": config, "params": found.get("params"),
+                "values_checked": found.get("values_checked")}
     except BaseException as exc:  # noqa: BLE001  (reported: a rejection or a warning, by the caller)
         return {"ok": False, "declared": declared, "config": config,
                 "problem": problem_of(exc, request["submission_dir"])}

@@ -33,8 +33,10 @@ def run_checks(request: dict) -> dict:
         if sub is not None:
             report["config"] = sub.config
             report["compile"] = sub.compile
-            report.update(check_model(sub, request["device"], request["seed"], request["vocab_size"],
-                                      request.get("eval_seq_len"), request.get("precision", "bfloat16")))
+            found = check_model(sub, request["device"], request["seed"], request["vocab_size"],
+                                request.get("eval_seq_len"), request.get("precision", "bfloat16"))
+            report["warnings"] += found.pop("model_warnings", [])
+            report.update(found)
             report["compile"] = bool(sub.compile or report["compiled_by_get_model"])
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
         report["problems"].append(problem_of(exc, request["submission_dir"]))
