@@ -116,11 +116,51 @@ def test_a_track_that_requires_the_sandbox_aborts_on_a_host_that_refuses_user_na
     ran = subprocess.run([sys.executable, "-c", NO_USER_NAMESPACES, str(HARNESS_SCRIPT), "run",
                           str(FIXTURES / "ok_bigram"), "--track", str(sandboxed(tmp_path, "required")),
                           "--no-leaderboard"], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
-    if ran.stdout.startswith("SKIP"):
-        pytest.skip(f"no user namespace of the test's own here: {ran.stdout.strip()}")
+    assert not ran.stdout.startswith("SKIP"), f"no user namespace of the test's own here: {ran.stdout.strip()}"
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "aborted", (record["reason"], ran.stderr[-2000:])
     assert record["reason"].startswith("the track requires the sandbox, and the training ranks cannot have a "
                                        "namespace of their job's own here: no namespace of the job's own: "), \
         record["reason"]
     assert record["steps"] is None and "training" not in record["sandbox"]
+
+
+# Landlock stacks at most 16 rulesets on a process: a wrapper that takes all 16 (each allows everything it
+# handles, so the layers change nothing) leaves the harness's own sandbox no layer, as a host or a container
+# that confines its processes with Landlock does.
+LANDLOCK_FULL = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+class Beneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+EXECUTE = 1
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+root = os.open("/", os.O_PATH)
+for _ in range(16):
+    attr = Attr(EXECUTE)
+    fd = libc.syscall(444, ctypes.byref(attr), ctypes.sizeof(attr), 0)  # landlock_create_ruleset
+    assert fd >= 0, ctypes.get_errno()
+    rule = Beneath(EXECUTE, root)
+    assert libc.syscall(445, fd, 1, ctypes.byref(rule), 0) == 0, ctypes.get_errno()  # landlock_add_rule
+    assert libc.syscall(446, fd, 0) == 0, ctypes.get_errno()  # landlock_restrict_self
+    os.close(fd)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_a_check_process_that_cannot_enter_the_required_sandbox_aborts_the_run_as_the_machines(tmp_path, cache_dir):
+    """The track requires the sandbox and the check process cannot enter it (here every Landlock layer is taken
+    before the harness starts): no team code ran, so the run is `aborted` (the machine's, re-run), as a training
+    rank without the sandbox is; it was `invalid`, charged to the team, with a reason naming no file."""
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    ran = subprocess.run([sys.executable, "-c", LANDLOCK_FULL, str(HARNESS_SCRIPT), "run",
+                          str(FIXTURES / "ok_bigram"), "--track", str(sandboxed(tmp_path, "required")),
+                          "--no-leaderboard"], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "aborted", (record["status"], record["reason"], ran.stderr[-2000:])
+    assert record["reason"].startswith("the track requires the sandbox and the check process could not enter it "
+                                       "on this machine ("), record["reason"]
+    assert record["reason"].endswith("); no team code ran") and record["steps"] is None

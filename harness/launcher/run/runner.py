@@ -290,6 +290,12 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     if abort.is_set:
         set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
+    box = record.sandbox["check"]  # what the check process sent over the pipe before any team code ran
+    if track.sandbox == "required" and not box.get("active"):
+        # The machine's, not the team's: as a training rank without the sandbox, the run is aborted (re-run).
+        set_outcome(record, "aborted", "the track requires the sandbox and the check process could not enter it on "
+                                       f"this machine ({box.get('why') or 'no reason given'}); no team code ran")
+        return
     if not report["ok"]:
         record.extra["problems"] = report["problems"]
         first = report["problems"][0]
