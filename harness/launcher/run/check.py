@@ -172,13 +172,16 @@ def _render(result: CheckResult) -> list[str]:
     if "params" in r:
         row("model", f"ok: {r['params']:,} parameters ({r['trainable_params']:,} trainable)")
         on = "on the meta device" if r.get("shapes_on") == "meta" else r.get("shapes_on", "")
-        if r.get("initial_loss") is None:  # a large model on a CPU: its shapes alone (contract_checks.values_unchecked)
-            row("forward/backward", f"ok: logits {r['logits_shape']} ({on}), a gradient for every parameter")
+        if r.get("initial_loss") is None and r.get("logits_shape") is None:  # too large, and no meta forward
+            row("forward/backward", f"not run: {on}")  # `values` says why
+            row("values", f"not checked here: {r.get('values_checked', 'no real forward was run')}; {values_seen_by(t)}")
+        elif r.get("initial_loss") is None:  # a large model on a CPU: its shapes alone (contract_checks.values_unchecked)
+            row("forward/backward", f"ok: logits {r['logits_shape']} ({on})")
             row("values", f"not checked here: {r.get('values_checked', 'no real forward was run')}; {values_seen_by(t)}")
         else:
             row("forward/backward", f"ok: logits {r['logits_shape']} ({on}) {r['logits_dtype']}, loss {r['loss_dtype']}, "
-                                    f"initial loss {r['initial_loss']:.3f} at batch {r.get('real_batch')} x "
-                                    f"{r.get('real_seq_len', '')} tokens (ln vocab = {math.log(t.data.vocab_size):.3f})")
+                                    f"initial loss {r['initial_loss']:.3f} at batch {r.get('real_batch')} "
+                                    f"(ln vocab = {math.log(t.data.vocab_size):.3f})")
         timings = r.get("check_timings_s") or {}
         if timings:
             row("check time", ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in timings.items()))
@@ -209,7 +212,8 @@ def _render(result: CheckResult) -> list[str]:
         lines.append(f"  WARNING: {printable(w)}")
     shapes_only = r.get("values_checked") or (r.get("before_training") or {}).get("values_checked")
     if result.verdict == "accepted" and shapes_only:
-        lines.append("ACCEPTED BY ITS SHAPES: this submission passes every check the harness could make here; "
+        by = "ITS SHAPES" if r.get("logits_shape") is not None or r.get("before_training") else "ITS BUILD"
+        lines.append(f"ACCEPTED BY {by}: this submission passes every check the harness could make here; "
                      f"its values were not checked ({values_seen_by(t)}).")
     elif result.verdict == "accepted":
         lines.append("ACCEPTED: this submission passes every check the harness makes before a run.")

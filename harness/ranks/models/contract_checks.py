@@ -83,7 +83,7 @@ def call_forward(model, args: tuple, file: str):
         raise
 
 
-def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
+def _shapes_on_meta(sub, eval_seq_len: int, file: str, sizes: dict) -> dict:
     """The contract's shapes at full size with no arithmetic: the model built on the meta device (no
     memory, no values), one training forward and backward at the run's own micro-batch under the FLOP
     counter, a forward without targets, and one at the evaluation length. A SubmissionError here is
@@ -101,6 +101,7 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str) -> dict:
     model = unwrap(built)  # shapes need no compiler
     if not isinstance(model, torch.nn.Module) or not any(p.requires_grad for p in model.parameters()):
         return {}  # reported by the real build, with its message
+    sizes.update(_parameters(model))  # the caller's, even where the forward below needs real values
     model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
     idx = torch.empty(B, T, dtype=torch.long, device="meta")
     with flop_counter() as counter:
@@ -149,17 +150,21 @@ def unused_error(model, file: str) -> None:
                               "DDP needs every trainable parameter used in forward: remove them or set requires_grad=False")
 
 
-def values_unchecked(meta: dict, device_kind: str) -> str:
+def values_unchecked(sizes: dict, device_kind: str, meta_why: str = "") -> str:
     """Why the real pass is not made ("" where it is): on a CPU, a model whose float32 weights and gradients
-    are past VALUES_MAX_GIB_ON_CPU is checked by its shapes alone."""
-    if not meta or device_kind == "cuda":
+    are past VALUES_MAX_GIB_ON_CPU is checked on the meta device alone; `meta_why`: why its forward could not
+    run there either (its build alone was then checked)."""
+    if not sizes or device_kind == "cuda":
         return ""
-    need_gib = meta["values_gib"]
+    need_gib = sizes["values_gib"]
     if need_gib <= VALUES_MAX_GIB_ON_CPU:
         return ""
-    return (f"{meta['params']:,} parameters hold {need_gib:.1f} GiB of float32 weights and gradients, past the "
-            f"check's {VALUES_MAX_GIB_ON_CPU} GiB on a CPU: its shapes, gradients and FLOPs were checked on the "
-            "meta device, not its values (a finite first loss, causality)")
+    past = (f"{sizes['params']:,} parameters hold {need_gib:.1f} GiB of float32 weights and gradients, past the "
+            f"check's {VALUES_MAX_GIB_ON_CPU} GiB on a CPU")
+    if meta_why:
+        return (f"{past}, and its forward cannot run on the meta device ({meta_why}): only its build was checked, "
+                "not its shapes nor its values (a finite first loss, causality)")
+    return f"{past}: its shapes and FLOPs were checked on the meta device, not its values (a finite first loss, causality)"
 
 
 def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len: int | None = None,
@@ -189,22 +194,24 @@ def check_model(sub, device_kind: str, seed: int, vocab_size: int, eval_seq_len:
     eval_len = eval_seq_len or T
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    sizes: dict = {}
     try:
         with torch.random.fork_rng(devices=[]):  # a forward that draws (layer drop) gives one verdict, not a coin's
             torch.manual_seed(seed)
-            meta = _shapes_on_meta(sub, eval_len, file)
+            meta = _shapes_on_meta(sub, eval_len, file, sizes)
         meta_why = ""
     except SubmissionError:
         raise
     except Exception as exc:  # noqa: BLE001  (data-dependent code: shapes are checked for real below)
         meta, meta_why = {}, f"{type(exc).__name__} on the meta device"
     timings["meta_s"] = time.perf_counter() - t0
-    skipped = values_unchecked(meta, device_kind)
+    skipped = values_unchecked(meta or sizes, device_kind, meta_why)
     unused_on_meta = meta.pop("meta_unused", [])
     if skipped:
-        found = {**meta, "initial_loss": None, "causality": None, "values_checked": skipped,
-                 "check_timings_s": timings, "shapes_on": "meta", "real_batch": None, "logits_dtype": None,
-                 "loss_dtype": None}
+        found = {"compiled_by_get_model": None, "logits_shape": None, "flops_per_token": None, **sizes, **meta,
+                 "initial_loss": None, "causality": None, "values_checked": skipped, "check_timings_s": timings,
+                 "shapes_on": "meta" if meta else f"not checked ({meta_why})", "real_batch": None,
+                 "logits_dtype": None, "loss_dtype": None}
         if unused_on_meta:  # the meta device's word alone: a real device's branch may use them (not a rejection)
             shown = ", ".join(unused_on_meta[:5]) + (" ..." if len(unused_on_meta) > 5 else "")
             found["model_warnings"] = [f"{len(unused_on_meta)} trainable parameter(s) got no gradient on the meta device: "
