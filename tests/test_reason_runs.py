@@ -164,3 +164,22 @@ def test_a_check_process_that_cannot_enter_the_required_sandbox_aborts_the_run_a
     assert record["reason"].startswith("the track requires the sandbox and the check process could not enter it "
                                        "on this machine ("), record["reason"]
     assert record["reason"].endswith("); no team code ran") and record["steps"] is None
+
+
+def test_a_check_killed_at_its_limit_by_a_slow_screen_is_not_a_sandbox_it_could_not_enter(tmp_path):
+    """The team's files decide how long the static screen takes (chains of attribute lookups, megabytes of them).
+    The check process sends its sandbox report before the screen, so a check killed at its time limit has said
+    whether it entered the sandbox, and a track that requires the sandbox does not read its silence as "could not
+    enter it" (an `aborted` run, re-run for free: the red team's way to choose a re-run). Only a report the process
+    sent can abort a run; a report that never came says nothing of the sandbox."""
+    from harness.launcher.run.phases import run_preflight
+
+    folder = tmp_path / "slow_screen"
+    folder.mkdir()
+    (folder / "submission.py").write_text((FIXTURES / "ok_bigram" / "submission.py").read_text())
+    chain = "x = a" + ".b" * 150 + "\n"
+    (folder / "padding.py").write_text(chain * (2_000_000 // len(chain)))  # tens of seconds of screen here
+    report = run_preflight(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "preflight.log",
+                           eval_seq_len=64, sandbox_mode="required", timeout_s=8.0)
+    assert report["problems"][0]["problem"].startswith("checking the submission took more than 8 s"), report
+    assert report["sandbox"]["reported"] is True and report["sandbox"]["active"] is True, report["sandbox"]

@@ -119,11 +119,14 @@ def render(result: CheckResult) -> list[str]:
     return [printable(line, 8000, one_line=False) for line in _render(result)]
 
 
-def values_seen_by(track: Track) -> str:
+def values_seen_by(track: Track, open_division: bool = False) -> str:
     """Who first sees the values of a model the check on this CPU took by its shapes alone."""
     if track.device == "cuda":
         return (f"on track {track.name} the run's own check, on the GPU, sees them before training (a finite first "
                 "loss, causality)")
+    if open_division:  # the team's own loop: the harness sees the model once it is trained
+        return (f"on track {track.name} the run sees them after training: the check of the checkpoint's model and "
+                "evaluation's causality check on the scoring itself")
     return (f"on track {track.name} the run sees them first: its first training step (a non-finite loss ends it "
             "diverged) and evaluation's causality check on the scoring itself")
 
@@ -141,8 +144,10 @@ def _render(result: CheckResult) -> list[str]:
         before = r.get("before_training") or {}
         if before.get("ok") and before.get("values_checked"):  # a large model on a CPU: its shapes alone
             how = "[open.config]" if before.get("declared") else "the config your arguments suggest"
-            row("model", f"ok before training with {how}, by its shapes: {before['values_checked']}; "
-                         f"{values_seen_by(t)}")
+            row("model", f"ok before training with {how}, not by its values: {before['values_checked']}; "
+                         f"{values_seen_by(t, open_division=True)}")
+            for warning in before.get("warnings") or []:
+                lines.append(f"  WARNING: {printable(str(warning))}")
         elif before.get("ok"):
             how = "[open.config]" if before.get("declared") else "the config your arguments suggest"
             row("model", f"ok before training with {how}: {before.get('params', 0):,} parameters, forward at the "
@@ -211,8 +216,9 @@ def _render(result: CheckResult) -> list[str]:
     for w in result.warnings:
         lines.append(f"  WARNING: {printable(w)}")
     shapes_only = r.get("values_checked") or (r.get("before_training") or {}).get("values_checked")
-    if result.verdict == "accepted" and shapes_only:
-        by = "ITS SHAPES" if r.get("logits_shape") is not None or r.get("before_training") else "ITS BUILD"
+    if result.verdict == "accepted" and shapes_only:  # (for the open division, said on its `model` row)
+        shapes = r.get("logits_shape") if "before_training" not in r else r["before_training"].get("logits_shape")
+        by = "ITS SHAPES" if shapes is not None else "ITS BUILD"
         lines.append(f"ACCEPTED BY {by}: this submission passes every check the harness could make here; "
                      f"its values were not checked ({values_seen_by(t)}).")
     elif result.verdict == "accepted":

@@ -105,15 +105,21 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report.setdefault("warnings", []).append(f"the check process's folder {tmp} could not be removed: "
                                                  "it is left in the scratch root")
         report["leftover"] = str(tmp)
-    try:
-        sent = json.loads(box)
-    except ValueError:
-        sent = None
-    if isinstance(sent, dict):  # what the process sent before team code ran; report.json's copies are not taken
-        report["sandbox"], report["screen"] = sent.get("sandbox"), sent.get("screen", [])
-    else:
-        report["sandbox"] = {"active": False, "why": "the check process sent no sandbox report"}
-        report["screen"] = []
+    # What the process sent before team code ran, a line each (the sandbox report, then the screen);
+    # report.json's copies are not taken.
+    sent: dict = {}
+    for line in box.split(b"\n")[:2]:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            break
+        if isinstance(message, dict):
+            sent.update((k, message[k]) for k in ("sandbox", "screen") if k in message and k not in sent)
+    if isinstance(sent.get("sandbox"), dict):
+        report["sandbox"] = {**sent["sandbox"], "reported": True}
+    else:  # nothing came (the process died or was killed first): that says nothing of the sandbox
+        report["sandbox"] = {"active": False, "reported": False, "why": "the check process sent no sandbox report"}
+    report["screen"] = sent.get("screen") if isinstance(sent.get("screen"), list) else []
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report

@@ -290,8 +290,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     if abort.is_set:
         set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
         return
-    box = record.sandbox["check"]  # what the check process sent over the pipe before any team code ran
-    if track.sandbox == "required" and not box.get("active"):
+    # What the check process itself said over the pipe, before any team code ran (a report that never came,
+    # a check killed at its timeout, say, is not a sandbox it could not enter).
+    box = record.sandbox["check"]
+    if track.sandbox == "required" and box.get("reported") and not box.get("active"):
         # The machine's, not the team's: as a training rank without the sandbox, the run is aborted (re-run).
         set_outcome(record, "aborted", "the track requires the sandbox and the check process could not enter it on "
                                        f"this machine ({box.get('why') or 'no reason given'}); no team code ran")

@@ -101,7 +101,7 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str, sizes: dict) -> dict:
     model = unwrap(built)  # shapes need no compiler
     if not isinstance(model, torch.nn.Module) or not any(p.requires_grad for p in model.parameters()):
         return {}  # reported by the real build, with its message
-    sizes.update(_parameters(model))  # the caller's, even where the forward below needs real values
+    sizes.update(_parameters(model))  # the caller's, even where the forward below needs real values (not a lazy one)
     model.to(device="meta", dtype=torch.float32).train()  # buffers a model builds on an explicit device too
     idx = torch.empty(B, T, dtype=torch.long, device="meta")
     with flop_counter() as counter:
@@ -110,6 +110,7 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str, sizes: dict) -> dict:
         out[1].backward()
     shapes = {"logits_shape": list(out[0].shape), "flops_per_token": counter.get_total_flops() / (B * T),
               "flops_method": "meta", "compiled_by_get_model": model is not built, **_parameters(model)}
+    sizes.update(_parameters(model))  # a lazy model's, now that its first forward shaped it
     # A gradient for every parameter, as far as the meta device shows it: a parameter only a real device's
     # branch uses looks unused here, so it only warns, where no real backward runs (check_model).
     shapes["meta_unused"] = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
@@ -122,6 +123,10 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str, sizes: dict) -> dict:
 
 
 def _parameters(model) -> dict:
+    from torch.nn.parameter import is_lazy
+
+    if any(is_lazy(p) for p in model.parameters()):  # shaped by the first forward: counted after it
+        return {}
     trainable = [p for p in model.parameters() if p.requires_grad]
     return {"params": sum(p.numel() for p in model.parameters()), "values_gib": _float32_gib(model),
             "param_names": [name for name, _ in model.named_parameters()],  # open division: counted by the launcher
@@ -154,10 +159,8 @@ def values_unchecked(sizes: dict, device_kind: str, meta_why: str = "") -> str:
     """Why the real pass is not made ("" where it is): on a CPU, a model whose float32 weights and gradients
     are past VALUES_MAX_GIB_ON_CPU is checked on the meta device alone; `meta_why`: why its forward could not
     run there either (its build alone was then checked)."""
-    if not sizes or device_kind == "cuda":
-        return ""
-    need_gib = sizes["values_gib"]
-    if need_gib <= VALUES_MAX_GIB_ON_CPU:
+    need_gib = sizes.get("values_gib")
+    if need_gib is None or device_kind == "cuda" or need_gib <= VALUES_MAX_GIB_ON_CPU:
         return ""
     past = (f"{sizes['params']:,} parameters hold {need_gib:.1f} GiB of float32 weights and gradients, past the "
             f"check's {VALUES_MAX_GIB_ON_CPU} GiB on a CPU")

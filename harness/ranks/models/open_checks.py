@@ -140,7 +140,8 @@ def _before_training(folder: Path, model_file: str, get_model, request: dict) ->
         found = check_model(model, request["device"], request["seed"], request["vocab_size"],
                             request.get("eval_seq_len"), request.get("precision", "bfloat16"))
         return {"ok": True, "declared": declared, "config": config, "params": found.get("params"),
-                "values_checked": found.get("values_checked")}
+                "values_checked": found.get("values_checked"), "logits_shape": found.get("logits_shape"),
+                "warnings": found.get("model_warnings", [])}
     except BaseException as exc:  # noqa: BLE001  (reported: a rejection or a warning, by the caller)
         return {"ok": False, "declared": declared, "config": config,
                 "problem": problem_of(exc, request["submission_dir"])}

@@ -55,12 +55,17 @@ def main(argv: list[str]) -> None:
     # As evaluation's model processes (harness/ranks/models/model_worker.py): it needs no network either.
     policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
     box = sandbox.enter(policy, "no sandbox was asked for")
-    # The static screen reads the team's files and runs none of them: it is taken now, and leaves with
-    # the sandbox report over the launcher's pipe before any team code can change either.
+    # Over the launcher's pipe, one line each, before any team code can change either: the sandbox report
+    # at once (the team's files decide how long the screen takes, and a report that never came must not
+    # read as a sandbox that could not be entered), then the static screen, which reads the team's files
+    # and runs none of them.
+    pipe = os.fdopen(int(argv[3]), "wb", buffering=0) if len(argv) > 3 else None
+    if pipe is not None:
+        pipe.write(json.dumps({"sandbox": box.to_dict()}).encode() + b"\n")
     request["screen"] = capped(screen_of(request))
-    if len(argv) > 3:  # the launcher's pipe
-        with os.fdopen(int(argv[3]), "wb") as pipe:
-            pipe.write(json.dumps({"sandbox": box.to_dict(), "screen": request["screen"]}).encode())
+    if pipe is not None:
+        with pipe:
+            pipe.write(json.dumps({"screen": request["screen"]}).encode() + b"\n")
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
