@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -109,12 +110,26 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
     waits for its parent in the old namespace: that parent must end as its child did, exit code or
     signal, or a crash in native code reads as a plain exit 1. A signal sent to the parent is forwarded
     (and reaches a handler the process in the namespace set)."""
+    # Started as the scorer and the launcher start theirs, with no signal blocked: a process inherits its
+    # parent's mask across exec, and a pytest worker's may hold SIGTERM blocked after other tests (the parent
+    # then never sees it, and nothing is forwarded: seen once in a full suite, never alone).
     proc = subprocess.Popen([sys.executable, "-c", ENDING, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, set()))
     if how.startswith("term"):
         assert proc.stdout.readline().strip() == "waiting"
         proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == returncode, proc.stderr.read()
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pids = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children())]
+        masks = {pid: [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+                 for pid in pids if Path(f"/proc/{pid}").exists()}
+        proc.kill()
+        raise AssertionError(f"the parent did not end on SIGTERM; the test's own mask "
+                             f"{signal.pthread_sigmask(signal.SIG_BLOCK, set())}, the processes': {masks}")
+    assert code == returncode, proc.stderr.read()
 
 
 CONFINED = """
