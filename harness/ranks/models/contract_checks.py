@@ -109,8 +109,9 @@ def _shapes_on_meta(sub, eval_seq_len: int, file: str, sizes: dict) -> dict:
         check_forward_output(out, B, T, V, True, file)
         out[1].backward()
     shapes = {"logits_shape": list(out[0].shape), "flops_per_token": counter.get_total_flops() / (B * T),
-              "flops_method": "meta", "compiled_by_get_model": model is not built, **_parameters(model)}
-    sizes.update(_parameters(model))  # a lazy model's, now that its first forward shaped it
+              "flops_method": "meta", "compiled_by_get_model": model is not built}
+    sizes.update(_parameters(model))  # again: a lazy model's is known only now that its first forward shaped it
+    shapes.update(sizes)
     # A gradient for every parameter, as far as the meta device shows it: a parameter only a real device's
     # branch uses looks unused here, so it only warns, where no real backward runs (check_model).
     shapes["meta_unused"] = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
