@@ -1,12 +1,13 @@
 """`harness check` through the CLI: accepted or rejected, with every problem at once."""
 
 import pytest
+import csv
 import json
 import uuid
 
 import psutil
 
-from conftest import FIXTURES, ROOT, TINY_TRACK
+from conftest import FIXTURES, ROOT, TINY_TRACK, quick_track
 
 pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
@@ -95,28 +96,51 @@ def _copy_named(src, dest, name: str):
     return dest
 
 
-def test_a_team_name_used_by_another_folder_is_a_warning_in_check_and_run(cli, tmp_path):
-    """A copied submission keeps its submission.toml: both folders would rank as one team."""
-    import socket
-
-    from records_factory import make_run
-
+def test_a_team_name_another_folder_owns_is_refused_and_never_lands_among_its_runs(cli, tmp_path):
+    """Attack: a second folder claims a team's name in its own submission.toml (and crashes on purpose): the board,
+    which ranks a team's latest submission, showed the victim as the impostor's crash. The name belongs to the
+    folder whose runs first used it: `check` rejects the claim naming that folder, and the run is `invalid`,
+    recorded under its own folder's name; the victim stays ranked."""
     original = _copy_named(FIXTURES / "ok_bigram", tmp_path / "theirs", "Rapides")
-    make_run(tmp_path / "runs", "Rapides", 2.0, submission_dir=str(original.resolve()),
-             hostname=socket.gethostname())
+    track = quick_track(tmp_path)
+    first = cli("run", str(original), "--track", str(track))
+    assert first.code == 0, first.err
     copy = _copy_named(FIXTURES / "syntax_error", tmp_path / "mine", "Rapides")
     checked = cli("check", str(copy))
-    assert "WARNING: team name 'Rapides' is already used by another submission folder" in checked.out
-    assert str(original.resolve()) in checked.out
-    # its own folder: no name warning (main now prefixes static-screen lines with WARNING too)
-    assert "already used by another submission folder" not in cli("check", str(original)).out
-    ran = cli("run", str(copy), "--track", str(TINY_TRACK), "--no-leaderboard")
-    assert ran.code == 1 and "warning: team name 'Rapides' is already used" in ran.err
-    (record_path,) = [p for p in (tmp_path / "runs" / "tiny").glob("*/*/run.json")]
+    assert checked.code == 1 and "REJECTED" in checked.out
+    assert "team name 'Rapides' belongs to folder 'theirs'" in checked.out, checked.out
+    assert cli("check", str(original)).code == 0  # its own folder: accepted
+    ran = cli("run", str(copy), "--track", str(track))
+    assert ran.code == 1
+    (record_path,) = (tmp_path / "runs" / "tiny").glob("mine/*/run.json")
     record = json.loads(record_path.read_text())
-    assert record["status"] == "invalid" and any("already used by another submission folder" in w
-                                                  for w in record["warnings"])
+    assert record["status"] == "invalid" and "belongs to folder 'theirs'" in record["reason"]
+    assert record["team"] == "mine" and record["identity"]["claimed"] == "Rapides"
     assert record["submission_dir"] == str(copy.resolve())
+    assert cli("leaderboard", "--no-charts").code == 0
+    board = list(csv.DictReader((tmp_path / "leaderboard" / "tiny.csv").open()))
+    (rapides,) = [r for r in board if r["team"] == "Rapides"]
+    assert rapides["rank"] == "1" and rapides["status"] == "ok"
+
+
+def test_the_organisers_roster_names_each_folders_team_and_refuses_a_folder_not_on_it(cli, tmp_path):
+    """With runs/roster.toml, the organiser's name for a folder ranks its runs whatever its submission.toml says,
+    and a folder not on the roster is refused."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "roster.toml").write_text('[teams]\n"Les Rapides" = "theirs"\n')
+    listed = _copy_named(FIXTURES / "ok_bigram", tmp_path / "theirs", "Someone Else")
+    checked = cli("check", str(listed))
+    assert checked.code == 0 and "ranked as 'Les Rapides', the organiser's roster name" in checked.out
+    ran = cli("run", str(listed), "--track", str(quick_track(tmp_path)), "--no-leaderboard")
+    assert ran.code == 0, ran.err
+    (record_path,) = (tmp_path / "runs" / "tiny").glob("Les-Rapides/*/run.json")
+    assert json.loads(record_path.read_text())["team"] == "Les Rapides"
+    stranger = _copy_named(FIXTURES / "ok_bigram", tmp_path / "stranger", "Les Rapides")
+    refused = cli("check", str(stranger))
+    assert refused.code == 1 and "folder 'stranger' is not on the organiser's roster" in refused.out
+    (tmp_path / "runs" / "roster.toml").write_text('[teams]\n"A" = "x"\n"B" = "x"\n')
+    broken = cli("check", str(listed))
+    assert broken.code == 1 and "folder 'x' is given to two teams" in broken.out
 
 
 def _small_gpt(tmp_path, name: str, forward_patch: str = "") -> str:

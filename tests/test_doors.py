@@ -5,6 +5,7 @@ tests/fixtures/ through the real CLI and asserts that it is caught or gains noth
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -431,6 +432,43 @@ def test_a_run_that_floods_its_log_is_ended_and_its_record_stays_small(cli, tmp_
     rank_log = run_dir / "logs" / "rank0.log"
     assert rank_log.stat().st_size < 8 * 2**20 + 4096 and "cut here" in rank_log.read_text()[-300:]
     assert (run_dir / "logs" / "preflight.log").stat().st_size <= FILE_CAP_BYTES
+
+
+def test_logs_a_team_leaves_neither_grow_the_record_nor_pass_the_cap(cli, tmp_path):
+    """litters_logs leaves eight sparse 7 MiB files and a chain of 1,200 folders in its logs folder, in a run that
+    ends within the second. The record takes only the logs the harness names (rank0.log and the launcher's), within
+    one budget for all, without walking the folder; the caps are measured during the job and once more after it
+    (tests/test_launcher_reasons.py): the run is invalid for its logs, and its record stays small."""
+    result = cli("run", str(FIXTURES / "litters_logs"), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 1, result.out + result.err
+    run_dir, record = _record(tmp_path / "runs", "litters_logs")
+    assert record["status"] == "invalid" and "more than 8 MiB to their logs" in record["reason"], record["reason"]
+    logs = run_dir / "logs"
+    assert not (logs / "extra0.log").exists() and not (logs / "d").exists()
+    training = [p for p in logs.iterdir() if p.is_file() and not p.name.startswith(("eval-", "preflight"))]
+    assert sum(p.stat().st_size for p in training) <= 8 * 2**20 + 4096, [p.name for p in training]
+    assert any("not taken into the record" in n and "extra" in n for n in record["notes"]), record["notes"]
+
+
+def test_a_disk_filled_while_the_launcher_copies_the_checkpoint_is_never_a_free_rerun(cli, tmp_path):
+    """fills_disk_at_save fills the disk its private folder and the records share (a tmpfs here, mounted by the
+    test) with an anonymous file as its checkpoint is saved, leaving room for its own save and not for the
+    launcher's copy: the copy fails with ENOSPC. A team can cause that, so the run is `crashed`, not `aborted` (a
+    queue runs an aborted run again: a re-roll of a seed the team judged unlucky)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320m", "tmpfs", str(disk)], check=True)
+    try:
+        (disk / "scratch").mkdir()
+        result = cli("run", str(FIXTURES / "fills_disk_at_save"), "--track", str(quick_track(tmp_path)),
+                     env={"HARNESS_SCRATCH_DIR": str(disk / "scratch")}, runs_dir=disk / "runs")
+        assert result.code == 1, result.out + result.err
+        _, record = _record(disk / "runs", "fills_disk_at_save")
+        assert record["status"] == "crashed", record["reason"]
+        assert "the checkpoint could not be taken" in record["reason"] and "No space left" in record["reason"]
+        assert "a team can cause this" in record["reason"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_run_that_fills_its_private_folder_is_ended(cli, tmp_path):

@@ -232,6 +232,50 @@ def test_processes_a_submission_leaves_behind_are_ended(cli, tmp_path):
     assert_clean(record, tmp_path, cli)
 
 
+def _heard(udp, within_s: float) -> list[bytes]:
+    """What came on the socket within within_s."""
+    got, deadline = [], time.monotonic() + within_s
+    while (left := deadline - time.monotonic()) > 0:
+        udp.settimeout(left)
+        try:
+            got.append(udp.recv(100))
+        except OSError:
+            break
+    return got
+
+
+def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(cli, tmp_path):
+    """Attack: a process, started in the check, in the training rank and in evaluation's model processes, that
+    leaves its session and forks a fresh copy of itself every few milliseconds (and on every SIGTERM): no list of
+    the job's processes is still true when it is used, so a teardown that lists and kills misses it, and alive
+    after the run it could carry the weights into the team's next run. It says it is alive on a UDP port. Each of
+    those processes is born in a cgroup of its job's own (harness/launcher/control/job_cgroup.py), ended at once
+    by the kernel: nothing is heard once `harness run` has returned."""
+    import socket
+
+    folder = tmp_path / "team"
+    shutil.copytree(FIXTURES / "outlives_its_job", folder)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    stop = tmp_path / "stop"
+    (folder / "mark.txt").write_text(json.dumps({"port": udp.getsockname()[1], "stop": str(stop)}))
+    try:
+        result = cli("run", str(folder), "--track", str(quick_track(tmp_path)))
+        assert result.code == 0, result.err
+        during = _heard(udp, 0.2)  # what it said while the run lasted, and whatever was on its way
+        assert during, "the process never said it was alive: the attack did not run, and the test shows nothing"
+        after = _heard(udp, 1.5)
+        assert after == [], f"a process the submission started outlived the run: {after[:3]}"
+        _, record = only_record(tmp_path / "runs")
+        assert record["status"] == "ok" and not record["flagged"], record.get("flag_reason")
+        held = record["containment"]
+        assert set(held) == {"check", "training", "evaluation"} and all(h["active"] for h in held.values()), held
+        assert record["killed_pids"], "the processes it ended are named in the record"
+    finally:
+        stop.write_text("")  # whatever is left sees it and exits
+        udp.close()
+
+
 def _ranks_of(launcher_pid: int) -> list:
     """The rank processes under a launcher, found by what they run, not by the variable under test."""
     import psutil

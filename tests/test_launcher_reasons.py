@@ -4,6 +4,7 @@ scorer's protocol) and stated; the reasons that only a real run gives are in tes
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -569,3 +570,64 @@ def test_a_checkpoint_changed_while_its_model_is_checked_is_never_scored(tmp_pat
     assert not done
     assert (record.status, record.reason) == ("invalid", "the checkpoint changed while its model was checked")
     assert record.flagged and record.flag_reason == record.reason
+
+
+def test_an_infiniband_registration_refused_is_not_out_of_memory_and_is_the_machines_under_a_memlock_limit():
+    """NCCL's "Call to ibv_reg_mr failed with error Cannot allocate memory" is the node's locked-memory limit, not
+    the model's size: the rank names it so (never "out of memory"), and where the launcher's own limit is finite
+    (its ranks inherit it; no team code can lower it) a GPU run is `aborted`, run again; without a limit, or on a
+    CPU track where no InfiniBand is used, the text is the team's and the run stays `crashed`."""
+    from harness.launcher.run.runner import charge_memlock
+    from harness.ranks.process import describe_failure
+
+    exc = RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5\n"
+                       "ncclSystemError: Last error:\nCall to ibv_reg_mr failed with error Cannot allocate memory")
+    report = describe_failure(exc, device="cuda")
+    assert report["cause"] == "memlock" and "NCCL could not register memory with InfiniBand" in report["reason"]
+    assert "the node's locked-memory limit (ulimit -l), not the model's size" in report["reason"]
+    assert "out of memory" not in report["reason"]
+    msg = Message("error", {"rank": 0, **report}, 1.0)
+    outcome = classify([msg], world_size=1, done_kind="result", agent_succeeded=False, agent_failures={},
+                       agent_error=None, kill_status=None, kill_reason="", local_ranks=[0])
+    assert (outcome.status, outcome.cause) == ("crashed", "memlock")
+    for device, limit, status in (("cuda", 64 << 20, "aborted"), ("cuda", None, "crashed"), ("cpu", 64 << 20, "crashed")):
+        record = RunRecord(run_id="r", team="t", track_name="x", status=outcome.status, reason=outcome.reason)
+        charge_memlock(record, outcome, device, limit)
+        assert record.status == status, (device, limit)
+        assert ("limits locked memory to 64 MiB" in record.reason) == (status == "aborted")
+
+
+def test_caps_are_measured_once_more_after_the_job_and_a_measure_that_fails_then_ends_the_run(tmp_path):
+    """A burst written after the caps' last look during the job counts: the caps are measured when the job is over;
+    a folder that cannot be measured then is a cap that cannot hold, not a run that passed."""
+    from harness.launcher.run.takeback import ScratchCaps
+
+    area = WorkArea(tmp_path)
+    try:
+        track = SimpleNamespace(log_cap_mib=8, scratch_cap_gib=0.25)
+        with ScratchCaps(area, track, every_s=3600.0) as caps:  # no look during the job
+            with open(area.logs / "rank0.log", "wb") as fh:
+                fh.truncate(9 << 20)
+        assert caps.violation and "more than 8 MiB to their logs" in caps.violation
+        (area.logs / "rank0.log").unlink()
+        caps = ScratchCaps(area, track, every_s=3600.0)
+        caps.measure = lambda: (_ for _ in ()).throw(OSError("gone"))
+        with caps:
+            pass
+        assert caps.violation.startswith("the ranks' private folder could not be measured after the job (OSError: gone)")
+    finally:
+        area.cleanup()
+
+
+@pytest.mark.parametrize("code, status", [(errno.ENOSPC, "crashed"), (errno.EDQUOT, "crashed"), (errno.EMFILE, "crashed"),
+                                          (errno.ENFILE, "crashed"), (errno.ENOMEM, "crashed"), (errno.EIO, "aborted"),
+                                          (errno.EACCES, "aborted")], ids=errno.errorcode.get)
+def test_the_launchers_own_io_failure_is_a_rerun_only_where_no_team_can_cause_it(code, status):
+    """A full disk, a used-up quota, file table or memory can be the team's doing while its processes live: never a
+    free re-run. A failing disk or a permission is the machine's: `aborted`, run again."""
+    from harness.launcher.run.takeback import io_failure_outcome
+
+    got, reason = io_failure_outcome("the checkpoint could not be taken", f"OSError: [Errno {code}] x", code)
+    assert got == status
+    assert reason.startswith("harness error: the checkpoint could not be taken: OSError")
+    assert ("a team can cause this" in reason) == (status == "crashed")

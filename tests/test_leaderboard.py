@@ -476,3 +476,16 @@ def test_a_chart_that_fails_leaves_the_tables_written(tmp_path, monkeypatch):
     out = views.rebuild(tmp_path / "runs", "local", tmp_path / "lb", tmp_path / "plots")
     assert out.csv.is_file() and out.html.is_file() and out.charts == []
     assert out.chart_error == "ValueError: a chart that cannot be drawn"
+
+
+def test_two_folders_never_share_a_teams_entry(tmp_path):
+    """Runs of a second folder under a team's name (made before the identity rule refused them, or planted) are
+    shown apart as "name [folder]": the folder whose run used the name first keeps the entry, and a later crash
+    of the other folder never takes its place as the team's latest submission."""
+    runs = tmp_path / "runs"
+    make_run(runs, "Rapides", 2.0, seed=1, submission_dir="/event/submissions/theirs", started_at="2026-11-29T10:00:00Z")
+    make_run(runs, "Rapides", None, seed=1, sha="b" * 64, status="crashed", reason="boom",
+             submission_dir="/home/x/mine", started_at="2026-11-29T11:00:00Z")
+    entries = {row["team"]: row for row in table(runs).to_dict("records")}
+    assert entries["Rapides"]["rank"] == 1 and entries["Rapides"]["val_loss"] == 2.0
+    assert entries["Rapides [mine]"]["status"] == "crashed"

@@ -182,6 +182,23 @@ def test_the_failure_matrix_holds_for_open_division_scripts(cli, tmp_path, mode,
     assert processes_of_run(record["run_id"]) == [], "a process of the script outlived the run"
 
 
+def test_a_script_that_trains_past_its_budget_and_saves_before_the_hard_limit_is_a_timeout(cli, tmp_path):
+    """The open division's clock is as hard as the fixed loop's: a script that trains 6 s past its 4 s budget and
+    saves well before the hard limit (start-up allowance + budget + grace) gained 6 s of training, `ok`, until
+    its window was held to the budget. Its window (first forward to checkpoint saved) is more than the budget and
+    the overrun bound (here 1 s for a last step and 1 s for the save): `timeout`, nothing scored."""
+    track = one_rank(tmp_path, base=ROOMY_TRACK, startup_allowance_s=30.0, checkpoint_allowance_s=1.0,
+                     overrun_allowance_s=1.0)
+    result = cli("run", str(open_submission(tmp_path, "overruns")), "--track", str(track))
+    assert result.code == 1, result.text
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "timeout", record["reason"]
+    assert "past its 4 s budget" in record["reason"] and "open-division window" in record["reason"]
+    check = record["window_check"]
+    assert check["launcher_window_s"] > 4.0 + 6.0 - 1.0 and check["allowed_s"] == 2.0 and not check["ok"]
+    assert record["val_loss"] is None
+
+
 def test_check_accepts_the_example_and_finds_a_syntax_error_in_the_script_before_any_run(cli, tmp_path):
     ok = cli("check", str(Path(__file__).parent.parent / "submissions" / "open_example"))
     assert ok.code == 0, ok.text

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from conftest import FIXTURES, processes_of_run, quick_track, run_as_slurm
 from records_factory import make_run
-from harness.launcher.event.queue import DONE, FAILED, LOST, QUEUED, RUNNING, build_queue, close_lost_record, state_of, table
+from harness.launcher.event.queue import (DONE, FAILED, LOST, QUEUED, RUNNING, STUCK, build_queue, close_lost_record, state_of,
+                                          table)
 from harness.results.locks import RUN_LOCK, RunLock, launcher_alive
 
 
@@ -56,6 +57,23 @@ def test_a_queue_entry_is_settled_by_its_own_records_only(tmp_path):
         assert "alpha        1        1        1        1        2" in view, view
     finally:
         held.release()
+
+
+def test_an_organisers_stops_are_run_again_and_never_make_an_entry_stuck(tmp_path):
+    """Ctrl-C, scancel and SLURM's time limit (SIGINT, SIGTERM, SIGHUP to the launcher: no team code can send them)
+    leave `aborted` records that are run again however many there are; two losses of unknown cause make it stuck."""
+    runs = tmp_path / "runs"
+    (entry,) = build_queue([str(team_folder(tmp_path, "alpha"))], seed=1, repeat=1)
+    for i, sig in enumerate(("SIGINT", "SIGTERM", "SIGHUP")):
+        make_run(runs, "alpha", None, seed=1, sha=entry.sha256, status="aborted", reason=f"stopped by {sig}",
+                 run_id=f"20261129T10000{i}-stop{i:02d}", started_at=f"2026-11-29T10:0{i}:00Z")
+    state = state_of(entry, runs / "local", {})
+    assert state.state == LOST and state.reason == "stopped by SIGHUP"
+    for i, why in enumerate(("launch failed: rendezvous", "finalized by the queue (`harness run --resume`): its launcher died")):
+        make_run(runs, "alpha", None, seed=1, sha=entry.sha256, status="aborted", reason=why,
+                 run_id=f"20261129T10010{i}-lost{i:02d}", started_at=f"2026-11-29T10:1{i}:00Z")
+    state = state_of(entry, runs / "local", {})
+    assert state.state == STUCK and "lost 2 times" in state.reason
 
 
 def test_a_record_left_running_by_a_dead_launcher_is_closed_as_aborted_and_a_live_one_is_not(tmp_path):
@@ -257,12 +275,12 @@ def test_a_run_lost_twice_is_left_to_the_organiser(tmp_path):
 
     runs = tmp_path / "runs"
     (entry,) = build_queue([str(team_folder(tmp_path, "alpha"))], seed=1, repeat=1)
-    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", reason="stopped by SIGTERM",
+    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", reason="launch failed: rendezvous timed out",
              started_at="2026-11-29T10:00:00Z")
     queue = Queue([entry], runs / "local", {})
     assert queue.state(entry).state == LOST and pending(queue) == [entry]
-    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", reason="stopped by SIGTERM", run_id="again",
-             started_at="2026-11-29T11:00:00Z")
+    make_run(runs, "alpha", None, sha=entry.sha256, status="aborted", run_id="again", started_at="2026-11-29T11:00:00Z",
+             reason="finalized by the queue (`harness run --resume`): its launcher died")
     stuck = queue.state(entry)
     assert stuck.state == STUCK and "lost 2 times" in stuck.reason and pending(queue) == []
 

@@ -76,7 +76,7 @@ def test_the_record_guard_neither_blocks_on_nor_trusts_what_a_team_planted_in_th
     import threading
 
     from harness.launcher.control.guard import RecordGuard
-    from harness.launcher.run.identity import name_clash
+    from harness.launcher.run.identity import name_owner
 
     runs, board = tmp_path / "runs", tmp_path / "board"
     honest = runs / "local" / "a" / "r1"
@@ -96,7 +96,7 @@ def test_the_record_guard_neither_blocks_on_nor_trusts_what_a_team_planted_in_th
             (honest / "run.json").write_text("{}")  # the team changes a finished record
             guard.refresh(every_s=0.0)
             done["report"] = guard.check_and_restore()
-        done["clash"] = name_clash(runs, "b", tmp_path)
+        done["clash"] = name_owner(runs, "b")
 
     worker = threading.Thread(target=guard_a_run, daemon=True)
     worker.start()

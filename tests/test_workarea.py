@@ -19,7 +19,7 @@ def test_collecting_logs_never_follows_a_link_the_ranks_left(tmp_path):
         (area.logs / "more").symlink_to(tmp_path, target_is_directory=True)
         os.mkfifo(area.logs / "pipe.log")  # reading a FIFO would block the launcher
         dest = tmp_path / "record_logs"
-        area.collect_logs(dest)
+        area.collect_logs(dest, names=["rank0.log", "notes.txt", "more", "pipe.log"])  # named, and still refused
         assert (dest / "rank0.log").read_text() == "step 1\n"
         copied = b"".join(p.read_bytes() for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
         assert b"validation tokens" not in copied
@@ -38,7 +38,7 @@ def test_a_logs_folder_swapped_for_a_link_gives_nothing(tmp_path):
         area.logs.rename(area.dir / "old_logs")  # what a rank may do inside its private folder
         area.logs.symlink_to(secrets, target_is_directory=True)
         dest = tmp_path / "record_logs"
-        area.collect_logs(dest)
+        area.collect_logs(dest, names=["val_000000.bin"])
         assert not any(p.is_file() for p in dest.rglob("*"))
     finally:
         area.cleanup()
@@ -86,7 +86,35 @@ def test_a_link_another_node_replaces_meanwhile_is_left_alone(tmp_path, monkeypa
         (dest / "rank1.log").write_text("node 1\n")  # node 1's copy, where its link was
         real = Path.is_symlink
         monkeypatch.setattr(Path, "is_symlink", lambda self: self.name == "rank1.log" or real(self))
-        area.collect_logs(dest)
+        area.collect_logs(dest, names=["rank0.log"])
         assert (dest / "rank0.log").read_text() == "node 0\n" and (dest / "rank1.log").read_text() == "node 1\n"
+    finally:
+        area.cleanup()
+
+
+def test_the_record_takes_the_named_logs_within_one_budget_and_nothing_else(tmp_path):
+    """One budget for all the named logs, shared so that a flooded log never crowds out a small one; files the
+    ranks added (any number of them, any tree) are listed, never copied or walked."""
+    from harness.launcher.control.workarea import fair_shares
+
+    assert fair_shares({"a": 10, "b": 1000, "c": 1000}, 100) == {"a": 10, "b": 45, "c": 45}
+    assert fair_shares({"a": 10}, None) == {"a": None}
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        (area.logs / "rank0.log").write_text("x" * 100)
+        (area.logs / "launcher.log").write_text("launcher\n")
+        for i in range(50):
+            with open(area.logs / f"team{i}.log", "wb") as fh:
+                fh.truncate(1 << 20)
+        (area.logs / "tree" / "deeper").mkdir(parents=True)
+        dest = tmp_path / "record_logs"
+        area.link_logs(dest, ["rank0.log", "rank1.log", "launcher.log"])  # rank1 never started: its link goes
+        others = area.collect_logs(dest, budget_bytes=64)
+        assert sorted(p.name for p in dest.iterdir()) == ["launcher.log", "rank0.log"]
+        assert (dest / "launcher.log").read_text() == "launcher\n"  # 9 bytes whole; the rest goes to rank0
+        assert (dest / "rank0.log").read_text().startswith("x" * 55) and "cut here" in (dest / "rank0.log").read_text()
+        assert len(others) == 20 and "rank0.log" not in others
     finally:
         area.cleanup()

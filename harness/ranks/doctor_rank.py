@@ -124,17 +124,18 @@ def bench(job: dict, env: RankEnv) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks.confine import sandbox
+    from harness.ranks.confine import cgroup, sandbox
 
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
+    held = cgroup.join_from_environment()  # first, as a training rank does (harness/ranks/train.py)
     job_ns = enter_job(job.get("job_namespace"), job["work_dir"])  # single-threaded, before anything else
     os.chdir(job["work_dir"])
     redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
     box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the track turns the sandbox off")
-    box.namespaces = job_ns
+    box.namespaces, box.cgroup = job_ns, held or {}
     result: dict = {"node": env.group_rank, "sandbox": {**box.to_dict(), "policy": {}},
                     "canaries_readable": canaries_readable(job.get("canaries", []))}
     code = 0

@@ -26,7 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, enter_job, redirect_output, release_and_exit
+from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job, redirect_output,
+                                   release_and_exit)
 
 
 class ScriptExit(RuntimeError):
@@ -76,12 +77,13 @@ def finish_threads() -> None:
 
 def main(argv: list[str]) -> None:
     from harness.ranks import open_api
-    from harness.ranks.confine import sandbox
     from harness.ranks.channel import ChannelClient
+    from harness.ranks.confine import cgroup, sandbox
 
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
+    held = cgroup.join_from_environment()  # the very first act: all it starts is born in the job's cgroup
     job_ns = enter_job(job.get("job_namespace"))  # single-threaded, before anything else
     redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
     channel = ChannelClient(job.get("channel_path"), env.rank)
@@ -89,14 +91,14 @@ def main(argv: list[str]) -> None:
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\")")
-    box.namespaces = job_ns
+    box.namespaces, box.cgroup = job_ns, held or {}
     channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     code = 0
     try:
         if not box.active and job.get("sandbox") == "required":
-            from harness.ranks.train import SandboxMissing
-
             raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        if held and not held["active"]:  # the launcher made it, and it could not be joined: the machine's fault
+            raise SandboxMissing(held["why"])
         if job.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
             raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
         # torch elastic's error file (the starter kits' @record writes it when the script raises) is in the

@@ -36,6 +36,10 @@ def deterministic_compile() -> None:
         config.deterministic = True
 
 
+class SandboxMissing(RuntimeError):
+    harness_status = "aborted"  # the machine, not the team: the run cannot be held to the rules here
+
+
 @dataclass(frozen=True)
 class RankEnv:
     rank: int
@@ -161,6 +165,16 @@ def _has_gpu() -> bool:
         return False
 
 
+MEMLOCK_MARKERS = ("ibv_reg_mr", "ibv_reg_dmabuf_mr", "memlock")
+
+
+def is_memlock_refusal(exc: BaseException) -> bool:
+    """NCCL's InfiniBand transport could not register (pin) a buffer: "Call to ibv_reg_mr failed with error Cannot
+    allocate memory" is the node's locked-memory limit (`ulimit -l`), not the model's size."""
+    text = str(exc).lower()
+    return any(marker in text for marker in MEMLOCK_MARKERS)
+
+
 def is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -219,6 +233,9 @@ def describe_failure(exc: BaseException, team_dir: str | os.PathLike | None = No
         return {"status": "invalid", "reason": reason, "traceback": tb, "cause": "contract"}
     if getattr(exc, "harness_status", None):
         return {"status": exc.harness_status, "reason": str(exc), "traceback": tb, "cause": "rule"}
+    if is_memlock_refusal(exc):  # before is_oom: its text says "Cannot allocate memory" too
+        return {"status": "crashed", "reason": f"{at}NCCL could not register memory with InfiniBand ({line[:200]}): "
+                "the node's locked-memory limit (ulimit -l), not the model's size", "traceback": tb, "cause": "memlock"}
     if is_oom(exc):
         return {"status": "crashed", "reason": f"{at}out of memory ({line[:200]})", "traceback": tb, "cause": "oom"}
     if is_collective_error(exc, device):  # the job's device ("cuda", "cpu"): the track's, not the host's

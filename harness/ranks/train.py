@@ -17,20 +17,18 @@ import os
 import sys
 from pathlib import Path
 
-from harness.ranks.process import RankEnv, describe_failure, die_with_launcher, enter_job, redirect_output, release_and_exit
-
-
-class SandboxMissing(RuntimeError):
-    harness_status = "aborted"  # the machine, not the team: the run cannot be held to the rules here
+from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job, redirect_output,
+                                   release_and_exit)
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks.confine import sandbox
     from harness.ranks.channel import ChannelClient
+    from harness.ranks.confine import cgroup, sandbox
 
     raw = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
+    held = cgroup.join_from_environment()  # the very first act: all it starts is born in the job's cgroup
     job_ns = enter_job(raw.get("job_namespace"), raw.get("work_dir"))  # single-threaded, before anything else
     if raw.get("work_dir"):
         os.chdir(raw["work_dir"])  # the private folder: files a submission writes land there, not in runs/
@@ -40,13 +38,15 @@ def main(argv: list[str]) -> None:
                  world_size=env.world_size)
     box = sandbox.apply(sandbox.Policy.from_dict(raw["sandbox_policy"])) if raw.get("sandbox_policy") else \
         sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\", or harness scale)")
-    box.namespaces = job_ns
+    box.namespaces, box.cgroup = job_ns, held or {}
     channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
     holders: list = []
     code = 0
     try:
         if not box.active and raw.get("sandbox") == "required":
             raise SandboxMissing(f"the track requires the sandbox and it is not available here: {box.why}")
+        if held and not held["active"]:  # the launcher made it, and it could not be joined: the machine's fault
+            raise SandboxMissing(held["why"])
         if raw.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
             raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
         from harness.ranks.jobs import TrainJob

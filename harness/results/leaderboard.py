@@ -87,8 +87,26 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
         row["track_source"] = (raw.get("track") or {}).get("source")  # an organiser's file: commands name its path
         row["division"] = row.get("division") or "fixed"  # records from before the open division
+        source = raw.get("submission_dir")
+        row["folder"] = Path(source).name if isinstance(source, str) and source else None
         rows.append(row)
     return rows
+
+
+def separate_folders(rows: list[dict]) -> None:
+    """Two submission folders never share a team's entry: a name's runs belong to the folder whose run used it
+    first (harness/launcher/run/identity.py refuses the others' runs); runs of any other folder under that name
+    (made before that rule, or planted) are shown apart, as "name [folder]"."""
+    first: dict[str, dict] = {}
+    for row in rows:
+        if row.get("folder") and row.get("status") != UNREADABLE:
+            seen = first.get(row["team"])
+            if seen is None or (str(row.get("started_at") or ""), row["run_id"]) < (str(seen.get("started_at") or ""), seen["run_id"]):
+                first[row["team"]] = row
+    for row in rows:
+        owner = first.get(row["team"])
+        if owner is not None and row.get("folder") and row["folder"] != owner["folder"]:
+            row["team"] = f"{row['team']} [{row['folder']}]"
 
 
 def field_problem(raw: dict[str, Any]) -> str:
@@ -147,6 +165,8 @@ def team_runs(rows: Iterable[dict]) -> dict[str, tuple[list[dict], list[dict]]]:
     """Per team: the runs of its latest submission (the submission_sha256 of its newest run with an ANSWERABLE
     status; of its newest run when it has none), and its runs newer than that one that could not choose it (in
     progress, or aborted), oldest first: shown on the entry, never counted."""
+    rows = list(rows)
+    separate_folders(rows)
     by_team: dict[str, list[dict]] = {}
     for row in rows:
         by_team.setdefault(row["team"], []).append(row)

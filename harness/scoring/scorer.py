@@ -308,11 +308,15 @@ def model_compute(scoring_s: list[float], check_s: list[float]) -> dict:
 
 def main(argv: list[str]) -> None:
     from harness.ranks.channel import ChannelClient
+    from harness.ranks.confine import cgroup
     from harness.ranks.jobs import EvalJob
 
     job = EvalJob.load(argv[1])
     env = RankEnv.from_environ()
     die_with_launcher()
+    # First: every model process it starts is born in the evaluation's cgroup, and ends with it. Not first to be
+    # killed when memory runs out (its model processes are: harness/ranks/models/model_worker.py).
+    held = cgroup.join_from_environment(oom_first=False)
     redirect_output(f"{job.log_dir}/eval-rank{env.rank}.log")
     channel = ChannelClient(job.channel_path, env.rank)
     channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, world_size=env.world_size)
@@ -320,6 +324,10 @@ def main(argv: list[str]) -> None:
     started: list = []  # every model process: their logs get their roles' names once all are dead
     code = 0
     try:
+        if held and not held["active"]:  # the launcher made it and it could not be joined: the machine's fault
+            from harness.ranks.process import SandboxMissing
+
+            raise SandboxMissing(held["why"])
         result = evaluate(job, env, holders, started)
         channel.send("eval_result", **result)
     except BaseException as exc:

@@ -182,7 +182,7 @@ class ElasticJob:
         self.error: BaseException | None = None
         self.succeeded = False
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-job-"))  # torchelastic_* folders land here
-        self._scope = process_tree.ProcessScope(spec.shutdown_timeout_s)
+        self._scope = process_tree.ProcessScope(spec.shutdown_timeout_s, contain="job")
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
         self._env = None
@@ -214,7 +214,7 @@ class ElasticJob:
         # only what team code may see (sandbox.KEEP_ENV), then the job's own settings (a private TMPDIR).
         dropped = tuple(k for k in os.environ if k not in allowed_environment())
         self._env = patched_environ({"OMP_NUM_THREADS": str(self.spec.threads_per_rank), "TMPDIR": str(self._tmp),
-                                     **interpreter.harness_path(), **self.spec.env}, unset=dropped)
+                                     **interpreter.harness_path(), **self._scope.env(), **self.spec.env}, unset=dropped)
         self._env.__enter__()  # undone in close()
         tempfile.tempdir = str(self._tmp)  # the agent's own temporary folders, cleaned up by us
         if self.spec.nnodes > 1 and self.spec.node_rank == 0:
@@ -247,6 +247,10 @@ class ElasticJob:
 
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    def containment(self) -> dict:
+        """Whether the job's processes were held in a cgroup of their own (job_cgroup.py), or why not."""
+        return self._scope.containment()
 
     def wait(self, timeout_s: float) -> bool:
         if self._thread.ident is None:  # never started (node 0's rendezvous store did not start): nothing to wait for

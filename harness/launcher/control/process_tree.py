@@ -114,16 +114,35 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
 
 
 class ProcessScope:
-    """Everything started inside the scope is ended when it closes (`killed` lists what had to be)."""
+    """Everything started inside the scope is ended when it closes (`killed` lists what had to be).
 
-    def __init__(self, grace_s: float):
+    With `contain` (a label), the scope also makes a cgroup of its own (job_cgroup.JobCgroup): processes started
+    with `env()` join it first thing, and close() ends everything in it at once, after the graceful SIGTERM round:
+    what forks faster than the process list can be read is ended all the same."""
+
+    def __init__(self, grace_s: float, contain: str | None = None):
         become_subreaper()  # orphans of what starts in the scope stay ours to find (idempotent)
         self.grace_s = grace_s
         self.before = {p.pid for p in descendants()}
         self.killed: list[int] = []
+        self.cgroup = None
+        if contain is not None:
+            from harness.launcher.control.job_cgroup import JobCgroup
+
+            self.cgroup = JobCgroup(contain)
+
+    def env(self) -> dict[str, str]:
+        return self.cgroup.env() if self.cgroup is not None else {}
+
+    def containment(self) -> dict:
+        """For the record: whether the scope's processes were held in a cgroup, or why not."""
+        return self.cgroup.report() if self.cgroup is not None else {"active": False, "why": "not asked for"}
 
     def close(self) -> list[int]:
-        self.killed = terminate_descendants(self.grace_s, exclude=self.before)
+        killed = terminate_descendants(self.grace_s, exclude=self.before)
+        if self.cgroup is not None:
+            killed = sorted(set(killed) | set(self.cgroup.close()))
+        self.killed = killed
         return self.killed
 
     def __enter__(self) -> "ProcessScope":

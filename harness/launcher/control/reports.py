@@ -136,7 +136,8 @@ _PROBE = {
     "comm_overlap_efficiency_max": number(0.0, 1e6, optional=True), "comm_s": seconds(),
 }
 _SANDBOX = {"active": flag(), "why": text(), "abi": integer(0, 1000, True), "threads": integer(-1, 1 << 20, True),
-            "policy": obj(), "namespaces": obj(), "filesystem": obj(), "seccomp": text(200, optional=True)}
+            "policy": obj(), "namespaces": obj(), "filesystem": obj(), "seccomp": text(200, optional=True),
+            "cgroup": obj(optional=True)}
 
 SCHEMAS: dict[str, dict[str, Field]] = {
     "hello": {"pid": integer(1, 1 << 31), "local_rank": integer(0, 1 << 20), "group_rank": integer(0, 1 << 20),

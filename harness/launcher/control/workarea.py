@@ -63,6 +63,30 @@ def copy_regular_file(name: str, dest: Path, dir_fd: int, max_bytes: int | None 
     return True
 
 
+def _regular_size(name: str, dir_fd: int) -> int | None:
+    """The size of a regular file in the folder open as dir_fd, not following a link; None for anything else."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def fair_shares(sizes: dict[str, int], budget_bytes: int | None) -> dict[str, int | None]:
+    """How much of each file to copy within one budget for all: the smallest whole first, and what a small file
+    leaves goes to the larger ones (max-min fair), so one flooded log never crowds out the others. None: no
+    budget, all of each."""
+    if budget_bytes is None:
+        return {name: None for name in sizes}
+    shares: dict[str, int | None] = {}
+    left = max(0, int(budget_bytes))
+    order = sorted(sizes, key=lambda n: sizes[n])
+    for i, name in enumerate(order):
+        shares[name] = min(sizes[name], left // (len(order) - i))
+        left -= shares[name]
+    return {name: shares[name] for name in sizes}
+
+
 def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
     """The last `max_bytes` of a log team code could have written: its folder and the file are opened
     without following a link, only a regular file is read, and never more than that; "" otherwise."""
@@ -165,6 +189,7 @@ class WorkArea:
         self.submission = self.dir / "submission"
         self.logs = self.dir / "logs"
         self.staging = self.dir / "staging"
+        self.named_logs: list[str] = []  # the logs the record takes (link_logs)
         shutil.copytree(snapshot, self.submission)
         self.logs.mkdir()
         self.staging.mkdir()
@@ -189,7 +214,9 @@ class WorkArea:
                                     read_files=train_files, gpu=gpu, training=True, protected=protected)
 
     def link_logs(self, dest: Path, names: list[str]) -> None:
-        """Live logs in the record while the job runs: links into the private folder (the ranks see no path)."""
+        """Live logs in the record while the job runs: links into the private folder (the ranks see no path). These
+        are the logs the record takes after the job (collect_logs)."""
+        self.named_logs = list(names)
         dest.mkdir(parents=True, exist_ok=True)
         for name in names:
             link = dest / name
@@ -214,19 +241,35 @@ class WorkArea:
         _, disk, entries = tree_usage(self._dir_fd, max_entries)
         return log_bytes, disk, entries
 
-    def collect_logs(self, dest: Path, max_bytes: int | None = None) -> None:
-        """The logs become plain files of the record (links replaced by copies). Only regular files are
-        copied, reached without following any link: the ranks wrote this folder, and a link they left
-        (a file, or the logs folder itself) could otherwise make the launcher copy any file it can read
-        (the validation shards) into the record."""
+    def collect_logs(self, dest: Path, budget_bytes: int | None = None, names: list[str] | None = None) -> list[str]:
+        """The logs the harness names (`names`, else those given to link_logs: the node's ranks' and its launcher's),
+        at the top of logs/, become plain files
+        of the record, within one budget for all of them (links replaced by copies). Only regular files are
+        copied, reached without following any link: the ranks wrote this folder, and a link they left (a file, or
+        the logs folder itself) could otherwise make the launcher copy any file it can read (the validation
+        shards) into the record. Nothing else the ranks left there is taken, and nothing is walked: a run's
+        record is as large as its budget, however many files or folders a team makes. Returns the names of
+        what else logs/ held (at most 20)."""
         dest.mkdir(parents=True, exist_ok=True)
-        for folder, _dirs, files, folder_fd in os.fwalk("logs", dir_fd=self._dir_fd, follow_symlinks=False):
-            for name in files:
-                target = dest / Path(folder).relative_to("logs") / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.is_symlink():
-                    target.unlink()
-                copy_regular_file(name, target, folder_fd, max_bytes)
+        logs = self._subfolder_fd("logs")
+        others: list[str] = []
+        if logs is not None:
+            try:
+                sizes = {name: _regular_size(name, logs) for name in dict.fromkeys(names or self.named_logs)}
+                shares = fair_shares({n: s for n, s in sizes.items() if s is not None}, budget_bytes)
+                for name, share in shares.items():
+                    target = dest / name
+                    if target.is_symlink():
+                        target.unlink()
+                    copy_regular_file(name, target, logs, share)
+                with os.scandir(logs) as it:
+                    for entry in it:
+                        if entry.name not in sizes and len(others) < 20:
+                            others.append(entry.name)
+            except OSError:
+                pass  # the folder changed under the copy: what was copied stays
+            finally:
+                os.close(logs)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
             try:
                 where = os.readlink(link)
@@ -237,6 +280,7 @@ class WorkArea:
                     link.unlink()
                 except FileNotFoundError:
                     pass
+        return others
 
     def take_staged(self, name: str, dest: Path, max_bytes: int | None = None) -> bool | None | int:
         """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
@@ -259,6 +303,24 @@ class WorkArea:
             return copied
         finally:
             os.close(fd)
+
+    def staged_changed_s(self, name: str) -> float | None:
+        """When a file rank 0 left in staging/ last changed (its ctime: content, rename or metadata; the kernel sets
+        it, and no call sets it back), on the monotonic clock; None if there is no regular file."""
+        import time
+
+        fd = self._subfolder_fd("staging")
+        if fd is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return time.monotonic() - (time.time() - st.st_ctime)
 
     def take_checkpoint(self, dest: Path) -> bool:
         return self.take_staged("checkpoint.pt", dest) is True

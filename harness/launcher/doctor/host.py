@@ -133,11 +133,30 @@ def _memlock(track: Track) -> Check:
 
 
 def sandbox_host_checks(track: Track, opts: DoctorOptions, wanted: list[str]) -> list[Check]:
-    """user, namespaces."""
+    """user, namespaces, containment."""
     checks = [_user(opts)]
     if "namespaces" in wanted:
         checks.append(namespaces_check(track, opts.proc_sys))
+    if "containment" in wanted:
+        checks.append(containment_check())
     return checks
+
+
+def containment_check() -> Check:
+    """A job's cgroup (harness/launcher/control/job_cgroup.py), made and ended for real: with one, whatever a job
+    starts ends with it; without one, a process that forks faster than the teardown lists can outlive a run."""
+    from harness.launcher.control.job_cgroup import JobCgroup
+
+    cgroup = JobCgroup("doctor")
+    made, why = cgroup.active, cgroup.why
+    cgroup.close()
+    if not made:
+        return Check(name="containment", status="fail",
+                     measured=f"{why}: a job is ended by listing its processes, which a process that forks fast "
+                              "outlives (it could carry a run's weights into the team's next one)",
+                     fix="run the harness as root in its container, or give its user a delegated cgroup v2 subtree "
+                         "(systemd: Delegate=yes on its service or scope; SLURM: the task/cgroup plugin)")
+    return Check(name="containment", status="ok", measured=f"a cgroup of the job's own: {why}")
 
 
 def _user(opts: DoctorOptions) -> Check:

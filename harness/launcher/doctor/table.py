@@ -11,7 +11,7 @@ from harness.ranks.confine.namespaces import PROC_SYS
 
 STATUSES = ("ok", "warn", "fail", "skipped")
 # Every check's name, in the table's order: what `--skip` takes.
-CHECKS = ("gpus", "driver", "cpus", "memlock", "user", "namespaces", "sandbox", "eval-model", "locks", "disk-runs",
+CHECKS = ("gpus", "driver", "cpus", "memlock", "user", "namespaces", "containment", "sandbox", "eval-model", "locks", "disk-runs",
           "disk-scratch", "scratch-root", "data", "allreduce-node", "allreduce-nodes", "gloo-nodes", "data-nodes",
           "infiniband", "clock-sync", "clock-skew")
 

@@ -108,6 +108,14 @@ def records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
     return found
 
 
+ORGANISER_STOPS = ("stopped by SIGINT", "stopped by SIGTERM", "stopped by SIGHUP")  # launcher/control/watch.py
+
+
+def stopped_by_organiser(raw: dict) -> bool:
+    """A record the organiser ended with a signal to its launcher (Ctrl-C, scancel, SLURM's time limit)."""
+    return raw.get("status") == "aborted" and str(raw.get("reason") or "").startswith(ORGANISER_STOPS)
+
+
 def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s: float | None = None) -> EntryState:
     """Where one team x seed stands, from its records: a settled record first (the newest), then a live
     one, then a lost one. With budget_s, only records of that budget count (the same track name in a
@@ -125,8 +133,12 @@ def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s:
             if alive:  # or cannot be told from here (another host, no lock): never re-run over a live run
                 return EntryState(entry, RUNNING, run_dir, alive)
     lost = newest_first
-    if len(lost) >= MAX_LOST:  # lost again and again: a machine at fault, or a team that kills its own launcher
-        return EntryState(entry, STUCK, lost[0][0], f"lost {len(lost)} times: the organiser decides (run it by "
+    # An organiser's stop (Ctrl-C, scancel or SLURM's time limit: SIGINT, SIGTERM or SIGHUP to the launcher, which team
+    # code cannot send it: Landlock scopes signals) is run again, and never counts towards stuck. A launcher that died
+    # (its record closed by `harness finalize` or a queue) does: who ended it is not known.
+    counted = [r for r in lost if not stopped_by_organiser(r[1])]
+    if len(counted) >= MAX_LOST:  # lost again and again: a machine at fault, or a team that kills its own launcher
+        return EntryState(entry, STUCK, lost[0][0], f"lost {len(counted)} times: the organiser decides (run it by "
                           "hand, or leave it)")
     for run_dir, raw in lost:
         why = raw.get("reason") if raw.get("status") == "aborted" else "its launcher died before the run finished"

@@ -199,8 +199,10 @@ def check_window(record: RunRecord, track) -> str:
     whatever the ranks report of their steps. A step held open past the clock (a forward that trains
     on, gradients all-reduced) shows here, in the launcher's own measurement."""
     window = record.launcher_train_time_s
-    if window is None or track.max_steps or record.division == "open" or not record.budget_s:
+    if window is None or track.max_steps or not record.budget_s:
         return ""
+    if record.division == "open":
+        return check_open_window(record, track)
     median = float(record.extra.get("median_step_s") or 0.0)
     slowest = float(record.extra.get("slowest_earlier_step_s") or 0.0)
     steps_part = max(2.0 * median, slowest + median)
@@ -219,6 +221,28 @@ def check_window(record: RunRecord, track) -> str:
     return (f"{said}: more than the {allowed:.2f} s a last step may end late (two median steps of {median:.3g} s, "
             f"the slowest earlier step of {slowest:.3g} s and a median, or {track.overrun_allowance_s:g} s); a step "
             "held open past the clock is training off the clock")
+
+
+def open_overrun_bound_s(track) -> float:
+    """How far past the budget an open-division window may end: the fixed loop's bound for a last step (the
+    track's overrun allowance, or 5% of the budget if more: a script's steps are not known), and the save of
+    its checkpoint, which its window includes (the track's checkpoint allowance)."""
+    return max(track.overrun_allowance_s, 0.05 * track.budget_s) + track.checkpoint_allowance_s
+
+
+def check_open_window(record: RunRecord, track) -> str:
+    """The open division's hard clock: a script's window (harness/launcher/run/open_run.py open_window: from its
+    first forward, or the end of the start-up allowance, to its checkpoint saved) ends within the budget and
+    open_overrun_bound_s, else the run is a timeout, as a fixed-loop run held open past the clock is."""
+    window, allowed = record.launcher_train_time_s, open_overrun_bound_s(track)
+    over = window - record.budget_s
+    record.extra["window_check"] = {"launcher_window_s": window, "budget_s": record.budget_s, "over_s": over,
+                                    "allowed_s": allowed, "ok": over <= allowed}
+    if over <= allowed:
+        return ""
+    return (f"training ran {window:.2f} s by the launcher's clock (to its checkpoint saved), {over:.2f} s past its "
+            f"{record.budget_s:.0f} s budget: more than the {allowed:.2f} s an open-division window may end late "
+            f"(a last step and the checkpoint's save); stop training at the budget (--time_limit_min) and save then")
 
 
 def check_clocks(record: RunRecord) -> None:
@@ -272,6 +296,14 @@ def sandbox_warnings(record: RunRecord, proc_sys: str = PROC_SYS) -> None:
     names = {"check": "check before the run", "training": "training ranks", "evaluation": "evaluation"}
     for phase, report in record.sandbox.items():
         walk(names.get(phase, phase), report)
+    uncontained = {phase: r.get("why") for phase, r in (record.extra.get("containment") or {}).items()
+                   if isinstance(r, dict) and r.get("active") is False}
+    if uncontained:  # one line: the cause is the host's, the same for every phase
+        line = (f"no cgroup of the job's own for {', '.join(names.get(p, p) for p in uncontained)} "
+                f"({next(iter(uncontained.values()))}): a process that forks faster than the teardown lists the "
+                "job's processes can outlive the run (docs/rules.md, \"Processes\")")
+        if line not in record.warnings:
+            record.warnings.append(line)
 
 
 def weakened_sandbox(record: RunRecord, proc_sys: str = PROC_SYS) -> str:
@@ -328,6 +360,7 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
 def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = ()) -> None:
     """The evaluation's outcome and figures into the record; `other_nodes_compute`: the model processes'
     times of the scorers on the other nodes (harness/launcher/run/evaluation.py), checked with this node's."""
+    record.extra.setdefault("containment", {})["evaluation"] = ev.containment
     o = ev.outcome
     if o.status != "ok":
         prefix = "evaluation: " if o.status != "aborted" else ""

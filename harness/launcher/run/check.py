@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launcher.run.identity import name_clash
+from harness.launcher.run.identity import ROSTER, RosterError, resolve_identity
 from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
 from harness.launcher.run.phases import run_preflight
 from harness.ranks.confine.scratch import refuse_unusable, remove_tree
@@ -106,9 +106,17 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
     warnings = [relative_paths(str(w), [folder]) for w in report.get("warnings", [])]
     warnings += warning_lines(report["portability"])
     report["warnings"] = warnings
-    clash = name_clash(runs_root(runs_dir), team, folder)
-    if clash:
-        warnings.append(clash)
+    try:
+        identity = resolve_identity(runs_root(runs_dir), team, folder)
+    except RosterError as exc:  # the organiser's file: said, and the check cannot say who the team is
+        identity = None
+        problems.append({"file": ROSTER, "problem": str(exc), "fix": "the organisers fix their roster"})
+    if identity is not None and identity.refused:
+        problems.append({"file": "submission.toml", "problem": identity.refused, "fix": ""})
+    elif identity is not None:
+        if identity.note:
+            warnings.append(identity.note)
+        team = identity.name
     command = ["harness", "run", submission, "--track", track_option(track)]  # works from any folder, any node
     return CheckResult(accepted=not problems, report=report, team=team, track=track, command=command,
                        warnings=warnings)

@@ -1,37 +1,105 @@
-"""Is this team name already someone else's? A copied submission keeps its submission.toml's name.
+"""Which team a run is: the organiser says, never only a file the team writes.
 
-Run records say which folder each run came from (`submission_dir`) and on which machine
-(`hostname`). A team name whose runs on this machine came from a different folder is a warning
-for `harness check` and `harness run`: the leaderboard would rank both folders as one team.
+A submission's folder is the organiser's handle on a team (submissions/team_x): its name is the folder's, and
+`[team] name` in submission.toml (the team's own file) is what the leaderboard shows. Without a check, a second
+folder could claim a team's name in its submission.toml, and the board, which groups runs by name and ranks a
+team's latest submission, would show the victim as the impostor's crash.
+
+- **A roster** (`roster.toml` in the runs root, the organiser's file: `[teams]` with `"Team name" = "folder"`)
+  decides: a folder's runs rank under the roster's name for it; a folder not on the roster is refused.
+- **Without one**, a team name belongs to the folder whose runs first used it in this runs tree (by the folder's
+  name, the same on every node and machine); a run from another folder claiming it is refused.
+
+A refused run is recorded `invalid` under its own folder's name, naming the folder that owns the name: it never
+lands among the owner's runs.
 """
 
 from __future__ import annotations
 
-import socket
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.results.records import read_record_json
-from harness.submission.contract import team_slug
+from harness.submission.contract import team_name_is_plain, team_slug
+
+ROSTER = "roster.toml"
+ROSTER_MAX_BYTES = 1 << 20
 
 
-def name_clash(runs_root: Path, team: str, folder: Path) -> str | None:
-    """A warning when runs of another submission folder on this machine already use `team`, else None."""
-    here, mine = socket.gethostname(), str(Path(folder).resolve())
-    others: dict[str, int] = {}
+class RosterError(ValueError):
+    """The organiser's roster cannot be read: named, with the fix."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str  # what ranks the run (and the folder its record goes in)
+    refused: str = ""  # why the run is invalid: a name another folder owns, a folder not on the roster
+    note: str = ""  # said in the record: the roster's name where the team's file says another
+
+
+def read_roster(runs_root: Path) -> dict[str, str] | None:
+    """{folder name: team name} from the runs root's roster.toml; None when there is none."""
+    path = Path(runs_root) / ROSTER
+    try:
+        raw_bytes = path.read_bytes()[:ROSTER_MAX_BYTES + 1]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RosterError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw_bytes) > ROSTER_MAX_BYTES:
+        raise RosterError(f"{path}: larger than {ROSTER_MAX_BYTES >> 20} MiB; a roster is one line a team")
+    try:
+        raw = tomllib.loads(raw_bytes.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RosterError(f"{path}: not valid TOML ({exc}); write [teams] with \"Team name\" = \"folder\" lines") from None
+    teams = raw.get("teams")
+    if not isinstance(teams, dict) or set(raw) - {"teams"}:
+        raise RosterError(f"{path}: needs one table, [teams], of \"Team name\" = \"folder name\" lines")
+    by_folder: dict[str, str] = {}
+    for name, folder in teams.items():
+        if not isinstance(folder, str) or not folder or "/" in folder or not team_name_is_plain(name) or not name.strip():
+            raise RosterError(f"{path}: [teams] {name!r} = {folder!r}: a plain team name, and its submission "
+                              "folder's name (no path)")
+        if folder in by_folder:
+            raise RosterError(f"{path}: folder {folder!r} is given to two teams ({by_folder[folder]!r}, {name!r})")
+        by_folder[folder] = name.strip()
+    return by_folder
+
+
+def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str] | None:
+    """The folder name whose runs first used `team` in this runs tree, and where its first run is; None if none.
+    A record is bounded, a regular file and an object (read_record_json): any record may have been planted."""
+    first: tuple[str, str, str] | None = None
     for path in Path(runs_root).glob(f"*/{team_slug(team)}/*/run.json"):
         try:
-            raw = read_record_json(path)  # bounded, a regular file, an object: any run's record may be planted
+            raw = read_record_json(path)
         except (OSError, ValueError):
             continue
-        source = raw.get("submission_dir")
-        if not isinstance(source, str) or not isinstance(raw.get("hostname"), str):
+        source, started = raw.get("submission_dir"), raw.get("started_at")
+        if raw.get("team") != team or not isinstance(source, str) or not source or raw.get("run_id") == run_id:
             continue
-        if raw.get("team") != team or not source or raw.get("hostname") != here or source == mine:
-            continue  # another team's slug, an older record, another machine, or this very folder
-        others[source] = others.get(source, 0) + 1
-    if not others:
-        return None
-    where = ", ".join(f"{src} ({n} run{'s' if n > 1 else ''})" for src, n in sorted(others.items()))
-    return (f"team name {team!r} is already used by another submission folder under {runs_root}: {where}. "
-            "A copied submission keeps its submission.toml: set [team] name to your own team's, or the "
-            "leaderboard ranks both folders as one team")
+        key = (str(started or ""), Path(source).name, str(path.parent))
+        first = key if first is None or key < first else first
+    return (first[1], first[2]) if first else None
+
+
+def resolve_identity(runs_root: Path, claimed: str, folder: Path, run_id: str = "") -> Identity:
+    """The name a run from `folder` ranks under, given the name its submission.toml claims (or its folder's)."""
+    folder_name = Path(folder).resolve().name
+    roster = read_roster(runs_root)
+    if roster is not None:
+        if folder_name not in roster:
+            return Identity(folder_name, refused=f"folder {folder_name!r} is not on the organiser's roster "
+                            f"({Path(runs_root) / ROSTER}): the organisers add it, or run it with another runs "
+                            "folder (--runs-dir)")
+        name = roster[folder_name]
+        note = "" if claimed == name else (f"ranked as {name!r}, the organiser's roster name for folder "
+                                          f"{folder_name!r} (submission.toml says {claimed!r})")
+        return Identity(name, note=note)
+    owner = name_owner(runs_root, claimed, run_id)
+    if owner is not None and owner[0] != folder_name:
+        return Identity(folder_name, refused=f"team name {claimed!r} belongs to folder {owner[0]!r}, whose runs first "
+                        f"used it ({owner[1]}); this run is recorded under folder {folder_name!r}. A copied "
+                        "submission keeps its submission.toml: set [team] name to your own team's")
+    return Identity(claimed)

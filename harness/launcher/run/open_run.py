@@ -83,16 +83,23 @@ def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, 
                          read_files=[str(checkpoint)] if checkpoint is not None else [], meanwhile=meanwhile)
 
 
-def open_window(w, allowance_s: float) -> tuple[float | None, float | None]:
-    """The training window of a script, on the launcher's clock: from its first-forward report (no
-    earlier than the ranks' start, no later than the end of the allowance) or, without one, from the
-    ranks' start; to the moment the job ended (its save included: conservative, never a claim)."""
+def open_window(w, allowance_s: float, saved_s: float | None = None) -> tuple[float | None, float | None]:
+    """The training window of a script, on the launcher's clock, held to the budget as the fixed loop's is. From
+    its first-forward report (no earlier than the ranks' start, no later than the end of the start-up allowance)
+    or, without one (real scripts never call the harness's API), from the end of the allowance: the start-up it
+    pays for is the fixed loop's. To its checkpoint saved (`saved_s`: the last change of the file rank 0 left,
+    its ctime, which the kernel sets and no process can set back), else to the moment the job ended."""
     if w.setup_start_s is None:
         return None, None
-    start = w.setup_start_s
+    end = w.kill_at_s or w.exited_s
     if w.train_start_s is not None:
         start = min(max(w.train_start_s, w.setup_start_s), w.setup_start_s + allowance_s)
-    end = w.kill_at_s or w.exited_s
+    else:
+        start = w.setup_start_s + allowance_s
+    if saved_s is not None and end is not None and w.setup_start_s <= saved_s <= end:
+        end = saved_s
+    if end is not None:
+        start = min(start, end)
     return start, end
 
 
@@ -110,14 +117,17 @@ def explain_silence(reason: str, rank0_log: Path, rank: int = 0) -> str:
     return head + f"; rank {rank} last printed {printable(lines[-1], 200)!r}: still training? does it stop at --time_limit_min?)"
 
 
-def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, allowance_s: float) -> None:
+def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, allowance_s: float,
+                        saved_s: float | None = None) -> None:
     """The figures of a script the harness does not drive: its window is the launcher's (open_window),
     its step and token counts are what it reported (or its checkpoint's step x [open] tokens_per_step)."""
     w = phase.watch
-    start, end = open_window(w, allowance_s)
+    start, end = open_window(w, allowance_s, saved_s)
     if start is not None and w.train_start_s is None:
-        record.notes.append("the script never called first_forward(): its training window is measured from the "
-                            "ranks' start")
+        record.notes.append(f"the script never called first_forward(): its training window is measured from the "
+                            f"end of the start-up allowance ({allowance_s:g} s after the ranks started)")
+    if end is not None and saved_s is not None and end == saved_s:
+        record.notes.append("the training window ends when the checkpoint was last written")
     if start is not None and end is not None:
         record.launcher_train_time_s = max(0.0, end - start)
         record.train_time_s = record.launcher_train_time_s  # the only clock of an open run the harness trusts

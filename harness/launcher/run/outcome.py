@@ -66,7 +66,7 @@ def classify(
         b = first.body
         status = b.get("status") if b.get("status") in FAILURE_STATUSES else "crashed"
         return Outcome(status, f"rank {b.get('rank')}: {b.get('reason', '')}",
-                       b.get("rank"), b.get("traceback"), cause="own")
+                       b.get("rank"), b.get("traceback"), cause="memlock" if b.get("cause") == "memlock" else "own")
 
     if kill_status:
         return Outcome(kill_status, kill_reason, cause="kill")

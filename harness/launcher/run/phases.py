@@ -63,10 +63,12 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     # its writable folder, where the team's code could rewrite it.
     box_read, box_write = os.pipe()
     try:
-        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0):  # nothing it starts may linger
+        # Nothing it starts may linger: it joins a cgroup of its own first thing, ended with the scope.
+        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0, contain="check") as scope:
             t_start = time.monotonic()
-            proc = subprocess.Popen(interpreter.python_argv("harness.ranks.models.preflight", req, rep, box_write), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=tmp, env=env, pass_fds=(box_write,))
+            proc = subprocess.Popen(interpreter.python_argv("harness.ranks.models.preflight", req, rep, box_write),
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=tmp, env={**env, **scope.env()}, pass_fds=(box_write,))
             os.close(box_write)
             box_write = -1
             drain = _Drain(box_read)  # read as it is written: a report past the pipe's 64 KiB must not block it
@@ -120,6 +122,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     else:  # nothing came (the process died or was killed first): that says nothing of the sandbox
         report["sandbox"] = {"active": False, "reported": False, "why": "the check process sent no sandbox report"}
     report["screen"] = sent.get("screen") if isinstance(sent.get("screen"), list) else []
+    report["containment"] = scope.containment()
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report
@@ -187,6 +190,7 @@ class PhaseResult:
     leftover_pids: list[int] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # reports the channel turned away, and why
     malformed: list[str] = field(default_factory=list)  # reports that broke their schema (dropped), and why
+    containment: dict = field(default_factory=dict)  # the job's cgroup, or why none (harness/launcher/control/job_cgroup.py)
 
     def sandbox_report(self, rank: int = 0) -> dict[str, Any]:
         """What a rank said of its sandbox right after entering it, before any team code ran (the first
@@ -231,7 +235,7 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         if line:
             outcome.reason += f"; its log ends: {printable(line, 300)}"
     return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
-                       list(channel.malformed))
+                       list(channel.malformed), job.containment())
 
 
 def local_ranks(launch: LaunchSpec) -> list[int]:

@@ -10,6 +10,8 @@ run.json is written in a `finally`, so a crash, a kill or Ctrl-C still leaves it
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import platform
 import socket
@@ -35,7 +37,7 @@ from harness.launcher.run.assemble import (
 from harness.launcher.run.console import NullReporter
 from harness.launcher.control.alive import launcher_where
 from harness.results.locks import RunLock
-from harness.launcher.run.identity import name_clash
+from harness.launcher.run.identity import resolve_identity
 from harness.launcher.control.heartbeat import NodeHeartbeat, lost_after_s, silent_after_s
 from harness.launcher.run.nodes import NodePaths, merge_node_reports
 from harness.submission.screen import mentions_compile
@@ -43,7 +45,7 @@ from harness.launcher.run.open_run import apply_open_training, check_open, expla
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.phases import run_preflight
 from harness.launcher.run.precision import resolve_precision
-from harness.launcher.run.takeback import CheckpointTaker
+from harness.launcher.run.takeback import CheckpointTaker, io_failure_outcome
 from harness.launcher.run.training import JobNamespaceMissing, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
 from harness.launcher.control.workarea import WorkArea, patched_environ
@@ -120,6 +122,24 @@ def _base_record(resolved: ResolvedTrack, opts: RunOptions, run_id: str, team, n
     )
 
 
+def locked_memory_limit() -> int | None:
+    """This process's locked-memory limit in bytes (RLIMIT_MEMLOCK, soft), None when unlimited."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def charge_memlock(record: RunRecord, outcome, device: str, limit: int | None) -> None:
+    """NCCL's InfiniBand registration refused (harness/ranks/process.py is_memlock_refusal) on a node whose launcher
+    has a locked-memory limit, which its ranks inherit and no team code can lower (seccomp): the machine's, so
+    `aborted` (run again), never the team's out of memory. Where memory is not limited the text is the team's."""
+    if outcome.status == "crashed" and outcome.cause == "memlock" and limit is not None and device == "cuda":
+        record.status = "aborted"
+        record.reason += (f"; this node limits locked memory to {limit / 2**20:.0f} MiB: the machine's, not the "
+                          "team's (`ulimit -l unlimited`; harness doctor's memlock line)")
+
+
 def _provenance(record: RunRecord) -> None:
     """torch's version and the rest (provenance.versions): importing torch costs seconds on a small CPU,
     so the launcher does it while the check process runs."""
@@ -160,7 +180,10 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     if track.nnodes > 1 and not opts.run_id:
         raise ValueError("the nodes of a run must agree on its id: pass --run-id (the SLURM job id works)")
     run_id = opts.run_id or new_run_id()
-    run_dir = runs_root(opts.runs_dir) / track.name / team_slug(team.name if team else folder.name) / run_id
+    # The organiser's roster, or the folder that first used the name, decides who the run is (identity.py).
+    claimed = team.name if team else folder.name
+    identity = resolve_identity(runs_root(opts.runs_dir), claimed, folder, run_id)
+    run_dir = runs_root(opts.runs_dir) / track.name / team_slug(identity.name) / run_id
     if opts.node_rank == 0 and (run_dir / "run.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run: choose another --run-id")
     run_dir.mkdir(parents=True, exist_ok=True)  # on several nodes, any of them may get here first
@@ -177,12 +200,14 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                           "is alive by its host and pid instead")
     node = NodePaths(run_dir, opts.node_rank)
     (run_dir / "logs").mkdir(exist_ok=True)
-    record = _base_record(resolved, opts, run_id, team or TeamInfo(name=folder.name), nproc)
+    record = _base_record(resolved, opts, run_id, dataclasses.replace(team or TeamInfo(name=folder.name),
+                                                                     name=identity.name), nproc)
     record.submission_dir = str(folder)
-    clash = name_clash(runs_root(opts.runs_dir), record.team, folder) if opts.node_rank == 0 else None
-    if clash:
-        record.warnings.append(clash)
-        reporter.info(f"warning: {clash}")
+    record.extra["identity"] = {"claimed": claimed, "folder": folder.resolve().name, "refused": identity.refused}
+    if identity.note:
+        record.notes.append(identity.note)
+    if identity.refused:
+        reporter.info(f"refused: {identity.refused}")
     record.data_fingerprint, record.loss_floor = data.fingerprint, data.loss_floor
     if data.loss_floor_token_std is not None:
         record.extra["loss_floor_token_std"] = data.loss_floor_token_std
@@ -237,6 +262,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
              record: RunRecord, metrics: list, abort: AbortFlag, reporter, copies: list[Path],
              heartbeat: NodeHeartbeat | None = None) -> None:
     run_dir = node.run_dir
+    refused = record.extra.get("identity", {}).get("refused")
+    if refused:  # a name another folder owns, or a folder not on the roster: recorded under its own folder's name
+        set_outcome(record, "invalid", refused)
+        return
     if team is None:  # submission.toml is broken: an invalid run, recorded
         try:
             read_team(folder)
@@ -280,6 +309,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
     record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
     record.sandbox["check"] = report.get("sandbox") or {}
+    record.extra.setdefault("containment", {})["check"] = report.get("containment") or {}
     if report.get("leftover"):  # what the team made in the check's folder outlives it: a person reads it
         flag_run(record, f"the check process's folder {report['leftover']} could not be removed after the check")
     record.warnings += screen_warnings(record.extra["screen"])
@@ -325,7 +355,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             return
         metrics.extend(metrics_rows(phase))
         if spec is not None:
-            apply_open_training(record, phase, spec, track.startup_allowance_s)
+            apply_open_training(record, phase, spec, track.startup_allowance_s, area.staged_changed_s("checkpoint.pt"))
         else:
             apply_training(record, phase)
             if record.extra.get("compile_skipped") is True:  # what the rank saw: it asked to compile, and did not
@@ -333,6 +363,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                     "(compile = \"eager\"): the same weights at another speed, so another number of "
                                     "steps in the budget; compiled blocks inside the model still compile")
         record.killed_pids = phase.leftover_pids
+        record.extra.setdefault("containment", {})["training"] = phase.containment
         o = phase.outcome
         first = opts.node_rank * nproc  # this node's first rank: its log is here
         reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" / f"rank{first}.log",
@@ -349,6 +380,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if o.status == "crashed" and record.extra.get("job_namespace", {}).get("active") and joined is False:
             record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
         record.extra["cause"] = o.cause
+        charge_memlock(record, o, track.device, locked_memory_limit())
         late = check_window(record, track) if record.status == "ok" else ""
         if late:  # the launcher's own measurement of the window, enforced
             set_outcome(record, "timeout", late)
@@ -369,8 +401,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                         opts.seed, protected_paths(opts.runs_dir, data)):
                 return
         elif not taker.take_after_the_job(phase.watch):  # from here on only the launcher and evaluation touch it
-            if taker.error is not None:  # the launcher's side failed, not the team
-                set_outcome(record, "aborted", f"harness error: the checkpoint could not be taken: {taker.error}")
+            if taker.error is not None:  # the launcher's own copy failed: the machine's, unless a team can cause it
+                set_outcome(record, *io_failure_outcome("the checkpoint could not be taken", taker.error, taker.errno))
             elif taker.too_large is not None:
                 set_outcome(record, "invalid", taker.cap_reason())
             elif taker.attempted:

@@ -19,6 +19,7 @@ Both only read the ranks' private folder through harness/launcher/control/workar
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 
@@ -27,12 +28,28 @@ from harness.launcher.control.workarea import Unmeasurable, WorkArea
 MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
 
 
+# What the launcher's own I/O can meet because of what a team's processes did: a disk filled (an anonymous O_TMPFILE
+# file the caps cannot see, held while the launcher copies), a quota used up, the system's file table or memory
+# exhausted. Such a failure is never `aborted` (a free re-run the team could choose); another is the machine's.
+TEAM_CAUSABLE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+
+
+def io_failure_outcome(what: str, error: str, code: int | None) -> tuple[str, str]:
+    """(status, reason) for an I/O error of the launcher's own while a team's processes lived."""
+    if code in TEAM_CAUSABLE_ERRNOS:
+        return "crashed", (f"harness error: {what}: {error}: the team's processes were alive, and a team can cause "
+                           "this (a full disk, a used-up quota, file table or memory), so it is not a free re-run; "
+                           "an organiser who finds the machine at fault runs it again by hand")
+    return "aborted", f"harness error: {what}: {error}"
+
+
 class CheckpointTaker:
     def __init__(self, area: WorkArea, dest: Path, max_bytes: int | None = None):
         self.area, self.dest, self.max_bytes = area, dest, max_bytes
         self.taken = False
         self.attempted = False  # a take was made on a report: whatever it found is final
         self.error: str | None = None  # the copy itself failed (a full disk, a permission)
+        self.errno: int | None = None
         self.too_large: int | None = None  # the size of a checkpoint past the cap (not taken)
         self._thread: threading.Thread | None = None
 
@@ -48,8 +65,8 @@ class CheckpointTaker:
     def _take_now(self) -> None:
         try:
             self.taken = self._take()
-        except OSError as exc:  # the records' disk, not the team: the runner ends the run aborted
-            self.error = f"{type(exc).__name__}: {exc}"
+        except OSError as exc:  # the launcher's own I/O: whose it is, failure_outcome() says
+            self.error, self.errno = f"{type(exc).__name__}: {exc}", exc.errno
         self.attempted = True
 
     def wait(self) -> None:
@@ -104,6 +121,12 @@ class ScratchCaps:
     def __exit__(self, *_exc) -> None:
         self._stop.set()
         self._thread.join(timeout=30.0)
+        if self.violation is None:  # once more after the job: what was written after the last look counts too
+            try:
+                self.violation = self.measure()
+            except Exception as exc:  # noqa: BLE001 (every process of the job is gone: nothing changes it now)
+                self.violation = (f"the ranks' private folder could not be measured after the job ({type(exc).__name__}: "
+                                  f"{exc}): its caps cannot hold")
 
     def _watch(self) -> None:
         failures = 0

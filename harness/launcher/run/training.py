@@ -33,6 +33,7 @@ from harness.ranks.confine import sandbox
 from harness.ranks.jobs import TrainJob
 from harness.results.records import FINAL_STATUSES, RunRecord, leaderboard_root, read_record_json, runs_root
 from harness.submission.open_division import OpenSpec
+from harness.submission.printable import printable
 from harness.tracks.spec import Track
 
 
@@ -153,6 +154,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None)
             report = guard.check_and_restore() if guard else GuardReport()
+        if caps.violation and phase.outcome.status == "ok":  # broken after the last look during the job
+            phase.outcome.status, phase.outcome.reason, phase.outcome.cause = "invalid", caps.violation, "kill"
         if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)
             record.extra["beat"] = heartbeat.summary()
         if guard is not None and guard.lock.unavailable:  # trained all the same: a lock the file system lacks
@@ -184,7 +187,10 @@ def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, a
 
 def _after_training(opts, track: Track, node: NodePaths, record: RunRecord, area: WorkArea, phase: PhaseResult,
                     report: GuardReport, t_launch: float, leaderboard_dir: Path) -> PhaseResult:
-    area.collect_logs(node.run_dir / "logs", max_bytes=int(track.log_cap_mib * 2**20))
+    others = area.collect_logs(node.run_dir / "logs", budget_bytes=int(track.log_cap_mib * 2**20))
+    if others:  # the record takes the logs the harness names, within one budget: never a team's tree of files
+        record.notes.append(f"not taken into the record: what else the ranks left in their logs folder "
+                            f"({', '.join(printable(n, 80) for n in others[:5])}{', ...' if len(others) > 5 else ''})")
     record.timings.update(phase.watch.timings(t_launch))
     if phase.watch.train_start_s is not None:  # wall-clock time of the first step, for start-up benchmarks
         record.timings["train_start_unix"] = time.time() - (time.monotonic() - phase.watch.train_start_s)

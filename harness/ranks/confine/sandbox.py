@@ -247,6 +247,7 @@ class SandboxReport:
     namespaces: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/confine/namespaces.py
     filesystem: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/confine/rootfs.py
     seccomp: str = ""  # "on", or why the filter of harness/ranks/confine/seccomp.py is not installed
+    cgroup: dict = field(default_factory=dict)  # the job's cgroup, where the launcher made one (harness/ranks/confine/cgroup.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

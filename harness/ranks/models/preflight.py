@@ -48,6 +48,9 @@ def main(argv: list[str]) -> None:
     from harness.ranks.process import show_native_crashes
 
     show_native_crashes()  # its stderr is preflight.log
+    from harness.ranks.confine import cgroup
+
+    held = cgroup.join_from_environment()  # first: all it starts is born in the check's cgroup, ended with it
     request = json.loads(Path(argv[1]).read_text())
     request["report_path"] = argv[2]  # where an interim report goes (harness/ranks/models/open_checks.py)
     from harness.ranks.confine import sandbox
@@ -55,6 +58,9 @@ def main(argv: list[str]) -> None:
     # As evaluation's model processes (harness/ranks/models/model_worker.py): it needs no network either.
     policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
     box = sandbox.enter(policy, "no sandbox was asked for")
+    box.cgroup = held or {}
+    if held and not held["active"]:  # the launcher made it and it could not be joined: the machine's, as a sandbox
+        box.active, box.why = False, held["why"]
     # Over the launcher's pipe, one line each, before any team code can change either: the sandbox report
     # at once (the team's files decide how long the screen takes, and a report that never came must not
     # read as a sandbox that could not be entered), then the static screen, which reads the team's files

@@ -1,0 +1,183 @@
+"""A control group (cgroup v2) of a job's own, so that ending the job ends every process it made, however they fork.
+
+The launcher's teardown (process_tree.ProcessScope) lists a job's processes and signals them: a process that forks
+and lets its parent exit faster than the list is read is never in the list it is killed from, and one kept alive
+past the run can carry a run's weights into the team's next one. The kernel ends a cgroup's processes atomically
+(`cgroup.kill`, Linux 5.14) and says when none is left (`populated 0` in `cgroup.events`).
+
+Each process that will run team code (a training or evaluation rank, the check process) writes itself into the
+job's cgroup as its first act (harness/ranks/confine/cgroup.py), before it can start anything, so everything it
+starts is born inside; the path goes to it in `HARNESS_JOB_CGROUP`. The cgroup is a child of the launcher's own
+(`/proc/self/cgroup`), which needs a writable cgroup2 mount: root, or a subtree delegated to the harness's user
+(systemd's `Delegate=yes`, or a SLURM step's own cgroup). Where there is none, `why` says so and the record, the
+summary and `harness doctor` say it: the job is then held by the process-list teardown alone.
+
+A cgroup's name carries its launcher's pid and start time, so a cgroup left populated by a launcher that was
+killed outright (SIGKILL: no teardown ran) is ended and removed by the next launcher on the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from harness.ranks.confine.cgroup import ENV  # read there, in the process that joins
+PREFIX = "harness-job-"
+EMPTY_WITHIN_S = 10.0
+_serial = itertools.count()
+
+
+def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
+    """Where the unified (v2) hierarchy is mounted: /sys/fs/cgroup on a pure-v2 host, /sys/fs/cgroup/unified on a
+    hybrid one; None without one."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        if after.split(" ", 1)[0] == "cgroup2":
+            return Path(before.split()[4])
+    return None
+
+
+def own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
+    """This process's place in the v2 hierarchy (the `0::` line), e.g. "/" or "/user.slice/..."."""
+    try:
+        for line in Path(proc_cgroup).read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:] or "/"
+    except OSError:
+        pass
+    return None
+
+
+def _start_ticks(pid: int) -> str:
+    """A process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat): with its pid, who it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _members(path: Path) -> list[int]:
+    """Every process in the cgroup and in any cgroup below it."""
+    pids: set[int] = set()
+    for procs in [path / "cgroup.procs", *path.glob("**/cgroup.procs")]:
+        try:
+            pids.update(int(x) for x in procs.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(pids)
+
+
+def _populated(path: Path) -> bool:
+    try:
+        return "populated 1" in (path / "cgroup.events").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def end(path: Path, within_s: float = EMPTY_WITHIN_S) -> tuple[list[int], str]:
+    """SIGKILL everything in the cgroup at once, wait until it is empty, remove it (and any cgroup below it).
+    Returns the pids that were in it and "" or why it could not be emptied or removed."""
+    pids = _members(path)
+    try:
+        (path / "cgroup.kill").write_text("1")
+    except FileNotFoundError:
+        return pids, ""  # already removed
+    except OSError as exc:
+        return pids, f"cgroup.kill of {path} failed: {exc}"
+    deadline = time.monotonic() + within_s
+    while _populated(path):
+        if time.monotonic() > deadline:
+            return pids, f"{path} still held processes {within_s:.0f} s after cgroup.kill"
+        time.sleep(0.02)
+    for below in sorted(path.glob("**/"), key=lambda p: len(p.parts), reverse=True):  # the deepest first
+        try:
+            below.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return pids, f"{below} could not be removed: {exc}"
+    return pids, ""
+
+
+def sweep_orphans(parent: Path) -> list[str]:
+    """End and remove the job cgroups under `parent` whose launcher is no longer alive (it was killed outright):
+    nothing of an earlier run outlives it into the next. Returns the names of those it ended."""
+    ended = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return ended
+    for entry in entries:
+        parts = entry.name[len(PREFIX):].split("-") if entry.name.startswith(PREFIX) else []
+        if len(parts) < 2 or not parts[0].isdigit() or not entry.is_dir():
+            continue
+        pid, ticks = int(parts[0]), parts[1]
+        if pid == os.getpid() or (psutil.pid_exists(pid) and _start_ticks(pid) == ticks):
+            continue  # this launcher's, or a live launcher's (another run on this host)
+        end(entry)
+        ended.append(entry.name)
+    return ended
+
+
+class JobCgroup:
+    """One job's cgroup: made in the constructor (`active`, else `why` not), ended in close()."""
+
+    def __init__(self, label: str) -> None:
+        self.path: Path | None = None
+        self.active, self.why, self.swept = False, "", []
+        mount, own = cgroup2_mount(), own_cgroup()
+        if mount is None or own is None:
+            self.why = "no cgroup v2 hierarchy is mounted here" if mount is None else "this process is in no v2 cgroup"
+            return
+        parent = mount / own.lstrip("/")
+        self.swept = sweep_orphans(parent)
+        name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{label}-{next(_serial)}"
+        try:
+            (parent / name).mkdir()
+        except OSError as exc:
+            self.why = (f"no cgroup could be made under {parent} ({exc.strerror or exc}): the harness's user needs a "
+                        "delegated cgroup v2 subtree (systemd Delegate=yes, or the SLURM step's own cgroup)")
+            return
+        self.path = parent / name
+        if not (self.path / "cgroup.kill").exists():  # Linux < 5.14: no atomic kill; a list-and-kill is no better
+            end_without_kill = self.path
+            self.path = None
+            try:
+                end_without_kill.rmdir()
+            except OSError:
+                pass
+            self.why = "this kernel has no cgroup.kill (Linux 5.14 or later is needed)"
+            return
+        self.active = True
+        self.why = f"cgroup v2 {self.path} (ended with cgroup.kill)"
+
+    def env(self) -> dict[str, str]:
+        """What a process that joins needs to find it; nothing when there is no cgroup (it then joins none)."""
+        return {ENV: str(self.path)} if self.active else {}
+
+    def members(self) -> list[int]:
+        return _members(self.path) if self.path is not None else []
+
+    def close(self) -> list[int]:
+        """End everything still in the cgroup and remove it; returns the pids that were still in it."""
+        if self.path is None:
+            return []
+        pids, why = end(self.path)
+        if why:
+            self.why = f"{self.why}; at the end: {why}"
+        self.path = None if not why else self.path
+        return pids
+
+    def report(self) -> dict:
+        return {"active": self.active, "why": self.why}

@@ -1,0 +1,34 @@
+"""A process that will run team code joins its job's control group as its first act, and offers itself first to
+the kernel's out-of-memory killer.
+
+The launcher makes the cgroup (harness/launcher/control/job_cgroup.py) and names it in HARNESS_JOB_CGROUP. Joining
+before anything else, single-threaded, means every process the team's code starts is born in it, and ends with it
+(`cgroup.kill`). It must come before the job's namespaces: in them /sys is read-only.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "HARNESS_JOB_CGROUP"
+OOM_SCORE_ADJ = "1000"  # the first to go when memory runs out: never the launcher, a scorer or another job's rank
+
+
+def join_from_environment(oom_first: bool = True) -> dict | None:
+    """Join the cgroup the launcher named; None where it named none, else {"active", "why"}. `oom_first`: a process
+    that runs team code raises its oom_score_adj (no privilege needed; its children inherit it)."""
+    if oom_first:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write(OOM_SCORE_ADJ)
+        except OSError:
+            pass  # not Linux, or /proc hidden: the cgroup is what matters
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write("0")  # "0": the writing process itself
+    except OSError as exc:
+        return {"active": False, "why": f"this process could not join its job's cgroup {path}: {exc}"}
+    return {"active": True, "why": f"in the job's cgroup {path}"}
