@@ -56,6 +56,7 @@ def test_everything_a_joined_process_starts_ends_with_the_cgroup_however_fast_it
     assert cg.active, f"this machine (as CI's) offers a cgroup v2 of the job's own: {cg.why}"
     path = Path(cg.env()[job_cgroup.ENV])
     proc = _hopper(cg)
+    assert Path(f"/proc/{proc.pid}/oom_score_adj").read_text().strip() == "1000", "team code goes first on OOM"
     time.sleep(0.3)
     assert len(cg.members()) >= 2, "the hopper is in the cgroup, born there"
     ended = cg.close()
@@ -94,6 +95,10 @@ def test_the_doctor_says_which_containment_the_node_offers(monkeypatch):
 
     check = containment_check()
     assert check.status == "ok" and "cgroup v2" in check.measured
+    monkeypatch.setenv(job_cgroup.OFF_ENV, "off")
+    check = containment_check()
+    assert check.status == "fail" and "turned off (HARNESS_CGROUP=off)" in check.measured
+    monkeypatch.delenv(job_cgroup.OFF_ENV)
     monkeypatch.setattr(job_cgroup, "cgroup2_mount", lambda *a: None)
     check = containment_check()
     assert check.status == "fail" and "no cgroup v2 hierarchy" in check.measured and "Delegate=yes" in check.fix

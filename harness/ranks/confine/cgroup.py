@@ -14,15 +14,21 @@ ENV = "HARNESS_JOB_CGROUP"
 OOM_SCORE_ADJ = "1000"  # the first to go when memory runs out: never the launcher, a scorer or another job's rank
 
 
+def offer_to_oom_killer() -> None:
+    """A process that runs team code is the first the kernel ends when memory runs out: its oom_score_adj raised
+    (no privilege needed; its children inherit it)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(OOM_SCORE_ADJ)
+    except OSError:
+        pass  # not Linux, or /proc hidden: the cgroup is what matters
+
+
 def join_from_environment(oom_first: bool = True) -> dict | None:
-    """Join the cgroup the launcher named; None where it named none, else {"active", "why"}. `oom_first`: a process
-    that runs team code raises its oom_score_adj (no privilege needed; its children inherit it)."""
+    """Join the cgroup the launcher named; None where it named none, else {"active", "why"}. `oom_first`: for a
+    process that runs team code (offer_to_oom_killer)."""
     if oom_first:
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write(OOM_SCORE_ADJ)
-        except OSError:
-            pass  # not Linux, or /proc hidden: the cgroup is what matters
+        offer_to_oom_killer()
     path = os.environ.get(ENV)
     if not path:
         return None

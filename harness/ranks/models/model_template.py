@@ -179,6 +179,9 @@ def main(argv: list[str]) -> None:
     if os.getppid() != scorer:  # it went before the line above took effect
         os._exit(1)
     _prctl(PR_SET_DUMPABLE, 0)
+    from harness.ranks.confine.cgroup import offer_to_oom_killer
+
+    offer_to_oom_killer()  # its copies run team code: the first to go when memory runs out, never the scorer
     _preload()
     sys.stdout.flush()
     sys.stderr.flush()
