@@ -99,6 +99,11 @@ def test_the_doctor_says_which_containment_the_node_offers(monkeypatch):
     check = containment_check()
     assert check.status == "fail" and "turned off (HARNESS_CGROUP=off)" in check.measured
     monkeypatch.delenv(job_cgroup.OFF_ENV)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path).endswith("cgroup.procs") else real_access(path, mode))
+    check = containment_check()
+    assert check.status == "fail" and "cgroup.procs is not writable" in check.measured
+    monkeypatch.setattr(os, "access", real_access)
     monkeypatch.setattr(job_cgroup, "cgroup2_mount", lambda *a: None)
     check = containment_check()
     assert check.status == "fail" and "no cgroup v2 hierarchy" in check.measured and "Delegate=yes" in check.fix

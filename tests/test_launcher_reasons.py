@@ -572,12 +572,14 @@ def test_a_checkpoint_changed_while_its_model_is_checked_is_never_scored(tmp_pat
     assert record.flagged and record.flag_reason == record.reason
 
 
-def test_an_infiniband_registration_refused_is_not_out_of_memory_and_is_the_machines_under_a_memlock_limit():
+def test_an_infiniband_registration_refused_is_not_out_of_memory_and_a_limited_node_is_refused_before_team_code():
     """NCCL's "Call to ibv_reg_mr failed with error Cannot allocate memory" is the node's locked-memory limit, not
-    the model's size: the rank names it so (never "out of memory"), and where the launcher's own limit is finite
-    (its ranks inherit it; no team code can lower it) a GPU run is `aborted`, run again; without a limit, or on a
-    CPU track where no InfiniBand is used, the text is the team's and the run stays `crashed`."""
-    from harness.launcher.run.runner import charge_memlock
+    the model's size: the rank names it so (never "out of memory"), and the run stays `crashed`, since a team can
+    write that text. The machine's part is decided before any team code: a GPU track on several nodes refuses a
+    node whose launcher has a finite `ulimit -l` (its ranks inherit it); one node or a CPU track needs none."""
+    from types import SimpleNamespace as Track
+
+    from harness.launcher.run.runner import memlock_refusal
     from harness.ranks.process import describe_failure
 
     exc = RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5\n"
@@ -585,16 +587,16 @@ def test_an_infiniband_registration_refused_is_not_out_of_memory_and_is_the_mach
     report = describe_failure(exc, device="cuda")
     assert report["cause"] == "memlock" and "NCCL could not register memory with InfiniBand" in report["reason"]
     assert "the node's locked-memory limit (ulimit -l), not the model's size" in report["reason"]
-    assert "out of memory" not in report["reason"]
+    assert "out of memory" not in report["reason"] and report["status"] == "crashed"
     msg = Message("error", {"rank": 0, **report}, 1.0)
     outcome = classify([msg], world_size=1, done_kind="result", agent_succeeded=False, agent_failures={},
                        agent_error=None, kill_status=None, kill_reason="", local_ranks=[0])
     assert (outcome.status, outcome.cause) == ("crashed", "memlock")
-    for device, limit, status in (("cuda", 64 << 20, "aborted"), ("cuda", None, "crashed"), ("cpu", 64 << 20, "crashed")):
-        record = RunRecord(run_id="r", team="t", track_name="x", status=outcome.status, reason=outcome.reason)
-        charge_memlock(record, outcome, device, limit)
-        assert record.status == status, (device, limit)
-        assert ("limits locked memory to 64 MiB" in record.reason) == (status == "aborted")
+    said = memlock_refusal(Track(device="cuda", nnodes=4), 64 << 20)
+    assert said.startswith("this node limits locked memory to 64 MiB") and "ulimit -l unlimited" in said
+    assert memlock_refusal(Track(device="cuda", nnodes=4), None) == ""
+    assert memlock_refusal(Track(device="cuda", nnodes=1), 64 << 20) == ""
+    assert memlock_refusal(Track(device="cpu", nnodes=4), 64 << 20) == ""
 
 
 def test_caps_are_measured_once_more_after_the_job_and_a_measure_that_fails_then_ends_the_run(tmp_path):
@@ -619,15 +621,42 @@ def test_caps_are_measured_once_more_after_the_job_and_a_measure_that_fails_then
         area.cleanup()
 
 
-@pytest.mark.parametrize("code, status", [(errno.ENOSPC, "crashed"), (errno.EDQUOT, "crashed"), (errno.EMFILE, "crashed"),
-                                          (errno.ENFILE, "crashed"), (errno.ENOMEM, "crashed"), (errno.EIO, "aborted"),
-                                          (errno.EACCES, "aborted")], ids=errno.errorcode.get)
-def test_the_launchers_own_io_failure_is_a_rerun_only_where_no_team_can_cause_it(code, status):
-    """A full disk, a used-up quota, file table or memory can be the team's doing while its processes live: never a
-    free re-run. A failing disk or a permission is the machine's: `aborted`, run again."""
+@pytest.mark.parametrize("code, team_disk, status", [
+    (errno.ENOSPC, True, "crashed"), (errno.EDQUOT, True, "crashed"), (errno.ENFILE, False, "crashed"),
+    (errno.ENOMEM, False, "crashed"), (errno.ENOSPC, False, "aborted"), (errno.EDQUOT, False, "aborted"),
+    (errno.EMFILE, True, "aborted"), (errno.EIO, True, "aborted"), (errno.EACCES, True, "aborted")],
+    ids=lambda v: errno.errorcode.get(v, str(v)) if isinstance(v, int) and not isinstance(v, bool) else str(v))
+def test_the_launchers_own_io_failure_is_a_rerun_only_where_no_team_can_cause_it(code, team_disk, status):
+    """A full disk the team writes (its private folder's), a used-up quota there, the system's file table or memory
+    can be the team's doing: never a free re-run. A full disk it cannot write, the launcher's own file table, a
+    failing disk or a permission are the machine's: `aborted`, run again."""
     from harness.launcher.run.takeback import io_failure_outcome
 
-    got, reason = io_failure_outcome("the checkpoint could not be taken", f"OSError: [Errno {code}] x", code)
+    got, reason = io_failure_outcome("the checkpoint could not be taken", f"OSError: [Errno {code}] x", code, team_disk)
     assert got == status
     assert reason.startswith("harness error: the checkpoint could not be taken: OSError")
-    assert ("a team can cause this" in reason) == (status == "crashed")
+    assert ("the team's processes could cause this" in reason) == (status == "crashed")
+
+
+def test_a_staging_folder_the_team_closed_to_its_reader_is_the_teams_not_the_machines(tmp_path, monkeypatch):
+    """Rank 0 takes its staging folder's rights away after the save: the launcher cannot stat the checkpoint
+    (EACCES, as a non-root launcher), which must read as no checkpoint (the team's), never as an I/O error of
+    the machine's (a free re-run)."""
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        (area.staging / "checkpoint.pt").write_bytes(b"weights")
+        real_stat = os.stat
+
+        def refused(path, *args, **kwargs):
+            if path == "checkpoint.pt":
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", refused)
+        assert area.take_staged("checkpoint.pt", tmp_path / "copy.pt") is False
+        monkeypatch.undo()
+        assert area.same_disk(tmp_path) is True
+    finally:
+        area.cleanup()

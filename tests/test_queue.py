@@ -69,9 +69,13 @@ def test_an_organisers_stops_are_run_again_and_never_make_an_entry_stuck(tmp_pat
                  run_id=f"20261129T10000{i}-stop{i:02d}", started_at=f"2026-11-29T10:0{i}:00Z")
     state = state_of(entry, runs / "local", {})
     assert state.state == LOST and state.reason == "stopped by SIGHUP"
-    for i, why in enumerate(("launch failed: rendezvous", "finalized by the queue (`harness run --resume`): its launcher died")):
-        make_run(runs, "alpha", None, seed=1, sha=entry.sha256, status="aborted", reason=why,
-                 run_id=f"20261129T10010{i}-lost{i:02d}", started_at=f"2026-11-29T10:1{i}:00Z")
+    # Where Landlock could not scope signals (ABI below 6), a rank could SIGTERM its own launcher: that stop counts.
+    make_run(runs, "alpha", None, seed=1, sha=entry.sha256, status="aborted", reason="stopped by SIGTERM",
+             run_id="20261129T100100-unscoped", started_at="2026-11-29T10:10:00Z",
+             sandbox={"training": {"active": True, "abi": 5}})
+    assert state_of(entry, runs / "local", {}).state == LOST
+    make_run(runs, "alpha", None, seed=1, sha=entry.sha256, status="aborted", run_id="20261129T100101-lost01",
+             reason="finalized by the queue (`harness run --resume`): its launcher died", started_at="2026-11-29T10:11:00Z")
     state = state_of(entry, runs / "local", {})
     assert state.state == STUCK and "lost 2 times" in state.reason
 

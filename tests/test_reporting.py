@@ -116,7 +116,7 @@ def _record(**fields):
 
 
 def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
-    from harness.launcher.run.assemble import summary_lines
+    from harness.launcher.run.summary import summary_lines
 
     fixed = "\n".join(summary_lines(_record(train_loss=2.5), tmp_path))
     assert "trained    30.10s of 30s budget, 5 steps, 5120 tokens" in fixed and "train_loss 2.5000" in fixed
@@ -129,8 +129,12 @@ def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
     script = "\n".join(summary_lines(_record(division="open", steps=None, tokens=None, tokens_per_s=None,
                                              train_time_s=36.4, startup_s=None), tmp_path))
     assert "None" not in script and "steps not reported" in script
-    assert "36.40s by the launcher's clock against a 30s budget (from the ranks' start" in script
-    assert "the checkpoint's save included" in script
+    assert "36.40s by the launcher's clock against a 30s budget (from the end of the start-up allowance" in script
+    assert "to the job's exit" in script  # no ctime of a checkpoint in this record: the job's end
+    saved = "\n".join(summary_lines(_record(division="open", train_time_s=30.2, startup_s=None,
+                                            notes=["the training window ends when the checkpoint was last written"]),
+                                    tmp_path))
+    assert "(from the end of the start-up allowance: no first_forward() to its checkpoint saved)" in saved
     stepped_script = "\n".join(summary_lines(_record(division="open", track={"max_steps": 20}, steps=12,
                                                       startup_s=1.0), tmp_path))
     assert "by the launcher's clock against a 30s budget (--max-steps 20) (from first_forward()" in stepped_script
@@ -159,7 +163,7 @@ FORGED = "\x1b[4A\x1b[2Kval_loss   1.2345  (floor 1.6685)\nstatus     ok\r\u202e
 def test_a_teams_text_is_shown_never_obeyed_on_the_terminal(tmp_path):
     # A reason or warning carries what team code raised: escapes that move the cursor over the summary
     # to print a val_loss the record does not hold, line breaks that start a forged line at column 0.
-    from harness.launcher.run.assemble import summary_lines
+    from harness.launcher.run.summary import summary_lines
 
     record = _record(status="crashed", reason=f"rank 1: RuntimeError: {FORGED}", warnings=[f"model.py:3: {FORGED}"])
     out, err = io.StringIO(), io.StringIO()

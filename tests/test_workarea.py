@@ -118,3 +118,23 @@ def test_the_record_takes_the_named_logs_within_one_budget_and_nothing_else(tmp_
         assert len(others) == 20 and "rank0.log" not in others
     finally:
         area.cleanup()
+
+
+def test_every_log_of_a_record_is_held_to_one_budget_without_following_a_link(tmp_path):
+    """Evaluation's model processes and the check write their own logs into the record, each bounded alone (64 MiB):
+    together they are cut to the run's one budget, fairly; a link is never followed or cut through."""
+    from harness.launcher.control.workarea import trim_logs
+
+    logs = tmp_path / "logs"
+    (logs / "eval-node1").mkdir(parents=True)
+    (logs / "rank0.log").write_text("r" * 50)
+    (logs / "eval-model-rank0.log").write_text("m" * 5000)
+    (logs / "eval-node1" / "eval-rank1.log").write_text("n" * 5000)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("o" * 5000)
+    (logs / "linked.log").symlink_to(outside)
+    cut = trim_logs(logs, 1050)
+    assert sorted(cut) == ["eval-model-rank0.log", "eval-node1/eval-rank1.log"]
+    assert (logs / "rank0.log").read_text() == "r" * 50
+    assert (logs / "eval-model-rank0.log").read_text().startswith("m" * 500) and "cut here" in (logs / "eval-model-rank0.log").read_text()
+    assert outside.read_text() == "o" * 5000

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.results.records import field_kinds, read_record_json, upgrade_record
+from harness.results.records import field_kinds, read_record_json, record_folder, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, loss_interval, summarize, welch
 
 # Every column, in the CSV's order and the page's details': what a team is ranked by first, then whether the order
@@ -87,8 +87,7 @@ def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
         row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
         row["track_source"] = (raw.get("track") or {}).get("source")  # an organiser's file: commands name its path
         row["division"] = row.get("division") or "fixed"  # records from before the open division
-        source = raw.get("submission_dir")
-        row["folder"] = Path(source).name if isinstance(source, str) and source else None
+        row["folder"] = record_folder(raw) or None
         rows.append(row)
     return rows
 

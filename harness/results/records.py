@@ -310,3 +310,15 @@ def find_run(root: Path, key: str) -> Path:
     if not matches:
         raise FileNotFoundError(f"no run {key!r} under {root} (give a run id or a run directory)")
     raise FileNotFoundError(f"{key!r} matches {len(matches)} runs under {root}: give more of the id")
+
+
+def record_folder(raw: dict) -> str:
+    """The name of the submission folder a record's run came from: the one the launcher resolved (its identity),
+    else the last part of the path it was given, resolved as well as a path of another machine can be; "" when
+    none can be told (never ".", "..")."""
+    identity = raw.get("identity")
+    name = identity.get("folder") if isinstance(identity, dict) else None
+    if not isinstance(name, str) or not name:
+        source = raw.get("submission_dir")
+        name = Path(os.path.normpath(source)).name if isinstance(source, str) and source else ""
+    return "" if name in ("", ".", "..") else name

@@ -9,7 +9,7 @@ Each process that will run team code (a training or evaluation rank, the check p
 job's cgroup as its first act (harness/ranks/confine/cgroup.py), before it can start anything, so everything it
 starts is born inside; the path goes to it in `HARNESS_JOB_CGROUP`. The cgroup is a child of the launcher's own
 (`/proc/self/cgroup`), which needs a writable cgroup2 mount: root, or a subtree delegated to the harness's user
-(systemd's `Delegate=yes`, or a SLURM step's own cgroup). Where there is none, `why` says so and the record, the
+(systemd's `Delegate=yes` on the system unit that starts it). Where there is none, `why` says so and the record, the
 summary and `harness doctor` say it: the job is then held by the process-list teardown alone.
 
 A cgroup's name carries its launcher's pid and start time, so a cgroup left populated by a launcher that was
@@ -145,13 +145,17 @@ class JobCgroup:
             self.why = "no cgroup v2 hierarchy is mounted here" if mount is None else "this process is in no v2 cgroup"
             return
         parent = mount / own.lstrip("/")
+        if not os.access(parent / "cgroup.procs", os.W_OK):  # a process moves in only where its origin's can be written
+            self.why = (f"{parent}/cgroup.procs is not writable by the harness's user (a read-only cgroup2 mount, or a "
+                        "subtree not delegated to it): no process could join a cgroup made there")
+            return
         self.swept = sweep_orphans(parent)
         name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{label}-{next(_serial)}"
         try:
             (parent / name).mkdir()
         except OSError as exc:
             self.why = (f"no cgroup could be made under {parent} ({exc.strerror or exc}): the harness's user needs a "
-                        "delegated cgroup v2 subtree (systemd Delegate=yes, or the SLURM step's own cgroup)")
+                        "writable cgroup v2 subtree of its own (see harness doctor's containment line)")
             return
         self.path = parent / name
         if not (self.path / "cgroup.kill").exists():  # Linux < 5.14: no atomic kill; a list-and-kill is no better
@@ -184,4 +188,7 @@ class JobCgroup:
         return pids
 
     def report(self) -> dict:
-        return {"active": self.active, "why": self.why}
+        out = {"active": self.active, "why": self.why}
+        if self.swept:  # an earlier run's processes outlived it (its launcher was killed outright): ended now
+            out["swept"] = self.swept[:10]
+        return out

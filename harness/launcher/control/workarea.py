@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,6 +86,46 @@ def fair_shares(sizes: dict[str, int], budget_bytes: int | None) -> dict[str, in
         shares[name] = min(sizes[name], left // (len(order) - i))
         left -= shares[name]
     return {name: shares[name] for name in sizes}
+
+
+def trim_logs(folder: Path, budget_bytes: int) -> list[str]:
+    """Every log of a run's record (its logs/ and the harness's folders one level below it: eval-node<N>, rescore)
+    held to one budget for all: each regular file cut to its fair share (fair_shares), with a line that says so.
+    Evaluation's and the check's processes write their logs there themselves, each bounded alone (RLIMIT_FSIZE):
+    together they are bounded here. Never follows a link. Returns the names of the files it cut."""
+    found: dict[str, int] = {}
+    try:
+        tops = list(os.scandir(folder))
+    except OSError:
+        return []
+    for entry in tops:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                found[entry.name] = entry.stat(follow_symlinks=False).st_size
+            elif entry.is_dir(follow_symlinks=False):
+                for inner in os.scandir(entry.path):
+                    if inner.is_file(follow_symlinks=False):
+                        found[f"{entry.name}/{inner.name}"] = inner.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    cut = []
+    for name, share in fair_shares(found, budget_bytes).items():
+        if share is None or share >= found[name]:
+            continue
+        try:
+            fd = os.open(folder / name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, share)
+                os.lseek(fd, 0, os.SEEK_END)
+                os.write(fd, f"\n[harness] cut here: {found[name]} bytes in all, past this log's share of the run's "
+                             f"log budget\n".encode())
+                cut.append(name)
+        finally:
+            os.close(fd)
+    return cut
 
 
 def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
@@ -223,6 +264,14 @@ class WorkArea:
             if not link.exists() and not link.is_symlink():
                 link.symlink_to(self.logs / name)
 
+    def same_disk(self, path: Path) -> bool:
+        """Whether `path` (a folder of the records) is on the file system the ranks' private folder is on: a disk
+        the team's processes can fill."""
+        try:
+            return os.stat(path).st_dev == os.fstat(self._dir_fd).st_dev
+        except OSError:
+            return False
+
     def _subfolder_fd(self, name: str) -> int | None:
         try:
             return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
@@ -294,6 +343,8 @@ class WorkArea:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
+            except OSError:  # the team's folder refused its own reader (its rights taken away): the team's doing
+                return False
             if max_bytes is not None and stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
                 return int(st.st_size)
             copied = copy_regular_file(name, dest, fd, max_bytes)
@@ -304,11 +355,9 @@ class WorkArea:
         finally:
             os.close(fd)
 
-    def staged_changed_s(self, name: str) -> float | None:
+    def staged_changed(self, name: str) -> tuple[float, int] | None:
         """When a file rank 0 left in staging/ last changed (its ctime: content, rename or metadata; the kernel sets
-        it, and no call sets it back), on the monotonic clock; None if there is no regular file."""
-        import time
-
+        it, and no call sets it back), on the monotonic clock, and its size; None if there is no regular file."""
         fd = self._subfolder_fd("staging")
         if fd is None:
             return None
@@ -320,7 +369,7 @@ class WorkArea:
             os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        return time.monotonic() - (time.time() - st.st_ctime)
+        return time.monotonic() - (time.time() - st.st_ctime), int(st.st_size)
 
     def take_checkpoint(self, dest: Path) -> bool:
         return self.take_staged("checkpoint.pt", dest) is True

@@ -143,20 +143,35 @@ def sandbox_host_checks(track: Track, opts: DoctorOptions, wanted: list[str]) ->
 
 
 def containment_check() -> Check:
-    """A job's cgroup (harness/launcher/control/job_cgroup.py), made and ended for real: with one, whatever a job
-    starts ends with it; without one, a process that forks faster than the teardown lists can outlive a run."""
+    """A job's cgroup (harness/launcher/control/job_cgroup.py) made, joined by a process as a rank joins it, and
+    ended, for real: with one, whatever a job starts ends with it; without one, a process that forks faster than
+    the teardown lists can outlive a run."""
+    import subprocess
+
     from harness.launcher.control.job_cgroup import JobCgroup
+    from harness.ranks import interpreter
 
     cgroup = JobCgroup("doctor")
     made, why = cgroup.active, cgroup.why
+    if made:
+        joiner = "from harness.ranks.confine import cgroup; print((cgroup.join_from_environment(False) or {}).get('why'))"
+        try:
+            out = subprocess.run([sys.executable, "-P", "-c", joiner], env={**interpreter.child_environment(),
+                                 **cgroup.env()}, capture_output=True, text=True, timeout=60)
+            said = (out.stdout.strip() or out.stderr.strip()[-300:]).splitlines()[-1:] or ["nothing"]
+            if not said[0].startswith("in the job's cgroup"):
+                made, why = False, f"a process could not join {why}: {said[0]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            made, why = False, f"a process to join it could not run: {exc}"
     cgroup.close()
     if not made:
         return Check(name="containment", status="fail",
                      measured=f"{why}: a job is ended by listing its processes, which a process that forks fast "
                               "outlives (it could carry a run's weights into the team's next one)",
-                     fix="run the harness as root in its container, or give its user a delegated cgroup v2 subtree "
-                         "(systemd: Delegate=yes on its service or scope; SLURM: the task/cgroup plugin)")
-    return Check(name="containment", status="ok", measured=f"a cgroup of the job's own: {why}")
+                     fix="give the harness's user a writable cgroup v2 subtree: root with a writable cgroup2 mount "
+                         "(a container's is often read-only), or a subtree delegated to it (systemd Delegate=yes "
+                         "on the system unit that starts it, with User=)")
+    return Check(name="containment", status="ok", measured=f"a cgroup of the job's own, joined and ended: {why}")
 
 
 def _user(opts: DoctorOptions) -> Check:

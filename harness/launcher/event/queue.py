@@ -61,11 +61,15 @@ class EntryState:
     reason: str = ""
 
 
-def build_queue(submissions: list[str], seed: int, repeat: int) -> list[Entry]:
+def build_queue(submissions: list[str], seed: int, repeat: int, runs_root: Path | None = None) -> list[Entry]:
     """Every submission x seed, interleaved: every team's first seed, then every team's second (A B C A B C),
     so that a drift of the machines over the day touches every team alike. A folder whose submission.toml
     or files cannot be read is still an entry (its folder's name, no hash): its run is recorded `invalid`,
-    as a single run's is, and the rest of the queue goes on."""
+    as a single run's is, and the rest of the queue goes on. With `runs_root`, each entry's team is the name
+    its runs are recorded under (launcher/run/identity.py: the roster's, or its folder's where the name is
+    refused), so that its records settle it."""
+    from harness.launcher.run.identity import resolve_identity
+
     teams, seen = [], {}
     for submission in submissions:
         folder = find_submission(submission)
@@ -73,6 +77,8 @@ def build_queue(submissions: list[str], seed: int, repeat: int) -> list[Entry]:
             team, sha = read_team(folder).name, submission_sha256(folder)
         except Exception:  # noqa: BLE001  (any fault of one team's folder is that team's entry, never the queue's)
             team, sha = folder.name, ""
+        if runs_root is not None:
+            team = resolve_identity(runs_root, team, folder).name
         if team in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
             raise ValueError(f"{seen[team]} and {submission} are both team {team!r}: a queue runs each team once "
                              "(a team's [team] name in submission.toml names it)")
@@ -111,9 +117,17 @@ def records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
 ORGANISER_STOPS = ("stopped by SIGINT", "stopped by SIGTERM", "stopped by SIGHUP")  # launcher/control/watch.py
 
 
+SIGNAL_SCOPE_ABI = 6  # Landlock's signal scope: below it a rank can signal its own launcher (its parent)
+
+
 def stopped_by_organiser(raw: dict) -> bool:
-    """A record the organiser ended with a signal to its launcher (Ctrl-C, scancel, SLURM's time limit)."""
-    return raw.get("status") == "aborted" and str(raw.get("reason") or "").startswith(ORGANISER_STOPS)
+    """A record the organiser ended with a signal to its launcher (Ctrl-C, scancel, SLURM's time limit), where no
+    team code could have sent it: every process that ran team code had Landlock's signal scope (or none ran)."""
+    if raw.get("status") != "aborted" or not str(raw.get("reason") or "").startswith(ORGANISER_STOPS):
+        return False
+    boxes = [box for box in (raw.get("sandbox") or {}).values() if isinstance(box, dict)]
+    return all(box.get("active") is True and isinstance(box.get("abi"), int) and box["abi"] >= SIGNAL_SCOPE_ABI
+               for box in boxes)
 
 
 def state_of(entry: Entry, track_dir: Path, overrides: dict[str, Any], budget_s: float | None = None) -> EntryState:
@@ -169,7 +183,7 @@ def build(submissions: list[str], track: str, runs_root: Path, seed: int, repeat
 
     resolved = apply_overrides(load_track(track), **overrides)
     effective = {key: change["run"] for key, change in resolved.overrides.items()}  # what a record says it ran
-    return Queue(build_queue(list(submissions), seed, repeat), runs_root / resolved.track.name, effective,
+    return Queue(build_queue(list(submissions), seed, repeat, runs_root), runs_root / resolved.track.name, effective,
                  resolved.track.budget_s)
 
 

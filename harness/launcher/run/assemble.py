@@ -222,24 +222,32 @@ def check_window(record: RunRecord, track) -> str:
             "held open past the clock is training off the clock")
 
 
-def open_overrun_bound_s(track) -> float:
-    """How far past the budget an open-division window may end: the fixed loop's bound for a last step (the
-    track's overrun allowance, or 5% of the budget if more: a script's steps are not known), and the save of
-    its checkpoint, which its window includes (the track's checkpoint allowance)."""
-    return max(track.overrun_allowance_s, 0.05 * track.budget_s) + track.checkpoint_allowance_s
+SAVE_S_PER_GIB = 2.0  # what the bound gives a script's checkpoint save: torch.save to a local disk, with room
+
+
+def open_overrun_bound_s(track, checkpoint_bytes: int | None) -> float:
+    """How far past the budget an open-division window may end: a last step (the track's overrun allowance, or 5%
+    of the budget if more: wider than the fixed loop's bound, whose steps are known), and the save of its checkpoint,
+    which its window includes: 1 s and SAVE_S_PER_GIB for its size, never more than the checkpoint allowance."""
+    save_s = 1.0 + SAVE_S_PER_GIB * (checkpoint_bytes or 0) / 2**30
+    return max(track.overrun_allowance_s, 0.05 * track.budget_s) + min(track.checkpoint_allowance_s, save_s)
 
 
 def check_open_window(record: RunRecord, track) -> str:
     """The open division's hard clock: a script's window (harness/launcher/run/open_run.py open_window: from its
     first forward, or the end of the start-up allowance, to its checkpoint saved) ends within the budget and
     open_overrun_bound_s, else the run is a timeout, as a fixed-loop run held open past the clock is."""
-    window, allowed = record.launcher_train_time_s, open_overrun_bound_s(track)
+    window = record.launcher_train_time_s
+    allowed = open_overrun_bound_s(track, record.extra.get("staged_checkpoint_bytes"))
     over = window - record.budget_s
     record.extra["window_check"] = {"launcher_window_s": window, "budget_s": record.budget_s, "over_s": over,
                                     "allowed_s": allowed, "ok": over <= allowed}
     if over <= allowed:
         return ""
-    return (f"training ran {window:.2f} s by the launcher's clock (to its checkpoint saved), {over:.2f} s past its "
+    start = "its first_forward()" if record.startup_s is not None else "the end of the start-up allowance"
+    end = ("its checkpoint saved" if any("when the checkpoint was last written" in n for n in record.notes)
+           else "the job's end")
+    return (f"training ran {window:.2f} s by the launcher's clock (from {start} to {end}), {over:.2f} s past its "
             f"{record.budget_s:.0f} s budget: more than the {allowed:.2f} s an open-division window may end late "
             f"(a last step and the checkpoint's save); stop training at the budget (--time_limit_min) and save then")
 
@@ -297,6 +305,13 @@ def sandbox_warnings(record: RunRecord, proc_sys: str = PROC_SYS) -> None:
         walk(names.get(phase, phase), report)
     uncontained = {phase: r.get("why") for phase, r in (record.extra.get("containment") or {}).items()
                    if isinstance(r, dict) and r.get("active") is False}
+    swept = [name for r in (record.extra.get("containment") or {}).values() if isinstance(r, dict)
+             for name in r.get("swept") or []]
+    if swept:  # an earlier run on this host left processes alive (its launcher was killed outright): said
+        line = (f"processes of an earlier run were still alive when this one started (their launcher was killed "
+                f"outright) and were ended: {', '.join(swept[:5])}")
+        if line not in record.warnings:
+            record.warnings.append(line)
     if uncontained:  # one line: the cause is the host's, the same for every phase
         line = (f"no cgroup of the job's own for {', '.join(names.get(p, p) for p in uncontained)} "
                 f"({next(iter(uncontained.values()))}): a process that forks faster than the teardown lists the "

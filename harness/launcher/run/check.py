@@ -112,7 +112,8 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
         identity = None
         problems.append({"file": ROSTER, "problem": str(exc), "fix": "the organisers fix their roster"})
     if identity is not None and identity.refused:
-        problems.append({"file": "submission.toml", "problem": identity.refused, "fix": ""})
+        on_roster = (runs_root(runs_dir) / ROSTER).exists()
+        problems.append({"file": ROSTER if on_roster else "submission.toml", "problem": identity.refused, "fix": ""})
     elif identity is not None:
         if identity.note:
             warnings.append(identity.note)

@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.results.records import read_record_json
+from harness.results.records import read_record_json, record_folder
 from harness.submission.contract import team_name_is_plain, team_slug
 
 ROSTER = "roster.toml"
@@ -76,10 +76,10 @@ def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str] 
             raw = read_record_json(path)
         except (OSError, ValueError):
             continue
-        source, started = raw.get("submission_dir"), raw.get("started_at")
-        if raw.get("team") != team or not isinstance(source, str) or not source or raw.get("run_id") == run_id:
+        folder, started = record_folder(raw), raw.get("started_at")
+        if raw.get("team") != team or not folder or raw.get("run_id") == run_id:
             continue
-        key = (str(started or ""), Path(source).name, str(path.parent))
+        key = (str(started or ""), folder, str(path.parent))
         first = key if first is None or key < first else first
     return (first[1], first[2]) if first else None
 
@@ -91,8 +91,8 @@ def resolve_identity(runs_root: Path, claimed: str, folder: Path, run_id: str = 
     if roster is not None:
         if folder_name not in roster:
             return Identity(folder_name, refused=f"folder {folder_name!r} is not on the organiser's roster "
-                            f"({Path(runs_root) / ROSTER}): the organisers add it, or run it with another runs "
-                            "folder (--runs-dir)")
+                            f"({Path(runs_root) / ROSTER}). Fix: the organisers add it to {ROSTER}; on your own "
+                            "machine, run it with another runs folder (--runs-dir)")
         name = roster[folder_name]
         note = "" if claimed == name else (f"ranked as {name!r}, the organiser's roster name for folder "
                                           f"{folder_name!r} (submission.toml says {claimed!r})")
@@ -100,6 +100,7 @@ def resolve_identity(runs_root: Path, claimed: str, folder: Path, run_id: str = 
     owner = name_owner(runs_root, claimed, run_id)
     if owner is not None and owner[0] != folder_name:
         return Identity(folder_name, refused=f"team name {claimed!r} belongs to folder {owner[0]!r}, whose runs first "
-                        f"used it ({owner[1]}); this run is recorded under folder {folder_name!r}. A copied "
-                        "submission keeps its submission.toml: set [team] name to your own team's")
+                        f"used it ({owner[1]}); this run is recorded under folder {folder_name!r}. Fix: a copied "
+                        "submission keeps its submission.toml: set [team] name to your own team's; a team that "
+                        f"moved to a new folder asks the organisers for a line in {ROSTER} (the runs folder's)")
     return Identity(claimed)

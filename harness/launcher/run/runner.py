@@ -48,7 +48,7 @@ from harness.launcher.run.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, io_failure_outcome
 from harness.launcher.run.training import JobNamespaceMissing, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
-from harness.launcher.control.workarea import WorkArea, patched_environ
+from harness.launcher.control.workarea import WorkArea, patched_environ, trim_logs
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.confine.scratch import refuse_unusable, short_of_space
 from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
@@ -130,14 +130,14 @@ def locked_memory_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def charge_memlock(record: RunRecord, outcome, device: str, limit: int | None) -> None:
-    """NCCL's InfiniBand registration refused (harness/ranks/process.py is_memlock_refusal) on a node whose launcher
-    has a locked-memory limit, which its ranks inherit and no team code can lower (seccomp): the machine's, so
-    `aborted` (run again), never the team's out of memory. Where memory is not limited the text is the team's."""
-    if outcome.status == "crashed" and outcome.cause == "memlock" and limit is not None and device == "cuda":
-        record.status = "aborted"
-        record.reason += (f"; this node limits locked memory to {limit / 2**20:.0f} MiB: the machine's, not the "
-                          "team's (`ulimit -l unlimited`; harness doctor's memlock line)")
+def memlock_refusal(track: Track, limit: int | None) -> str:
+    """"" unless the run needs NCCL's InfiniBand (a GPU track on several nodes) and this node limits locked memory:
+    NCCL's buffer registration (ibv_reg_mr) would then fail mid-run with "Cannot allocate memory", which the team
+    did not cause. Said before any team code runs, so no text a team writes can make a run the machine's."""
+    if track.device != "cuda" or track.nnodes < 2 or limit is None:
+        return ""
+    return (f"this node limits locked memory to {limit / 2**20:.0f} MiB, and NCCL's InfiniBand transport registers "
+            "its buffers there: `ulimit -l unlimited` for the harness's user (harness doctor's memlock line)")
 
 
 def _provenance(record: RunRecord) -> None:
@@ -202,7 +202,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     (run_dir / "logs").mkdir(exist_ok=True)
     record = _base_record(resolved, opts, run_id, dataclasses.replace(team or TeamInfo(name=folder.name),
                                                                      name=identity.name), nproc)
-    record.submission_dir = str(folder)
+    record.submission_dir = str(folder.resolve())  # its name is who the run is (identity.py): never "."
     record.extra["identity"] = {"claimed": claimed, "folder": folder.resolve().name, "refused": identity.refused}
     if identity.note:
         record.notes.append(identity.note)
@@ -248,7 +248,11 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
             record.ended_at = utc_now()
             if record.status not in FINAL_STATUSES:
                 set_outcome(record, "aborted", "the launcher stopped before the run finished")
-            if node.lead:
+            if node.lead:  # every log of the record in one budget: the ranks', the check's, evaluation's processes'
+                cut = trim_logs(run_dir / "logs", int(track.log_cap_mib * 2**20) * track.nnodes)
+                if cut:
+                    record.notes.append(f"logs cut to the run's log budget ({track.log_cap_mib:g} MiB a node): "
+                                        f"{', '.join(cut[:5])}{', ...' if len(cut) > 5 else ''}")
                 save_metrics(run_dir, metrics)
                 save_record(run_dir, record)
             else:  # the record is node 0's; this node leaves its own account and its logs
@@ -283,7 +287,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                          "a model must be trained on the clock, from get_model's initialisation")
     if node.lead:
         save_record(run_dir, record)  # status "running": visible at once, never lost
-    short = short_of_space(int(scratch_need_gib(track) * 2**30), why=SCRATCH_NEED_WHY)
+    short = short_of_space(int(scratch_need_gib(track) * 2**30), why=SCRATCH_NEED_WHY) \
+        or memlock_refusal(track, locked_memory_limit())
     if short:  # before any team code: a root too full for an honest run is not the team's to pay for
         set_outcome(record, "aborted", short)
         return
@@ -355,7 +360,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             return
         metrics.extend(metrics_rows(phase))
         if spec is not None:
-            apply_open_training(record, phase, spec, track.startup_allowance_s, area.staged_changed_s("checkpoint.pt"))
+            staged = area.staged_changed("checkpoint.pt")
+            record.extra["staged_checkpoint_bytes"] = staged[1] if staged else None
+            apply_open_training(record, phase, spec, track.startup_allowance_s, staged[0] if staged else None)
         else:
             apply_training(record, phase)
             if record.extra.get("compile_skipped") is True:  # what the rank saw: it asked to compile, and did not
@@ -379,8 +386,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")
         if o.status == "crashed" and record.extra.get("job_namespace", {}).get("active") and joined is False:
             record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
+        held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
+        if o.status == "crashed" and phase.containment.get("active") and held is False:
+            record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
         record.extra["cause"] = o.cause
-        charge_memlock(record, o, track.device, locked_memory_limit())
         late = check_window(record, track) if record.status == "ok" else ""
         if late:  # the launcher's own measurement of the window, enforced
             set_outcome(record, "timeout", late)
@@ -402,7 +411,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 return
         elif not taker.take_after_the_job(phase.watch):  # from here on only the launcher and evaluation touch it
             if taker.error is not None:  # the launcher's own copy failed: the machine's, unless a team can cause it
-                set_outcome(record, *io_failure_outcome("the checkpoint could not be taken", taker.error, taker.errno))
+                set_outcome(record, *io_failure_outcome("the checkpoint could not be taken", taker.error, taker.errno,
+                                                        area.same_disk(checkpoint.parent)))
             elif taker.too_large is not None:
                 set_outcome(record, "invalid", taker.cap_reason())
             elif taker.attempted:

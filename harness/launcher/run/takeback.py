@@ -28,18 +28,23 @@ from harness.launcher.control.workarea import Unmeasurable, WorkArea
 MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
 
 
-# What the launcher's own I/O can meet because of what a team's processes did: a disk filled (an anonymous O_TMPFILE
-# file the caps cannot see, held while the launcher copies), a quota used up, the system's file table or memory
-# exhausted. Such a failure is never `aborted` (a free re-run the team could choose); another is the machine's.
-TEAM_CAUSABLE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+# What the launcher's own writes can meet because of what a team's processes did: the disk they write filled (an
+# anonymous O_TMPFILE file the caps cannot see; files up to the scratch cap), a quota used up, the system's file
+# table or memory exhausted. Such a failure is never `aborted` (a free re-run the team could choose). A full disk
+# the team cannot write (the records on another file system than its private folder), the launcher's own file
+# table (EMFILE), a failing disk or a permission are the machine's. What the team's folder refuses to its reader
+# (its rights taken away) is the team's: WorkArea.take_staged returns False for it, never an error.
+TEAM_CAUSABLE_ERRNOS = {errno.ENFILE, errno.ENOMEM}
+TEAM_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 
-def io_failure_outcome(what: str, error: str, code: int | None) -> tuple[str, str]:
-    """(status, reason) for an I/O error of the launcher's own while a team's processes lived."""
-    if code in TEAM_CAUSABLE_ERRNOS:
-        return "crashed", (f"harness error: {what}: {error}: the team's processes were alive, and a team can cause "
-                           "this (a full disk, a used-up quota, file table or memory), so it is not a free re-run; "
-                           "an organiser who finds the machine at fault runs it again by hand")
+def io_failure_outcome(what: str, error: str, code: int | None, team_disk: bool) -> tuple[str, str]:
+    """(status, reason) for a write of the launcher's own that failed; `team_disk`: the write was to the file
+    system the ranks' private folder is on."""
+    if code in TEAM_CAUSABLE_ERRNOS or (code in TEAM_DISK_ERRNOS and team_disk):
+        return "crashed", (f"harness error: {what}: {error}: the team's processes could cause this (a full disk "
+                           "they write, a used-up quota, the system's file table or memory), so it is not a free "
+                           "re-run; an organiser who finds the machine at fault runs it again by hand")
     return "aborted", f"harness error: {what}: {error}"
 
 
@@ -65,7 +70,7 @@ class CheckpointTaker:
     def _take_now(self) -> None:
         try:
             self.taken = self._take()
-        except OSError as exc:  # the launcher's own I/O: whose it is, failure_outcome() says
+        except OSError as exc:  # the launcher's own write: whose fault it is, io_failure_outcome() says
             self.error, self.errno = f"{type(exc).__name__}: {exc}", exc.errno
         self.attempted = True
 

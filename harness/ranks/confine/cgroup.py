@@ -29,7 +29,7 @@ def join_from_environment(oom_first: bool = True) -> dict | None:
     process that runs team code (offer_to_oom_killer)."""
     if oom_first:
         offer_to_oom_killer()
-    path = os.environ.get(ENV)
+    path = os.environ.pop(ENV, None)  # joined once: team code has no use for it
     if not path:
         return None
     try:

@@ -1,0 +1,48 @@
+"""Who a run is (harness/launcher/run/identity.py): the organiser's roster, or the folder that first used a name."""
+
+import os
+import re
+
+import pytest
+
+from harness.launcher.run.identity import RosterError, name_owner, read_roster, resolve_identity
+from harness.results.records import record_folder
+from records_factory import make_run
+
+
+def test_a_records_folder_is_its_resolved_name_never_a_dot():
+    assert record_folder({"identity": {"folder": "team_x"}, "submission_dir": "."}) == "team_x"
+    assert record_folder({"submission_dir": "/event/submissions/team_x/"}) == "team_x"
+    assert record_folder({"submission_dir": "."}) == "" and record_folder({"submission_dir": ".."}) == ""
+    assert record_folder({}) == ""
+
+
+def test_a_run_started_from_inside_its_own_folder_is_its_folders(tmp_path, monkeypatch):
+    """`harness run .` from inside the team's folder: its name is the folder's, and a record written before the
+    folder was resolved (submission_dir ".") owns nothing."""
+    runs, folder = tmp_path / "runs", tmp_path / "rapides"
+    folder.mkdir()
+    make_run(runs, "Rapides", 2.0, submission_dir=".", started_at="2026-11-29T09:00:00Z")
+    make_run(runs, "Rapides", 2.1, seed=2, submission_dir=str(folder), started_at="2026-11-29T10:00:00Z")
+    monkeypatch.chdir(folder)
+    assert name_owner(runs, "Rapides")[0] == "rapides"
+    assert resolve_identity(runs, "Rapides", folder.__class__(".")).refused == ""
+    other = tmp_path / "mine"
+    other.mkdir()
+    refused = resolve_identity(runs, "Rapides", other)
+    assert refused.name == "mine" and "belongs to folder 'rapides'" in refused.refused and "roster.toml" in refused.refused
+
+
+@pytest.mark.parametrize("text, said", [
+    ('teams = 3', "needs one table, [teams]"),
+    ('[teams]\n"A" = "x"\n"B" = "x"\n', "is given to two teams"),
+    ('[teams]\n"A" = "sub/x"\n', "no path"),
+    ('[teams]\n"A\\u200b" = "x"\n', "a plain team name"),
+    ('[teams', "not valid TOML"),
+])
+def test_a_broken_roster_is_named_with_its_fix(tmp_path, text, said):
+    (tmp_path / "roster.toml").write_text(text)
+    with pytest.raises(RosterError, match=re.escape(said)):
+        read_roster(tmp_path)
+    os.remove(tmp_path / "roster.toml")
+    assert read_roster(tmp_path) is None
