@@ -24,14 +24,19 @@ MOUNTINFO = """\
 JOIN_AND_HOP = r"""
 import os, sys, time
 from harness.ranks.confine import cgroup
-print(cgroup.join_from_environment()["active"], flush=True)
+joined = cgroup.join_from_environment()["active"]
+print(joined, flush=True)
+if not joined:  # never a hopper outside a cgroup: nothing could end it but its own clock
+    sys.exit(1)
 if os.fork() == 0:
     os.setsid()
-    while True:
+    end = time.monotonic() + 60  # and never one that outlives a failed test by more than a minute
+    while time.monotonic() < end:
         if os.fork():
             os._exit(0)
         time.sleep(0.001)
-time.sleep(600)
+    os._exit(0)
+time.sleep(60)
 """
 
 
