@@ -132,7 +132,7 @@ def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
     assert "36.40s by the launcher's clock against a 30s budget (from the end of the start-up allowance" in script
     assert "to the job's exit" in script  # no ctime of a checkpoint in this record: the job's end
     saved = "\n".join(summary_lines(_record(division="open", train_time_s=30.2, startup_s=None,
-                                            notes=["the training window ends when the checkpoint was last written"]),
+                                            extra={"window_end": "checkpoint"}),
                                     tmp_path))
     assert "(from the end of the start-up allowance: no first_forward() to its checkpoint saved)" in saved
     stepped_script = "\n".join(summary_lines(_record(division="open", track={"max_steps": 20}, steps=12,

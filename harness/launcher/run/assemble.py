@@ -245,7 +245,7 @@ def check_open_window(record: RunRecord, track) -> str:
     if over <= allowed:
         return ""
     start = "its first_forward()" if record.startup_s is not None else "the end of the start-up allowance"
-    end = ("its checkpoint saved" if any("when the checkpoint was last written" in n for n in record.notes)
+    end = ("its checkpoint saved" if record.extra.get("window_end") == "checkpoint"
            else "the job's end")
     return (f"training ran {window:.2f} s by the launcher's clock (from {start} to {end}), {over:.2f} s past its "
             f"{record.budget_s:.0f} s budget: more than the {allowed:.2f} s an open-division window may end late "

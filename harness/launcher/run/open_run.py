@@ -126,8 +126,10 @@ def apply_open_training(record: RunRecord, phase: PhaseResult, spec: OpenSpec, a
     if start is not None and w.train_start_s is None:
         record.notes.append(f"the script never called first_forward(): its training window is measured from the "
                             f"end of the start-up allowance ({allowance_s:g} s after the ranks started)")
-    if end is not None and saved_s is not None and end == saved_s:
-        record.notes.append("the training window ends when the checkpoint was last written")
+    if end is not None:  # read by check_open_window and the summary: where the window held to the budget ends
+        record.extra["window_end"] = "checkpoint" if saved_s is not None and end == saved_s else "exit"
+        if record.extra["window_end"] == "checkpoint":
+            record.notes.append("the training window ends when the checkpoint was last written")
     if start is not None and end is not None:
         record.launcher_train_time_s = max(0.0, end - start)
         record.train_time_s = record.launcher_train_time_s  # the only clock of an open run the harness trusts

@@ -58,7 +58,7 @@ def _trained(record: RunRecord) -> str:
         bound = f" (--max-steps {max_steps})" if max_steps else ""
         start = ("first_forward()" if record.startup_s is not None
                  else "the end of the start-up allowance: no first_forward()")
-        end = ("its checkpoint saved" if any("when the checkpoint was last written" in n for n in record.notes)
+        end = ("its checkpoint saved" if record.extra.get("window_end") == "checkpoint"
                else "the job's exit")
         return (f"{record.train_time_s:.2f}s by the launcher's clock against a {record.budget_s:.0f}s budget{bound} "
                 f"(from {start} to {end}), " + ", ".join(counts))
