@@ -20,12 +20,13 @@ Rules (docs/leaderboard.md):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from harness.results.records import field_kinds, read_record_json, record_folder, upgrade_record
+from harness.results.records import SCHEMA_VERSION, field_kinds, read_record_json, record_folder, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, loss_interval, summarize, welch
 
 # Every column, in the CSV's order and the page's details': what a team is ranked by first, then whether the order
@@ -52,6 +53,8 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
           "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
           "throughput_source", "budget_s"]
+# What a row holds (record_row): a row index written by a harness whose rows differ is not read.
+ROW_FIELDS = f"{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source", "folder"])
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
@@ -64,32 +67,86 @@ OBJECT_FIELDS = tuple(k for k in (*FIELDS, "track") if KINDS[k] == "object")  # 
 ANSWERABLE = ("ok", "timeout", "crashed", "invalid", "diverged")
 
 
-def load_rows(root: Path, track: str | None) -> list[dict[str, Any]]:
+def load_rows(root: Path, track: str | None, index: Path | None = None) -> list[dict[str, Any]]:
     """The fields the views need from every run.json under root; one that cannot be read becomes a
-    row with status `unreadable` (a cut-off write may hide a team's best run: never silently dropped)."""
+    row with status `unreadable` (a cut-off write may hide a team's best run: never silently dropped).
+    `index`: a row index (row_index.py) of this track's records, read first and written back when it changed."""
+    from harness.results import row_index
+
+    root = Path(root)
+    kept = row_index.read_index(index, root, ROW_FIELDS) if index is not None else {}
+    fresh: dict[str, tuple[row_index.Key, dict[str, Any]]] = {}
     rows = []
-    pattern = f"{track}/*/*/run.json" if track else "*/*/*/run.json"
-    for path in Path(root).glob(pattern):
-        try:
-            raw = upgrade_record(read_record_json(path))
-        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-            rows.append(unreadable_row(path, exc))
+    for rel in record_paths(root, track):
+        path = root / rel
+        key = row_index.identity(path)
+        if key is None:  # a run folder without a run.json (or one gone since the listing): not a record
             continue
-        problem = field_problem(raw)
-        if problem:  # a record whose fields have the wrong types cannot be ranked, and must not crash anything
-            rows.append(unreadable_row(path, ValueError(problem)))
-            continue
-        row = {k: raw.get(k) for k in FIELDS}
-        row["run_dir"] = str(path.parent)
-        row["ranking"] = (raw.get("track") or {}).get("ranking")
-        row["divisions"] = (raw.get("track") or {}).get("divisions")
-        bound = (raw.get("track") or {}).get("max_steps")  # absent from records made before --max-steps: 0, the budget
-        row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
-        row["track_source"] = (raw.get("track") or {}).get("source")  # an organiser's file: commands name its path
-        row["division"] = row.get("division") or "fixed"  # records from before the open division
-        row["folder"] = record_folder(raw) or None
+        known = kept.get(rel)
+        if known is not None and known[0] == key and not row_problem(known[1]):
+            row = known[1]
+        else:
+            try:
+                raw = upgrade_record(read_record_json(path))
+            except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+                rows.append(unreadable_row(path, exc))
+                continue
+            problem = field_problem(raw)
+            if problem:  # a record whose fields have the wrong types cannot be ranked, and must not crash anything
+                rows.append(unreadable_row(path, ValueError(problem)))
+                continue
+            row = record_row(raw)
+        fresh[rel] = (key, dict(row))
+        row["run_dir"] = str(path.parent)  # where the records are now, never where the index saw them
         rows.append(row)
+    if index is not None and (fresh.keys() != kept.keys() or any(fresh[k][0] != kept[k][0] for k in fresh)):
+        row_index.write_index(index, root, ROW_FIELDS, fresh)
     return rows
+
+
+def record_paths(root: Path, track: str | None) -> Iterator[str]:
+    """<track>/<team>/<run_id>/run.json of every run folder under root, relative to it (links to folders
+    followed, as a glob does; the file itself is the reader's to refuse when it is a link)."""
+    def folders(path: str) -> list[str]:
+        try:
+            with os.scandir(path) as entries:
+                return [e.name for e in entries if e.is_dir()]
+        except OSError:
+            return []
+
+    base = str(root)
+    for t in ([track] if track else folders(base)):
+        for team in folders(os.path.join(base, t)):
+            for run in folders(os.path.join(base, t, team)):
+                yield f"{t}/{team}/{run}/run.json"
+
+
+def record_row(raw: dict[str, Any]) -> dict[str, Any]:
+    """The row of a record whose fields were checked (field_problem): what the views read of it."""
+    row = {k: raw.get(k) for k in FIELDS}
+    track = raw.get("track") or {}
+    row["ranking"] = track.get("ranking")
+    row["divisions"] = track.get("divisions")
+    bound = track.get("max_steps")  # absent from records made before --max-steps: 0, the budget
+    row["max_steps"] = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0 else 0
+    row["track_source"] = track.get("source")  # an organiser's file: commands name its path
+    row["division"] = row.get("division") or "fixed"  # records from before the open division
+    row["folder"] = record_folder(raw) or None
+    return row
+
+
+def row_problem(row: dict[str, Any]) -> str:
+    """"" when a row read from the index has the types record_row gives (the record's fields as field_problem
+    checks them, and the fields it derives), else what is wrong."""
+    problem = field_problem(row)
+    if problem:
+        return problem
+    bound = row.get("max_steps")
+    if type(bound) is not int or bound < 0:
+        return "max_steps is not a count"
+    if not isinstance(row.get("division"), str) or not isinstance(row.get("folder"), (str, type(None))):
+        return "division or folder is not a string"
+    return ""
 
 
 def separate_folders(rows: list[dict]) -> None:

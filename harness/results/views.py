@@ -24,6 +24,7 @@ from harness.results.charts.empty import empty_state
 from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
+from harness.results.row_index import index_path
 from harness.results.scale_records import load_scale_records
 from harness.tracks.resolve import recorded_track_option, resolve_track_arg, track_option
 from harness.tracks.spec import Track
@@ -100,7 +101,7 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     from harness.results.page import to_html
     from harness.results.tables import to_csv, to_markdown
 
-    rows = load_rows(runs_root, track)
+    rows = load_rows(runs_root, track, index_path(leaderboard_dir, track))  # parses only records new to the index
     scale_records = load_scale_records(runs_root, track)
     ranking = ranking or (spec.ranking if spec else track_ranking(rows))
     table = build_table(rows, ranking, include_unofficial, spec.divisions if spec else track_divisions(rows))

@@ -13,6 +13,7 @@ writes it.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -32,13 +33,24 @@ METRICS_MAX_BYTES = 64 << 20  # a metrics.csv is a row per log interval: kilobyt
 CURVE_TEAMS = 12  # teams with curves on a loss chart: more cannot be told apart (the table has every team)
 SKIP_START = 0.1  # the first tenth of each curve (the fall from ln(vocab)) does not set the y range
 X_LABELS = {"train_time_s": "training time (s)", "tokens": "tokens seen"}
+CURVES_KEPT = 2 * CURVE_TEAMS * MAX_CURVES  # parsed curves kept for the next chart (a board and its -all)
+_CURVES: dict[tuple, pd.DataFrame] = {}
 BOLD, THIN = 2.4, 1.4  # line widths: the run nearest the ranked figure, the others
 
 
 def read_curve(run: dict) -> pd.DataFrame | None:
+    """A run's metrics.csv with a train loss on each row; None where it cannot be read. Both loss charts read the
+    same curves: a file is parsed once while it is unchanged (the same inode, size and change time)."""
     try:
-        data = read_regular(Path(run["run_dir"]) / "metrics.csv", METRICS_MAX_BYTES)  # never a FIFO, a link
-        return pd.read_csv(io.BytesIO(data)).dropna(subset=["train_loss"])
+        path = Path(run["run_dir"]) / "metrics.csv"
+        st = os.lstat(path)
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key not in _CURVES:
+            data = read_regular(path, METRICS_MAX_BYTES)  # never a FIFO, a link
+            if len(_CURVES) >= CURVES_KEPT:
+                _CURVES.pop(next(iter(_CURVES)))
+            _CURVES[key] = pd.read_csv(io.BytesIO(data)).dropna(subset=["train_loss"])
+        return _CURVES[key]
     except (OSError, ValueError, KeyError):
         return None
 
@@ -64,6 +76,7 @@ def plot_runs(ax, color: str, runs: list[tuple[dict, pd.DataFrame]], x_col: str,
     legend handle (bold line, star, ranked-figure diamond)."""
     ys: list[float] = []
     handle = None
+    stars: tuple[list[float], list[float]] = ([], [])
     for i, (run, frame) in enumerate(runs):
         x, y = frame[x_col], frame["train_loss"]
         ax.plot(x, y, color=color, alpha=0.9 if i == 0 else 0.35, linewidth=BOLD if i == 0 else THIN,
@@ -71,13 +84,15 @@ def plot_runs(ax, color: str, runs: list[tuple[dict, pd.DataFrame]], x_col: str,
         start = x.iloc[0] + SKIP_START * (x.iloc[-1] - x.iloc[0])
         ys += [float(v) for v in y[x >= start] if is_finite(float(v))]
         if is_finite(run.get("val_loss")):
-            ax.scatter([curve_end(run, frame, x_col)], [run["val_loss"]], color=color, marker="*", s=300, zorder=4,
-                       edgecolor="black", linewidth=0.8)
+            stars[0].append(curve_end(run, frame, x_col))
+            stars[1].append(float(run["val_loss"]))
             ys.append(float(run["val_loss"]))
         if i == 0:
             handle = (Line2D([], [], color=color, linewidth=BOLD, linestyle=linestyle),
                       Line2D([], [], color=color, marker="*", markersize=15, markeredgecolor="black", linestyle=""),
                       Line2D([], [], color=color, marker="D", markersize=9, markeredgecolor="black", linestyle=""))
+    if stars[0]:  # one collection for the team's stars: a collection per run was a tenth of a board's drawing
+        ax.scatter(*stars, color=color, marker="*", s=300, zorder=4, edgecolor="black", linewidth=0.8)
     return ys, handle
 
 

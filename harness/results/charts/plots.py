@@ -11,13 +11,14 @@ What every chart shares is in kit.py. A team's colour is colors.py's, the same i
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from harness.results.charts.colors import TeamColors
 from harness.results.charts.empty import EmptyState
-from harness.results.charts.kit import save_png
+from harness.results.charts.parallel import ChartJob, draw_all
 
 
 def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], scale_records: list[dict],
@@ -29,12 +30,14 @@ def draw_track(track: str, table: pd.DataFrame, counted: dict[str, list[dict]], 
     from harness.results.charts.loss_charts import loss_figure, val_loss_figure
     from harness.results.charts.rate_charts import scaling_figure, throughput_figure
 
-    paths = []
-    for x_col, name in (("train_time_s", "loss_vs_time.png"), ("tokens", "loss_vs_tokens.png")):
-        fig = loss_figure(track, table, counted, x_col, colors=colors, ranking=ranking, empty=empty)
-        paths.append(save_png(fig, out_dir / name))
-    paths.append(save_png(val_loss_figure(track, table, counted, ranking, colors=colors, empty=empty),
-                          out_dir / "val_loss.png"))
-    paths.append(save_png(throughput_figure(track, table, colors=colors, empty=empty), out_dir / "throughput.png"))
-    paths.append(save_png(scaling_figure(track, scale_records, colors=colors, track_option=track_option), out_dir / "scaling.png"))
-    return paths
+    # The costs: seconds each took for 100 teams (benchmarks/run.py), which decide the two shares of draw_all.
+    jobs = [ChartJob(out_dir / name, partial(loss_figure, track, table, counted, x_col, colors=colors, ranking=ranking,
+                                             empty=empty), cost=0.5)
+            for x_col, name in (("train_time_s", "loss_vs_time.png"), ("tokens", "loss_vs_tokens.png"))]
+    jobs += [ChartJob(out_dir / "val_loss.png", partial(val_loss_figure, track, table, counted, ranking, colors=colors,
+                                                        empty=empty), cost=0.6),
+             ChartJob(out_dir / "throughput.png", partial(throughput_figure, track, table, colors=colors, empty=empty),
+                      cost=0.3),
+             ChartJob(out_dir / "scaling.png", partial(scaling_figure, track, scale_records, colors=colors,
+                                                       track_option=track_option), cost=0.1)]
+    return draw_all(jobs)

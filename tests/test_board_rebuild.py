@@ -1,0 +1,179 @@
+"""A board's rebuild at event size: the row index (harness/results/row_index.py) parses only the records it has not
+seen, and is trusted no more than the records; the charts are drawn in two processes where a fork is safe
+(harness/results/charts/parallel.py), with the same files and the same errors as one process drew."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from harness.results import leaderboard
+from harness.results.charts import parallel
+from harness.results.leaderboard import build_table, load_rows
+from harness.results.row_index import index_path
+from harness.results.views import rebuild
+from records_factory import make_run
+
+
+def _parsed(monkeypatch) -> list[str]:
+    """The record files load_rows parses from here on."""
+    seen: list[str] = []
+    real = leaderboard.read_record_json
+
+    def counting(path, *a, **k):
+        seen.append(str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(leaderboard, "read_record_json", counting)
+    return seen
+
+
+def _plain(rows):
+    return sorted((json.dumps(r, sort_keys=True, default=str) for r in rows))
+
+
+def test_a_rebuild_parses_only_the_records_the_index_has_not_seen(tmp_path, monkeypatch):
+    runs, index = tmp_path / "runs", index_path(tmp_path / "lb", "local")
+    for seed in range(6):
+        make_run(runs, f"team{seed % 3}", 2.0 + seed / 10, seed=seed)
+    cold = load_rows(runs, "local", index)
+    assert index.is_file()
+    seen = _parsed(monkeypatch)
+    assert _plain(load_rows(runs, "local", index)) == _plain(cold) and seen == []
+    new = make_run(runs, "team9", 1.5, seed=9)
+    rows = load_rows(runs, "local", index)
+    assert seen == [str(new / "run.json")], "only the new record is parsed"
+    assert _plain(rows) == _plain(load_rows(runs, "local")), "the same rows as a rebuild without an index"
+    assert list(build_table(rows)["team"])[0] == "team9"
+
+
+def test_a_record_rewritten_in_place_is_read_again(tmp_path, monkeypatch):
+    """A finished run's record is rewritten by `harness finalize` or a re-evaluation (a rename onto a new inode);
+    an edit in place keeps the inode but moves the change time. Either is parsed again."""
+    runs, index = tmp_path / "runs", index_path(tmp_path / "lb", "local")
+    run = make_run(runs, "alpha", 2.5)
+    load_rows(runs, "local", index)
+    make_run(runs, "alpha", 2.1, run_id=run.name)  # atomic rewrite: a new file
+    assert [r["val_loss"] for r in load_rows(runs, "local", index)] == [2.1]
+    path = run / "run.json"
+    record = json.loads(path.read_text())
+    record["val_loss"] = 1.9
+    with open(path, "r+") as fh:  # the same inode, the same length, the old modification time put back
+        text = json.dumps(record, indent=2) + "\n"
+        fh.seek(0)
+        fh.write(text)
+        fh.truncate()
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns - 10**9))
+    assert [r["val_loss"] for r in load_rows(runs, "local", index)] == [1.9]
+
+
+def test_an_index_is_trusted_no_more_than_the_records(tmp_path, monkeypatch):
+    """A row in the index of the wrong type, an index of another runs folder or of another harness's rows, or one
+    that is not JSON: each is ignored for the records themselves, and the board is built as without it."""
+    runs, index = tmp_path / "runs", index_path(tmp_path / "lb", "local")
+    make_run(runs, "alpha", 2.0)
+    make_run(runs, "bravo", 2.2)
+    truth = _plain(load_rows(runs, "local"))
+    load_rows(runs, "local", index)
+    data = json.loads(index.read_text())
+    for entry in data["rows"].values():
+        entry[1]["val_loss"] = "0.1"  # a string where a number must be
+        entry[1]["team"] = ["x"]
+    index.write_text(json.dumps(data))
+    assert _plain(load_rows(runs, "local", index)) == truth
+    for change in ({"root": "/elsewhere"}, {"fields": "another harness"}):
+        index.write_text(json.dumps({**json.loads(index.read_text()), **change}))
+        seen = _parsed(monkeypatch)
+        assert _plain(load_rows(runs, "local", index)) == truth and len(seen) == 2
+        monkeypatch.undo()
+    index.write_bytes(b"\x00not json")
+    assert _plain(load_rows(runs, "local", index)) == truth
+    index.unlink()
+    index.mkdir()  # not even a file: the board is built, without an index
+    assert _plain(load_rows(runs, "local", index)) == truth
+
+
+def test_a_runs_folder_moved_elsewhere_is_read_where_it_is_now(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0)
+    board = tmp_path / "lb"
+    rebuild(runs, "local", board, tmp_path / "plots", charts=False)
+    moved = tmp_path / "moved"
+    runs.rename(moved)
+    rows = load_rows(moved, "local", index_path(board, "local"))
+    assert [Path(r["run_dir"]).parent.parent for r in rows] == [moved / "local"]
+
+
+def test_the_charts_are_shared_between_two_processes_by_their_cost():
+    assert parallel.split([0.5, 0.5, 0.6, 0.3, 0.1]) == ([2, 3, 4], [0, 1])
+    assert parallel.split([1.0]) == ([0], [])
+
+
+DRAW = r"""
+import os, sys
+from pathlib import Path
+from matplotlib.figure import Figure
+from harness.results.charts import parallel
+
+out, parent = Path(sys.argv[1]), os.getpid()
+
+def figure(name, fail_in_copy=False, fail=False):
+    def make():
+        (out / f"{name}.pid").write_text(str(os.getpid()))
+        if fail or (fail_in_copy and os.getpid() != parent):
+            raise RuntimeError(f"chart {name} cannot be drawn")
+        fig = Figure(figsize=(2, 1))
+        fig.subplots().plot([0, 1], [1, 0])
+        return fig
+    return make
+
+mode = sys.argv[2]
+jobs = [parallel.ChartJob(out / f"{n}.png", figure(n, fail_in_copy=(mode == "copy fails" and n == "b"),
+                                                  fail=(mode == "fails" and n == "b")), cost=c)
+        for n, c in (("a", 1.0), ("b", 1.0), ("c", 0.5))]
+print(parallel.may_fork())
+try:
+    paths = parallel.draw_all(jobs, fork=True)
+except RuntimeError as exc:
+    print("raised:", exc)
+else:
+    print(" ".join(p.name for p in paths if p.stat().st_size > 0))
+"""
+
+
+@pytest.mark.parametrize("mode", ["draws", "copy fails", "fails"])
+def test_the_copy_draws_its_share_and_a_chart_it_cannot_draw_is_drawn_here(tmp_path, mode):
+    """A fork draws half of the charts; a chart the copy fails to draw is drawn by the process itself (the board is
+    the same), and a chart nobody can draw raises its own error where the board is built."""
+    proc = subprocess.run([sys.executable, "-c", DRAW, str(tmp_path), mode], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    may_fork, result = proc.stdout.splitlines()
+    assert may_fork == str(len(os.sched_getaffinity(0)) >= 2)  # one thread: a fork is safe where there is a core
+    pids = {n: (tmp_path / f"{n}.pid").read_text() for n in "abc"}
+    if mode == "fails":
+        assert result == "raised: chart b cannot be drawn"
+        return
+    assert result == "a.png b.png c.png"
+    if mode == "draws":
+        assert pids["a"] == pids["c"] != pids["b"], "two processes drew, each its share"
+    else:
+        assert pids["b"] == pids["a"], "the chart the copy failed is drawn again by the process that shared them"
+
+
+def test_no_fork_while_another_thread_runs():
+    """A lock held by another thread at a fork stays held in the copy: a launcher's or a watcher's board is drawn
+    in one process."""
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert parallel.may_fork() is False
+    finally:
+        stop.set()
+        worker.join()
