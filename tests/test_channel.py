@@ -208,3 +208,39 @@ def test_an_object_nested_past_a_few_levels_breaks_its_schema():
     assert not reports.obj().ok(deep)
     assert reports.obj().ok({"n_layer": 2, "betas": [0.9, 0.95], "nested": {"a": {"b": [1, {"c": 2}]}}})
     assert "levels" in reports.obj().what
+
+
+LISTENER = r"""
+import os, sys
+from harness.ranks.channel import ChannelClient
+rank = int(sys.argv[2])
+c = ChannelClient(sys.argv[1], rank)
+c.send("hello", pid=os.getpid(), local_rank=rank, group_rank=0, world_size=2)
+print(c.wait_for_word(), flush=True)
+"""
+
+
+def test_the_launchers_word_reaches_each_rank_on_its_own_connection_and_no_impostor():
+    """A rank started beside the check of its submission waits for the launcher's word (harness/ranks/loop.py
+    `await_check`): said to the ranks bound then, and to a rank that binds later; a process claiming a rank already
+    bound is cut off and hears nothing but the end of its connection."""
+    ch = ChannelServer(expected_ranks=[0, 1])
+    listen = lambda rank: subprocess.Popen([sys.executable, "-c", LISTENER, ch.path, str(rank)],
+                                           stdout=subprocess.PIPE, text=True)
+    try:
+        first = listen(0)
+        deadline = time.monotonic() + 30
+        while ch.bound_ranks() != {0} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        impostor = listen(0)
+        settle(ch, 1, 1)
+        ch.tell("go")
+        ch.tell("stop", why="a second word is never said")
+        late = listen(1)
+        assert first.communicate(timeout=60)[0].strip() == "{'kind': 'go'}"
+        assert late.communicate(timeout=60)[0].strip() == "{'kind': 'go'}"
+        heard = impostor.communicate(timeout=60)[0].strip()
+        assert "'kind': 'stop'" in heard and "closed the control channel" in heard
+        assert "claimed rank 0, already reporting from pid" in ch.refused[0]
+    finally:
+        ch.close()

@@ -62,8 +62,23 @@ def test_contract_errors_are_invalid_before_any_process_group(cli, tmp_path, fix
     # The team's own file, relative to its submission folder: the same on every machine that runs it.
     assert record["reason"].startswith("submission.py"), record["reason"]
     assert str(tmp_path) not in record["reason"] and str(FIXTURES) not in record["reason"]
-    assert not (run_dir / "logs" / "rank0.log").exists(), "ranks were started for an invalid submission"
     assert "status     invalid" in result.out
+    assert_clean(record, tmp_path, cli)
+
+
+def test_ranks_started_beside_a_check_that_fails_never_import_the_submission(cli, tmp_path):
+    """The fixed loop's ranks start while the submission is checked and wait for the check's word
+    (harness/launcher/run/check_phase.py). Told stop, they end without importing it: the module's top level, which
+    says where it runs, ran in the check alone; the run is the check's `invalid`, and nothing of the job is left."""
+    result = run_fixture(cli, "refused_at_check")
+    assert result.code == 1
+    run_dir, record = only_record(tmp_path / "runs")
+    assert record["status"] == "invalid" and "cannot be called as forward(idx, targets)" in record["reason"]
+    assert "IMPORTED in rank None" in _read(run_dir / "logs" / "preflight.log"), "the check imported it"
+    assert (run_dir / "logs" / "rank0.log").is_file(), "the ranks started beside the check"
+    ranks = [_read(run_dir / "logs" / f"rank{r}.log") for r in range(record["world_size"] or 1)]
+    assert all("IMPORTED" not in log for log in ranks), ranks
+    assert "launch_to_go_s" not in record["timings"] and record["steps"] in (None, 0)
     assert_clean(record, tmp_path, cli)
 
 

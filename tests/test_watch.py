@@ -92,3 +92,20 @@ def test_a_silent_scripts_reason_says_hang_only_when_it_printed_nothing(tmp_path
     assert "hang" not in said and "rank 0 last printed 'step 320 loss 3.1" in said and "\x1b" not in said
     assert said.startswith("killed at the hard limit") and said.endswith("does it stop at --time_limit_min?)")
     assert explain_silence("crashed: boom", log) == "crashed: boom"  # other reasons untouched
+
+
+def test_while_the_ranks_wait_for_the_check_no_start_up_deadline_runs():
+    """The fixed loop's ranks start beside the check of their submission (harness/launcher/run/check_phase.py): the
+    seconds the check takes are not the start-up's, and the deadlines count from its word."""
+    from harness.launcher.control.gate import StartGate
+    from harness.launcher.control.watch import counted_from
+
+    assert counted_from(5.0) == 5.0  # no check beside the job: from the launch
+    gate = StartGate()
+    assert counted_from(5.0, gate) is None
+    gate.stop("the check did not pass")
+    assert counted_from(5.0, gate) is None, "a job told stop is ended by the watch, not timed out"
+    gate = StartGate()
+    gate.go()
+    assert counted_from(5.0, gate) == gate.opened_s > 5.0
+    assert counted_from(gate.opened_s + 100, gate) == gate.opened_s + 100, "never earlier than the launch"

@@ -14,6 +14,7 @@ error) is not lost.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import time
@@ -76,6 +77,32 @@ class ChannelClient:
                 self.queued = b""
                 return
             self.queued = self.queued[sent:]
+
+    def wait_for_word(self) -> dict[str, Any]:
+        """The launcher's one message to this rank (harness/launcher/control/channel.py `tell`), waited for while
+        the reports queued so far keep leaving; a launcher that closes the channel says stop."""
+        if self.sock is None:
+            return {"kind": "stop", "why": "no control channel to hear the launcher's word on"}
+        buffer = b""
+        while True:
+            self._push()
+            ready, _, _ = select.select([self.sock], [], [], 0.05 if self.queued else 1.0)
+            if not ready:
+                continue
+            try:
+                data = self.sock.recv(1 << 12)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                return {"kind": "stop", "why": "the launcher closed the control channel before training"}
+            buffer += data
+            if len(buffer) >= FRAME.size:
+                (size,) = FRAME.unpack_from(buffer)
+                if len(buffer) >= FRAME.size + size:
+                    word = json.loads(buffer[FRAME.size:FRAME.size + size])
+                    return word if isinstance(word, dict) else {"kind": "stop", "why": "an unreadable word"}
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait (briefly) until every queued report has left; True when none is left behind."""

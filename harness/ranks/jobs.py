@@ -58,6 +58,7 @@ class TrainJob:
     # compiler before the team's start-up begins, so its seconds of import are the harness's, not the allowance's.
     compiles: bool = False
     compile_mode: str = "as_submitted"  # the track's `compile`: "eager" trains a compiled model's plain module
+    gated: bool = False  # started while its submission is checked: waits for the launcher's word before building
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

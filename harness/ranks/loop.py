@@ -100,11 +100,13 @@ class Training:
 def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     """Device, process group, submission, model, DDP, optimizers and data: not on the clock
     (unless the track starts it at model build)."""
-    device = setup_device(job.device, env, job.cpu_threads_per_rank)
-    init_process_group(job.backend, device, job.collective_timeout_s)
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
     if job.compiles:  # torch.compile() imports the compiler on its first call: 1.5 s of CPU, ours, not the team's
         import torch._inductor.compile_fx  # noqa: F401
+    if job.gated:  # started beside the check of its submission: nothing is built, no device touched, before its word
+        await_check(channel)
+    device = setup_device(job.device, env, job.cpu_threads_per_rank)
+    init_process_group(job.backend, device, job.collective_timeout_s)
 
     dist.barrier()  # every rank has done the harness's part: a slow import is not counted against the team
     if env.local_rank == 0:  # the team's start-up begins: the launcher holds it to the track's allowance
@@ -170,6 +172,23 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         loss_sum=torch.zeros((), dtype=torch.float64, device=device), compiled=model is not raw_model, compile_skipped=compile_skipped,
         static_graph=bool(ddp.static_graph),
     )
+
+
+class CheckRefused(RuntimeError):
+    """The launcher's check of the submission did not pass: the rank leaves without running any team code (the
+    record's status and reason are the check's)."""
+
+    harness_status = "invalid"
+
+
+def await_check(channel) -> None:
+    """Waits for the launcher's word on the check of the submission that runs beside this rank's start-up: `go`,
+    else CheckRefused. The word comes on this rank's own connection, which only this rank holds (it said hello
+    before any team code ran anywhere in the job). A GPU is not touched before it (an exclusive GPU takes one
+    context, and the check may hold it)."""
+    word = channel.wait_for_word()
+    if word.get("kind") != "go":
+        raise CheckRefused(str(word.get("why") or "the launcher ended the job before training"))
 
 
 class NodesDisagree(RuntimeError):

@@ -25,7 +25,8 @@ Every message is stamped on arrival with the launcher's own monotonic clock: its
 the training window does not trust the ranks' clocks.
 
 Messages (`kind`): hello (rank, pid), setup_start, train_start, progress (step, loss, tokens...),
-train_end, result (what a rank measured), error (a rank's failure, with traceback), eval_result.
+train_end, result (what a rank measured), error (a rank's failure, with traceback), eval_result. The launcher
+says one word the other way (`tell`): to ranks started beside the check of their submission, go or stop.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def _outside_the_job(pid: int | None, ancestor: int) -> bool:
     return pid is not None and descends_from(pid, ancestor) is False
 
 
+def _send_word(conn: socket.socket, frame: bytes) -> None:
+    """One small frame to a rank that has sent, and never read: its socket's buffer takes it whole. A rank gone
+    meanwhile hears nothing, which it cannot mind."""
+    try:
+        conn.send(frame)
+    except OSError:
+        pass
+
+
 class ChannelServer:
     """Launcher side: listens in a private temporary folder and collects messages in a thread."""
 
@@ -108,6 +118,8 @@ class ChannelServer:
         self.lock = threading.Lock()
         self.new = threading.Condition(self.lock)
         self._bound: dict[int, int | None] = {}  # rank -> pid
+        self._conns: dict[int, socket.socket] = {}  # rank -> its connection: where `tell` reaches it
+        self._word: bytes | None = None  # the launcher's word to every rank, once said (tell)
         self._open = 0  # connections registered (read by drain from another thread)
         self._stop = threading.Event()
         self._me = os.getpid()
@@ -260,6 +272,9 @@ class ChannelServer:
                 holder = self._bound.get(claimed)
                 if not taken:
                     self._bound[claimed] = peer.pid
+                    self._conns[claimed] = conn
+                    if self._word is not None:  # said before this rank connected: it hears it now
+                        _send_word(conn, self._word)
             if taken:
                 self._refuse(f"pid {peer.pid} claimed rank {claimed}, already reporting from pid {holder}")
                 self._drop(conn)
@@ -274,6 +289,24 @@ class ChannelServer:
             self.messages.append(Message(kind, body, now))
             self.new.notify_all()
         return True
+
+    # ------------------------------------------------------------------ the launcher's word
+
+    def tell(self, kind: str, **body: Any) -> None:
+        """Says one word to every rank bound now and to each that binds later, on its own connection: the verdict
+        of the check its start-up waits for (harness/ranks/loop.py `await_check`). Said once; later words are
+        ignored."""
+        data = json.dumps({"kind": kind, **body}).encode()
+        with self.lock:
+            if self._word is not None:
+                return
+            self._word = FRAME.pack(len(data)) + data
+            for conn in self._conns.values():
+                _send_word(conn, self._word)
+
+    def bound_ranks(self) -> set[int]:
+        with self.lock:
+            return set(self._bound)
 
     # ------------------------------------------------------------------ readers
 

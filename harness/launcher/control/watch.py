@@ -210,9 +210,19 @@ def _expired(r: WatchResult, d: Deadlines, launched: float, now: float, lead: bo
     return None
 
 
+def counted_from(launched_s: float, gate=None) -> float | None:
+    """When a job's deadlines start: at its launch, or where its ranks wait for the check of their submission
+    (harness/launcher/control/gate.py), at the check's word; None while they wait (the check has its own limit)."""
+    if gate is None:
+        return launched_s
+    return None if gate.shut else max(launched_s, gate.opened_s)
+
+
 def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: AbortFlag,
-          on_tick: Callable[[WatchResult], None] | None = None, lead_rank: int = 0) -> WatchResult:
-    """Run the loop until the agent returns; kill the job when a deadline passes or on abort."""
+          on_tick: Callable[[WatchResult], None] | None = None, lead_rank: int = 0, gate=None) -> WatchResult:
+    """Run the loop until the agent returns; kill the job when a deadline passes or on abort. `gate`
+    (harness/launcher/control/gate.py): the ranks wait for the check of their submission; the deadlines run from
+    its word."""
     result = WatchResult()
     launched = time.monotonic()
     while job.running():
@@ -228,13 +238,16 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
                 result.agent_abandoned = True
                 break
             continue  # already killed: wait for the agent to notice
-        expired = _expired(result, deadlines, launched, now, lead=lead_rank == 0)
+        start = counted_from(launched, gate)
+        expired = None if start is None else _expired(result, deadlines, start, now, lead=lead_rank == 0)
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
         elif result.infra:  # a node lost (harness/launcher/control/heartbeat.py): not the team's, run again
             _kill(job, result, "aborted", result.infra)
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
+        elif gate is not None and gate.verdict == "stop":  # the check did not pass: no team code runs in this job
+            _kill(job, result, "aborted", "the check of the submission did not pass")
         elif channel.violation or result.violation:  # a cap broken (reports, logs, scratch, checkpoint): the
             _kill(job, result, "invalid", channel.violation or result.violation)  # run ends, nothing else is touched
         elif expired:

@@ -211,11 +211,11 @@ class PhaseResult:
 
 def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
              done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path],
-             on_exit: Callable[[], None] | None = None) -> PhaseResult:
+             on_exit: Callable[[], None] | None = None, gate=None) -> PhaseResult:
     job = ElasticJob(launch, log_path)
     try:
         job.start()
-        result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0])
+        result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0], gate=gate)
     finally:
         if on_exit is not None:
             on_exit()  # before the job closes: on node 0 that closes the rendezvous store too
@@ -244,13 +244,17 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
                  reporter=None, poll: Callable[[WatchResult], None] | None = None,
-                 on_exit: Callable[[], None] | None = None) -> PhaseResult:
+                 on_exit: Callable[[], None] | None = None, gate=None) -> PhaseResult:
     """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
     refresh, taking the checkpoint when rank 0 says it is saved); `on_exit` once the watch is over, before
-    the job is closed."""
+    the job is closed. `gate` (harness/launcher/control/gate.py): the ranks start while their submission is
+    checked, and wait for its word."""
     reporter = reporter or NullReporter()
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
+    job.gated = gate is not None
+    if gate is not None:
+        gate.attach(channel)
     job_file = channel.dir / "train_job.json"
     job.save(job_file)
     launch.args = [str(job_file)]
@@ -259,6 +263,8 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
     def on_tick(w: WatchResult) -> None:
         if poll:
             poll(w)
+        if gate is not None and gate.shut:  # the ranks wait for the check, which says what it does meanwhile
+            return
         if time.monotonic() - last_shown[0] < 0.25:
             return
         last_shown[0] = time.monotonic()
@@ -284,7 +290,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
-                        lambda rank: Path(job.log_dir) / f"rank{rank}.log", on_exit)
+                        lambda rank: Path(job.log_dir) / f"rank{rank}.log", on_exit, gate)
     finally:
         reporter.end_progress()
         channel.close()

@@ -43,6 +43,7 @@ from harness.launcher.run.nodes import NodePaths, merge_node_reports
 from harness.submission.screen import mentions_compile
 from harness.launcher.run.open_run import apply_open_training, check_open, explain_silence, finish_open_training
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
+from harness.launcher.run.check_phase import JobBeside, accept_check, check_then_say
 from harness.launcher.run.phases import run_preflight
 from harness.launcher.run.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, io_failure_outcome
@@ -300,61 +301,50 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         set_outcome(record, "invalid", str(exc))
         return
     t_begin = time.monotonic()
-    reporter.progress("checking the submission...")
-    if spec is not None:
-        report = check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
-                            protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
-    else:
-        report = run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
-                               seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
-                               precision=record.precision, sandbox_mode=track.sandbox,
-                               protected=protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
-    reporter.end_progress()
-    record.timings["preflight_s"] = time.monotonic() - t_begin
-    # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
-    record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
-    record.sandbox["check"] = report.get("sandbox") or {}
-    record.extra.setdefault("containment", {})["check"] = report.get("containment") or {}
-    if report.get("leftover"):  # what the team made in the check's folder outlives it: a person reads it
-        flag_run(record, f"the check process's folder {report['leftover']} could not be removed after the check")
-    record.warnings += screen_warnings(record.extra["screen"])
-    for warning in [*portability_warnings(record.extra["portability"]), *report.get("warnings", [])]:
-        warning = relative_paths(str(warning), copies)  # the team's files as it names them
-        record.warnings.append(warning)
-        reporter.info(f"warning: {warning}")
-    if abort.is_set:
-        set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
-        return
-    # What the check process itself said over the pipe, before any team code ran (a report that never came,
-    # a check killed at its timeout, say, is not a sandbox it could not enter).
-    box = record.sandbox["check"]
-    if track.sandbox == "required" and box.get("reported") and not box.get("active"):
-        # The machine's, not the team's: as a training rank without the sandbox, the run is aborted (re-run).
-        set_outcome(record, "aborted", "the track requires the sandbox and the check process could not enter it on "
-                                       f"this machine ({box.get('why') or 'no reason given'}); no team code ran")
-        return
-    if not report["ok"]:
-        record.extra["problems"] = report["problems"]
-        first = report["problems"][0]
-        set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
-                     + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
-        return
-    record.params, record.config = team_count(report.get("params")), report.get("config", {})
-    record.flops_per_token = team_number(report.get("flops_per_token"))  # report.json: team code ran beside it
-    for key in ("flops_method", "flops_note"):
-        if report.get(key):
-            record.extra[key] = report[key]
-
     area = WorkArea(node.snapshot)
     copies.append(area.submission)
     checkpoint = run_dir / "checkpoint.pt"
     taker = CheckpointTaker(area, checkpoint, int(track.checkpoint_cap_gib * 2**30)) if node.lead and spec is None \
         else None
-    try:
+    # Decided from the files, by harness code, never from the check's report (team code wrote it there).
+    compiles = mentions_compile(node.snapshot)
+
+    def start_training(gate=None):
+        return train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
+                     compiles=compiles, gate=gate)
+
+    def check() -> dict:
+        reporter.progress("checking the submission...")
         try:
-            # Decided from the files, by harness code, never from the check's report (team code wrote it there).
-            phase = train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
-                          compiles=mentions_compile(node.snapshot))
+            if spec is not None:
+                return check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
+                                  protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
+            return run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
+                                 seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
+                                 precision=record.precision, sandbox_mode=track.sandbox,
+                                 protected=protected_paths(opts.runs_dir, data),
+                                 meanwhile=lambda: _provenance(record))
+        finally:
+            reporter.end_progress()
+
+    # The fixed loop's ranks start beside the check and wait for its word (harness/launcher/run/check_phase.py);
+    # an open-division script is the team's from its first line: it starts once the check has passed.
+    beside = JobBeside(start_training) if spec is None else None
+    ranks = set(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
+    try:
+        passed, beside = check_then_say(check, lambda report: accept_check(record, report, track, reporter, abort,
+                                                                           copies), beside, ranks, record)
+        if not passed:
+            if beside is not None:
+                timings = dict(record.timings)
+                try:
+                    beside.result()  # the job ends, told stop, before the record says why
+                except JobNamespaceMissing:
+                    pass
+                record.timings = timings  # a job stopped before the team's start-up measured nothing of the team's
+            return
+        try:
+            phase = beside.result() if beside is not None else start_training()
         except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
             set_outcome(record, "aborted", str(exc))
             return

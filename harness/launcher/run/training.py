@@ -92,7 +92,7 @@ class EarlyEnd:
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
           taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None,
-          compiles: bool = False) -> PhaseResult:
+          compiles: bool = False, gate=None) -> PhaseResult:
     """The ranks (the fixed loop, or an open-division script), in their private folder, with the
     track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
     threads = threads_per_rank(track, nproc)
@@ -152,8 +152,11 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
         with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
-                                 poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None)
+                                 poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None,
+                                 gate=gate)
             report = guard.check_and_restore() if guard else GuardReport()
+        if gate is not None and gate.opened_s is not None:  # the check ran inside this wait (check_phase.py)
+            record.timings["launch_to_go_s"] = gate.opened_s - t_launch
         if caps.violation and phase.outcome.status == "ok":  # broken after the last look during the job
             phase.outcome.status, phase.outcome.reason, phase.outcome.cause = "invalid", caps.violation, "kill"
         if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)

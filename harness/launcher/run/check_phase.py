@@ -1,0 +1,126 @@
+"""The check of a submission before it trains, and the training job started beside it.
+
+The check (harness/ranks/models/preflight.py, or the open division's check of a script) runs in a sandboxed
+process of its own; what it says decides whether the run trains. For the fixed loop the ranks start at the same
+time and wait for its word (harness/launcher/control/gate.py): the seconds of the check and of the ranks' start-up
+(torch elastic, importing torch) overlap instead of adding up. Decided by harness code from the check's pipe and
+the files, never from anything team code wrote.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from harness.launcher.control.gate import StartGate
+from harness.launcher.run.assemble import flag_run, set_outcome, team_count, team_number
+from harness.submission.contract import relative_paths
+from harness.submission.portability import split_screen, warning_lines as portability_warnings
+from harness.submission.screen import summarize as screen_warnings
+
+BIND_WITHIN_S = 60.0  # ranks say hello a second after launch; one that has not after this is not waited for
+
+
+class JobBeside:
+    """A training job run in a thread while this one checks its submission; its result (or its exception) is
+    taken with `result()`, after the gate's word."""
+
+    def __init__(self, start: Callable[[StartGate], Any]) -> None:
+        self.gate = StartGate()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(start,), name="harness-training", daemon=True)
+        self._thread.start()
+
+    def _run(self, start: Callable[[StartGate], Any]) -> None:
+        try:
+            self._value = start(self.gate)
+        except BaseException as exc:  # noqa: BLE001  (raised again in the launcher's thread, where it is handled)
+            self._error = exc
+
+    def wait_for_ranks(self, ranks: set[int]) -> bool:
+        """Until every rank of this node holds its connection: only then may team code run (in the check)."""
+        return self.gate.wait_bound(ranks, BIND_WITHIN_S, self._thread.is_alive)
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def accept_check(record, report: dict, track, reporter, abort, copies: list) -> bool:
+    """Takes what the check said into the record; False where the run ends here (its outcome set)."""
+    # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
+    record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
+    record.sandbox["check"] = report.get("sandbox") or {}
+    record.extra.setdefault("containment", {})["check"] = report.get("containment") or {}
+    if report.get("leftover"):  # what the team made in the check's folder outlives it: a person reads it
+        flag_run(record, f"the check process's folder {report['leftover']} could not be removed after the check")
+    record.warnings += screen_warnings(record.extra["screen"])
+    for warning in [*portability_warnings(record.extra["portability"]), *report.get("warnings", [])]:
+        warning = relative_paths(str(warning), copies)  # the team's files as it names them
+        record.warnings.append(warning)
+        reporter.info(f"warning: {warning}")
+    if abort.is_set:
+        set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
+        return False
+    # What the check process itself said over the pipe, before any team code ran (a report that never came,
+    # a check killed at its timeout, say, is not a sandbox it could not enter).
+    box = record.sandbox["check"]
+    if track.sandbox == "required" and box.get("reported") and not box.get("active"):
+        # The machine's, not the team's: as a training rank without the sandbox, the run is aborted (re-run).
+        set_outcome(record, "aborted", "the track requires the sandbox and the check process could not enter it on "
+                                       f"this machine ({box.get('why') or 'no reason given'}); no team code ran")
+        return False
+    if not report["ok"]:
+        record.extra["problems"] = report["problems"]
+        first = report["problems"][0]
+        set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
+                     + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
+        return False
+    record.params, record.config = team_count(report.get("params")), report.get("config", {})
+    record.flops_per_token = team_number(report.get("flops_per_token"))  # report.json: team code ran beside it
+    for key in ("flops_method", "flops_note"):
+        if report.get(key):
+            record.extra[key] = report[key]
+    return True
+
+
+def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], beside: JobBeside | None,
+                   ranks: set[int], record) -> tuple[bool, JobBeside | None]:
+    """Runs the check, takes its report, and tells the job beside it go or stop: (whether the run trains, the job
+    beside it that holds the training, or None where it is still to be started).
+
+    The check starts once every rank of the job beside it holds its connection, so that the check's own process
+    scope, which ends what appeared while it ran, finds the ranks there before it (and nothing they start before
+    the word: harness code only). A job whose ranks did not all come (a rank that failed in start-up, a rendezvous
+    that never completed) is told stop and waited for, and the check runs alone, the training after it."""
+    if beside is not None and not beside.wait_for_ranks(ranks):
+        beside.gate.stop("the ranks did not all say hello; the job is started again after the check")
+        try:
+            beside.result()
+        except BaseException:  # noqa: BLE001  (the job is started again: what failed fails there, and is recorded)
+            pass
+        record.notes.append("the ranks did not all start while the submission was checked: trained after the check")
+        beside = None
+    t_begin = time.monotonic()
+    try:
+        report = check()
+    except BaseException:
+        if beside is not None:  # the job ends with no team code run, and is waited for: never left running
+            beside.gate.stop("the launcher stopped while it checked the submission")
+            try:
+                beside.result()
+            except BaseException:  # noqa: BLE001  (the check's error is the one to raise)
+                pass
+        raise
+    record.timings["preflight_s"] = time.monotonic() - t_begin
+    passed = accept(report)
+    if beside is not None:
+        if passed:
+            beside.gate.go()
+        else:
+            beside.gate.stop(record.reason or "the check of the submission did not pass")
+    return passed, beside
