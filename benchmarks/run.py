@@ -8,7 +8,8 @@ Measured, in one invocation:
   data, batch, world size, backend), interleaved A/B/A/B so drift hits both;
 - start-up: seconds from launching `harness run` to its first training step, against bare torchrun;
 - data loader: tokens/s per rank of the harness's stream against a raw memmap read;
-- evaluation: tokens/s with 1 and 2 ranks;
+- evaluation: `harness eval`'s wall time at 1 and 2 scorer ranks against one plain process scoring the same
+  checkpoint on the same tokens (benchmarks/bare_eval.py);
 - leaderboard: seconds to rebuild from 10,000 run records (table only, and with charts).
 """
 
@@ -94,13 +95,24 @@ def bench_loader(shard_path: str, seconds: float) -> dict:
     return {"harness_tokens_per_s": harness_tps, "raw_memmap_tokens_per_s": raw_tps}
 
 
-def bench_eval(run_dir: Path, env: dict) -> dict:
-    out = {}
+def bench_eval(run_dir: Path, env: dict, track, val_shard: str) -> dict:
+    """`harness eval` of a run (its wall time, the command's start to its end) at 1 and 2 scorer ranks, beside the
+    plainest scoring of the same checkpoint on the same tokens in one fresh process (benchmarks/bare_eval.py): what
+    the isolation costs (a sandboxed model process per scorer, the causality check's second one)."""
+    out: dict = {}
     for n in (1, 2):
+        t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "harness", "eval", str(run_dir), "--nproc-per-node", str(n),
                                "--json"], check=True, env=env, capture_output=True, text=True)
         res = json.loads(proc.stdout)
-        out[n] = res["val_tokens"] / res["eval_time_s"]
+        out[n] = {"tokens_per_s": res["val_tokens"] / res["eval_time_s"], "wall_s": time.perf_counter() - t0,
+                  "val_loss": res["val_loss"], "tokens": res["val_tokens"]}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bare_eval.py"), str(run_dir), "--val-shard",
+                           val_shard, "--val-tokens", str(out[1]["tokens"]), "--seq-len", str(track.eval.seq_len),
+                           "--batch-size", str(track.eval.batch_size), "--threads", str(os.cpu_count() or 1),
+                           "--precision", json.loads((run_dir / "run.json").read_text())["precision"]],
+                          check=True, env=env, capture_output=True, text=True)
+    out["bare"] = json.loads(proc.stdout)
     return out
 
 
@@ -178,7 +190,7 @@ def main() -> None:
                                         "ratio": harness["step_s"] / bare["step_s"],
                                         "bare_startup_s": bare["startup_s"], "harness_startup_s": harness["startup_s"],
                                         "harness_timings": harness["record"]["timings"]})
-        results["eval_tokens_per_s"] = bench_eval(harness["run_dir"], env)
+        results["eval"] = bench_eval(harness["run_dir"], env, track, data.val[0].path)
     results["loader"] = bench_loader(shard, loader_s)
     results["leaderboard"] = bench_leaderboard(n_records)
 
@@ -189,13 +201,23 @@ def main() -> None:
     print(f"{'step time, 2-rank gloo, baseline (ms)':<44}{1000 * statistics.mean(o['harness_step_s'] for o in ov):>14.1f}"
           f"{1000 * statistics.mean(o['bare_step_s'] for o in ov):>14.1f}{statistics.mean(ratios):>10.3f}")
     print(f"{'  per pair (A/B)':<44}{'':>14}{'':>14}{', '.join(f'{r:.3f}' for r in ratios):>10}")
-    print(f"{'start-up to first step (s)':<44}{statistics.mean(o['harness_startup_s'] for o in ov):>14.2f}"
-          f"{statistics.mean(o['bare_startup_s'] for o in ov):>14.2f}")
+    startup = statistics.mean(o['harness_startup_s'] for o in ov)
+    bare_startup = statistics.mean(o['bare_startup_s'] for o in ov)
+    print(f"{'start-up to first step (s)':<44}{startup:>14.2f}{bare_startup:>14.2f}{startup - bare_startup:>+10.2f}"
+          "  (target: +1 s at most)")
+    pairs_text = ", ".join("%.2f/%.2f" % (o["harness_startup_s"], o["bare_startup_s"]) for o in ov)
+    print(f"{'  per pair (harness / bare)':<44}{pairs_text}")
+    timings = [o["harness_timings"] for o in ov]
+    print(f"{'  of which the check, beside the ranks (s)':<44}{statistics.mean(t.get('preflight_s', 0.0) for t in timings):>14.2f}")
+    print(f"{'  launch to the first step (s)':<44}{statistics.mean(t.get('launch_to_train_s', 0.0) for t in timings):>14.2f}")
     ld = results["loader"]
     print(f"{'data loader, tokens/s per rank':<44}{ld['harness_tokens_per_s']:>14,.0f}{ld['raw_memmap_tokens_per_s']:>14,.0f}"
           f"{ld['harness_tokens_per_s'] / ld['raw_memmap_tokens_per_s']:>10.3f}")
-    ev = results["eval_tokens_per_s"]
-    print(f"{'evaluation tokens/s, 1 rank / 2 ranks':<44}{ev[1]:>14,.0f}{ev[2]:>14,.0f}")
+    ev = results["eval"]
+    print(f"{'evaluation, %d tokens: wall s (harness eval)' % ev[1]['tokens']:<44}{ev[1]['wall_s']:>14.2f}"
+          f"{ev['bare']['wall_s']:>14.2f}{ev[1]['wall_s'] / ev['bare']['wall_s']:>10.2f}  (reference: one plain process)")
+    print(f"{'  at 2 scorer ranks':<44}{ev[2]['wall_s']:>14.2f}")
+    print(f"{'  val_loss, harness / plain':<44}{ev[1]['val_loss']:>14.6f}{ev['bare']['val_loss']:>14.6f}")
     lb = results["leaderboard"]
     print(f"{'leaderboard, %d records of %.0f kB (s)' % (lb['records'], lb['record_bytes'] / 1e3):<44}"
           f"{'cold':>14}{'warm':>14}{'target':>10}")

@@ -93,6 +93,8 @@ def test_an_index_is_trusted_no_more_than_the_records(tmp_path, monkeypatch):
         monkeypatch.undo()
     index.write_bytes(b"\x00not json")
     assert _plain(load_rows(runs, "local", index)) == truth
+    index.write_text("[" * 200_000)  # nested past the parser's depth
+    assert _plain(load_rows(runs, "local", index)) == truth
     index.unlink()
     index.mkdir()  # not even a file: the board is built, without an index
     assert _plain(load_rows(runs, "local", index)) == truth
@@ -177,3 +179,25 @@ def test_no_fork_while_another_thread_runs():
     finally:
         stop.set()
         worker.join()
+
+
+def test_an_index_changed_while_a_run_trains_is_removed_and_the_board_rebuilt_from_the_records(tmp_path):
+    """Rows of the right types cannot be told from true ones: an index that team code without the sandbox rewrote
+    (another team's loss made 9.0, its identity kept) is not kept past the run's guard."""
+    from harness.launcher.control.guard import RecordGuard
+
+    runs, board = tmp_path / "runs", tmp_path / "lb"
+    for seed, v in enumerate((2.00, 2.01), 1):
+        make_run(runs, "alpha", v, seed=seed)
+    mine = make_run(runs, "mallory", 2.5, status="running")
+    rebuild(runs, "local", board, tmp_path / "plots", charts=False)
+    index = index_path(board, "local")
+    with RecordGuard(runs, "local", mine, board) as guard:
+        data = json.loads(index.read_text())
+        for entry in data["rows"].values():
+            if entry[1]["team"] == "alpha":
+                entry[1]["val_loss"] = 9.0
+        index.write_text(json.dumps(data))
+        report = guard.check_and_restore()
+    assert str(index) in report.leaderboard_changed and not index.exists()
+    assert sorted(r["val_loss"] for r in load_rows(runs, "local", index) if r["team"] == "alpha") == [2.00, 2.01]

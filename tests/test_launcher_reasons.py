@@ -660,3 +660,23 @@ def test_a_staging_folder_the_team_closed_to_its_reader_is_the_teams_not_the_mac
         assert area.same_disk(tmp_path) is True
     finally:
         area.cleanup()
+
+
+def test_a_check_report_of_another_shape_is_the_teams_invalid_and_never_a_harness_error():
+    """report.json is written where the submission's code runs: `{}`, or a failure naming no problem, must end the
+    run as the team's `invalid` (a harness error would invite a re-run of the same seed), and the ranks waiting
+    beside the check are told stop (harness/launcher/run/check_phase.py)."""
+    from types import SimpleNamespace
+
+    from harness.launcher.run.check_phase import accept_check, report_problem
+    from harness.results.records import RunRecord
+
+    assert report_problem({"ok": True, "problems": [], "warnings": []}) == ""
+    for bad in ({}, {"ok": "yes"}, {"ok": False, "problems": []}, {"ok": True, "problems": [1]},
+                {"ok": True, "warnings": "x"}, [], None):
+        record = RunRecord(run_id="r", team="t", track_name="local", status="running")
+        passed = accept_check(record, bad, SimpleNamespace(sandbox="required"), SimpleNamespace(info=print),
+                              SimpleNamespace(is_set=False), [])
+        assert passed is False and record.status == "invalid", (bad, record.reason)
+        assert record.reason.endswith(" (report.json is written in the check's folder, where the submission's code "
+                                      "runs: a submission that rewrites it is refused)"), record.reason

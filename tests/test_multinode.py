@@ -157,8 +157,9 @@ def test_nodes_with_different_submissions_never_train(tmp_path, cache_dir):
 
 
 def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cli, tmp_path):
-    """Node 0 alone of two: no rank gets through the process group, so no team code ever ran. The start-up
-    timeout ends it `aborted` (a queue runs it again), never the team's `timeout`."""
+    """Node 0 alone of two: no rank starts (the rendezvous never completes), so no team code ever ran, not even the
+    check, which waits for the ranks (harness/launcher/run/check_phase.py). It ends `aborted` (a queue runs it
+    again), never the team's `timeout` nor `invalid`."""
     from conftest import tiny_track_with
 
     track = tiny_track_with(tmp_path, startup_timeout_s=6.0)
@@ -166,9 +167,30 @@ def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cl
                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-id", "alone")
     assert result.code == 1, result.text
     record = json.loads((tmp_path / "runs" / "tiny" / "ok_bigram" / "alone" / "run.json").read_text())
-    assert record["status"] == "aborted" and "no rank got through the process group" in record["reason"], \
-        record["reason"]
+    assert record["status"] == "aborted" and record["reason"] == (
+        "this node's ranks did not all start (a node that never joined the rendezvous?); no team code ran")
     assert processes_of_run("alone") == []
+
+
+def test_an_open_division_node_that_never_joins_is_the_infrastructures_failure_too(cli, tmp_path):
+    """An open-division script starts once its check has passed (no ranks beside the check): node 0 alone of two
+    never gets a rank through the process group, and its start-up timeout ends the run `aborted`."""
+    import shutil
+
+    from conftest import tiny_track_with
+
+    folder = tmp_path / "open_alone"
+    shutil.copytree(FIXTURES / "open_modes", folder)
+    (folder / "submission.toml").write_text('division = "open"\n[team]\nname = "open-alone"\n[open]\n\n'
+                                           '[open.args]\nmode = "honest"\nbatch_size = 4\nseq_len = 32\n')
+    track = tiny_track_with(tmp_path, startup_timeout_s=6.0)
+    result = cli("run", str(folder), "--track", str(track), "--nnodes", "2", "--node-rank", "0",
+                 "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-id", "open-alone")
+    assert result.code == 1, result.text
+    record = json.loads((tmp_path / "runs" / "tiny" / "open-alone" / "open-alone" / "run.json").read_text())
+    assert record["status"] == "aborted" and record["reason"].endswith(
+        " (no rank got through the process group: a node that never joined?)"), record["reason"]
+    assert processes_of_run("open-alone") == []
 
 
 def test_node_0_evaluates_alone_when_a_node_does_not_answer_and_with_every_node_when_all_do(tmp_path):

@@ -101,10 +101,12 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     """Device, process group, submission, model, DDP, optimizers and data: not on the clock
     (unless the track starts it at model build)."""
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
-    if job.compiles:  # torch.compile() imports the compiler on its first call: 1.5 s of CPU, ours, not the team's
-        import torch._inductor.compile_fx  # noqa: F401
     if job.gated:  # started beside the check of its submission: nothing is built, no device touched, before its word
         await_check(channel)
+    if job.compiles:  # torch.compile() imports the compiler on its first call: 1.5 s of CPU, ours, not the team's
+        # After the word: some torch versions start Inductor's compile-worker pool at this import, processes that
+        # the check's teardown (which ends what appeared while it ran) must not find.
+        import torch._inductor.compile_fx  # noqa: F401
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
     init_process_group(job.backend, device, job.collective_timeout_s)
 

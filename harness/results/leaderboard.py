@@ -88,7 +88,7 @@ def load_rows(root: Path, track: str | None, index: Path | None = None) -> list[
         else:
             try:
                 raw = upgrade_record(read_record_json(path))
-            except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
                 rows.append(unreadable_row(path, exc))
                 continue
             problem = field_problem(raw)

@@ -7,9 +7,10 @@ an edit moves the change time, which no user can set back), and a rebuild parses
 is not in it. It lives beside the boards it serves (`<leaderboard dir>/.rows/<track>.json`); deleting it costs one
 slow rebuild and changes nothing else.
 
-A row read from the index is checked as a record's fields are (leaderboard.field_problem): whoever could write the
-index could write the records, so it is trusted no more than they are. An index that cannot be read, or of another
-version, is ignored and written again.
+A row read from the index is checked as a record's fields are (leaderboard.field_problem). Values of the right type
+cannot be told from true ones, so an index team code could have written is not kept: the record guard removes an
+index that changed while a run trained, and a run whose code ran without the sandbox removes it at its end (the next
+rebuild reads every record). An index that cannot be read, or of another version, is ignored and written again.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def read_index(path: Path, root: Path, fields: str) -> dict[str, tuple[Key, dict
 
     try:
         data = json.loads(read_regular(path, INDEX_MAX_BYTES))
-    except (OSError, ValueError):  # none yet, unreadable, too large, not JSON: rebuilt from the records
-        return {}
+    except (OSError, ValueError, RecursionError):  # none yet, unreadable, too large, not JSON, nested past
+        return {}                                   # the parser's depth: rebuilt from the records
     if not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("root") != str(root) \
             or data.get("fields") != fields:
         return {}
@@ -67,5 +68,18 @@ def write_index(path: Path, root: Path, fields: str, rows: dict[str, tuple[Key, 
                        "rows": {rel: [list(key), row] for rel, (key, row) in rows.items()}}, separators=(",", ":"))
     try:
         write_atomic(path, text)
+    except OSError:
+        pass
+
+
+def drop_index(leaderboard_dir: Path, track: str) -> None:
+    """Removes the track's index (the next rebuild reads every record): after a run whose team code ran without
+    the sandbox, or an index changed while a run trained (harness/launcher/control/guard.py)."""
+    try:
+        index_path(leaderboard_dir, track).unlink()
+    except IsADirectoryError:
+        import shutil
+
+        shutil.rmtree(index_path(leaderboard_dir, track), ignore_errors=True)
     except OSError:
         pass

@@ -245,6 +245,15 @@ class ElasticJob:
         return line or (f"it exited ({self._store_proc.poll()})" if self._store_proc.poll() is not None
                         else f"not listening within {ready_within_s:.0f} s")
 
+    def release_environment(self) -> None:
+        """Gives this process its environment and temporary folder back: called once every rank has started (each
+        took its copy then), so that the launcher's other thread, which checks the submission meanwhile, reads its
+        own settings (the scratch folder, the protected paths), never the ranks'. Idempotent; close() calls it."""
+        tempfile.tempdir = None
+        if self._env is not None:
+            self._env.__exit__(None, None, None)
+            self._env = None
+
     def running(self) -> bool:
         return self._thread.is_alive()
 
@@ -280,10 +289,7 @@ class ElasticJob:
             self._store_proc.wait()
             self._store_proc.stdout.close()
         reap_children()
-        tempfile.tempdir = None
-        if self._env is not None:
-            self._env.__exit__(None, None, None)
-            self._env = None
+        self.release_environment()
         self.early_output = self._read_early_output()
         shutil.rmtree(self._tmp, ignore_errors=True)
         if self._handler is not None:

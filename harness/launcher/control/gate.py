@@ -26,8 +26,11 @@ class StartGate:
         self._attached = threading.Event()
         self.opened_s: float | None = None  # time.monotonic() of `go`: the job's start-up deadline runs from it
         self.verdict: str | None = None  # "go", "stop"
+        self.ended = threading.Event()  # the job ended (by itself, or killed on an abort) before or after the word
+        self._said = threading.Event()
         self._body: dict = {}
         self._lock = threading.Lock()
+        self._release: Callable[[], None] | None = None  # undoes the job's changes to this process's environment
 
     def attach(self, channel) -> None:
         with self._lock:
@@ -36,14 +39,27 @@ class StartGate:
             if self.verdict is not None:  # decided before the job's channel was up: said now
                 channel.tell(self.verdict, **self._body)
 
+    def spawned(self, release: Callable[[], None]) -> None:
+        """The job's agent started (elastic.py): `release` gives this process its environment back once the ranks
+        exist (they took theirs at their start), before the check reads it."""
+        self._release = release
+
     def wait_bound(self, ranks: set[int], timeout_s: float, job_alive: Callable[[], bool]) -> bool:
-        """Until every rank in `ranks` is bound to its connection (True), or the job ended or the time passed."""
+        """Until every rank in `ranks` is bound to its connection (True), or the job ended or the time passed. On
+        True, this process's environment is its own again (the ranks have theirs): the check reads it."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and job_alive():
+        while time.monotonic() < deadline and job_alive() and not self.ended.is_set():
             if self._attached.is_set() and ranks <= self._channel.bound_ranks():
+                if self._release is not None:
+                    self._release()
                 return True
             time.sleep(0.01)
         return False
+
+    def wait_verdict(self) -> None:
+        """Until the word is said: the job's teardown ends every process that appeared since it began, the check
+        process too, which must have ended first."""
+        self._said.wait()
 
     def go(self) -> None:
         self._say("go")
@@ -60,6 +76,7 @@ class StartGate:
                 self.opened_s = time.monotonic()
             if self._attached.is_set():
                 self._channel.tell(verdict, **body)
+            self._said.set()
 
     @property
     def shut(self) -> bool:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.results.row_index import drop_index, identity, index_path
 from harness.results.locks import TrackLock
 from harness.results.records import FINAL_STATUSES, RECORD_MAX_BYTES, read_record_json, write_atomic
 from harness.submission.files import read_regular
@@ -92,11 +93,14 @@ class RecordGuard:
         self.records: dict[Path, bytes] = {}
         self.board: dict[Path, bytes] = {}
         self.known: set[Path] = set()
+        self.index = index_path(leaderboard_dir, track)  # the board's row index (harness/results/row_index.py)
+        self.index_seen: tuple | None = None
 
     def __enter__(self) -> "RecordGuard":
         self.lock.__enter__()
         self.records = _finished_records(self.track_dir, self.own)
         self.board = _leaderboard_files(self.leaderboard_dir, self.track)
+        self.index_seen = identity(self.index)
         self.known = set(self.track_dir.glob("*/*/run.json"))
         self._last_refresh = time.monotonic()
         return self
@@ -130,6 +134,9 @@ class RecordGuard:
                 changed = True
             if changed:
                 report.leaderboard_changed.append(str(path.resolve()))
+        if identity(self.index) != self.index_seen:  # rows of the right types cannot be told from true ones:
+            drop_index(self.leaderboard_dir, self.track)  # the board is rebuilt from the records alone
+            report.leaderboard_changed.append(str(self.index))
         report.appeared = sorted(str(p) for p in set(self.track_dir.glob("*/*/run.json")) - self.known
                                  if p.parent != self.own)
         return report

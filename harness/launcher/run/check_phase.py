@@ -39,9 +39,10 @@ class JobBeside:
         except BaseException as exc:  # noqa: BLE001  (raised again in the launcher's thread, where it is handled)
             self._error = exc
 
-    def wait_for_ranks(self, ranks: set[int]) -> bool:
-        """Until every rank of this node holds its connection: only then may team code run (in the check)."""
-        return self.gate.wait_bound(ranks, BIND_WITHIN_S, self._thread.is_alive)
+    def wait_for_ranks(self, ranks: set[int], rendezvous_s: float = 0.0) -> bool:
+        """Until every rank of this node holds its connection: only then may team code run (in the check). On
+        several nodes the ranks start once every node's agent has joined the rendezvous (`rendezvous_s`)."""
+        return self.gate.wait_bound(ranks, rendezvous_s + BIND_WITHIN_S, self._thread.is_alive)
 
     def result(self) -> Any:
         self._thread.join()
@@ -50,8 +51,30 @@ class JobBeside:
         return self._value
 
 
+def report_problem(report) -> str:
+    """"" when the check's report has the shape the launcher reads (it comes from report.json, in a folder the
+    team's code could write), else what is wrong."""
+    if not isinstance(report, dict) or not isinstance(report.get("ok"), bool):
+        return "the check's report says neither that the submission passed nor that it failed"
+    problems = report.get("problems", [])
+    if not isinstance(problems, list) or not all(isinstance(p, dict) and isinstance(p.get("file", ""), str)
+                                                 and isinstance(p.get("problem", ""), str) for p in problems):
+        return "the check's report lists its problems in another shape than the harness writes"
+    if not report["ok"] and not problems:
+        return "the check's report says the submission failed and names no problem"
+    for key in ("warnings", "screen"):
+        if not isinstance(report.get(key, []), list):
+            return f"the check's report has {key} that are not a list"
+    return ""
+
+
 def accept_check(record, report: dict, track, reporter, abort, copies: list) -> bool:
     """Takes what the check said into the record; False where the run ends here (its outcome set)."""
+    shape = report_problem(report)
+    if shape:  # written where the team's code ran: the team's, never a harness error a person would re-run
+        set_outcome(record, "invalid", f"{shape} (report.json is written in the check's folder, where the "
+                                       "submission's code runs: a submission that rewrites it is refused)")
+        return False
     # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
     record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
     record.sandbox["check"] = report.get("sandbox") or {}
@@ -77,7 +100,7 @@ def accept_check(record, report: dict, track, reporter, abort, copies: list) -> 
     if not report["ok"]:
         record.extra["problems"] = report["problems"]
         first = report["problems"][0]
-        set_outcome(record, "invalid", f"{first['file']}: {first['problem']}"
+        set_outcome(record, "invalid", f"{first.get('file', '')}: {first.get('problem', '')}"
                      + (f" Fix: {first['fix']}" if first.get("fix") else ""), tb=first.get("traceback"))
         return False
     record.params, record.config = team_count(report.get("params")), report.get("config", {})
@@ -89,38 +112,61 @@ def accept_check(record, report: dict, track, reporter, abort, copies: list) -> 
 
 
 def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], beside: JobBeside | None,
-                   ranks: set[int], record) -> tuple[bool, JobBeside | None]:
+                   ranks: set[int], record, nnodes: int = 1, rendezvous_s: float = 0.0,
+                   abort=None) -> tuple[bool, JobBeside | None]:
     """Runs the check, takes its report, and tells the job beside it go or stop: (whether the run trains, the job
-    beside it that holds the training, or None where it is still to be started).
+    beside it that holds the training, or None where it is still to be started). Whatever happens here, the job
+    beside it hears a word (a job left waiting would never end: no deadline runs while it waits).
 
     The check starts once every rank of the job beside it holds its connection, so that the check's own process
     scope, which ends what appeared while it ran, finds the ranks there before it (and nothing they start before
-    the word: harness code only). A job whose ranks did not all come (a rank that failed in start-up, a rendezvous
-    that never completed) is told stop and waited for, and the check runs alone, the training after it."""
-    if beside is not None and not beside.wait_for_ranks(ranks):
-        beside.gate.stop("the ranks did not all say hello; the job is started again after the check")
-        try:
-            beside.result()
-        except BaseException:  # noqa: BLE001  (the job is started again: what failed fails there, and is recorded)
-            pass
-        record.notes.append("the ranks did not all start while the submission was checked: trained after the check")
-        beside = None
-    t_begin = time.monotonic()
+    the word: harness code only). On one node, a job whose ranks did not all come (a rank that failed in start-up)
+    is told stop and waited for, and the check runs alone, the training after it; on several, the other nodes'
+    ranks are in the same rendezvous, which a second launch of this node's cannot join: the run is aborted, the
+    infrastructure's."""
+    if beside is None:
+        return _checked(check, accept, record), None
     try:
-        report = check()
-    except BaseException:
-        if beside is not None:  # the job ends with no team code run, and is waited for: never left running
-            beside.gate.stop("the launcher stopped while it checked the submission")
+        if not beside.wait_for_ranks(ranks, rendezvous_s):
+            beside.gate.stop("the ranks did not all start; the job is ended")
+            kept = _record_state(record)
             try:
                 beside.result()
-            except BaseException:  # noqa: BLE001  (the check's error is the one to raise)
+            except BaseException:  # noqa: BLE001  (started again below, where what failed fails again and is recorded)
                 pass
-        raise
-    record.timings["preflight_s"] = time.monotonic() - t_begin
-    passed = accept(report)
-    if beside is not None:
+            _restore_state(record, kept)  # the job ended unused: what it added to the record is not the run's
+            if abort is not None and abort.is_set:
+                set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
+                return False, None
+            if nnodes > 1:
+                set_outcome(record, "aborted", "this node's ranks did not all start (a node that never joined the "
+                                               "rendezvous?); no team code ran")
+                return False, None
+            return _checked(check, accept, record), None
+        passed = _checked(check, accept, record)
         if passed:
             beside.gate.go()
-        else:
+        return passed, beside
+    finally:
+        if beside.gate.verdict is None:  # an error here, or a check that did not pass
             beside.gate.stop(record.reason or "the check of the submission did not pass")
-    return passed, beside
+
+
+def _checked(check: Callable[[], dict], accept: Callable[[dict], bool], record) -> bool:
+    t_begin = time.monotonic()
+    report = check()
+    record.timings["preflight_s"] = time.monotonic() - t_begin
+    return accept(report)
+
+
+def _record_state(record) -> tuple:
+    return dict(record.timings), len(record.notes), len(record.warnings), dict(record.extra)
+
+
+def _restore_state(record, kept: tuple) -> None:
+    timings, notes, warnings, extra = kept
+    record.timings = timings
+    del record.notes[notes:]
+    del record.warnings[warnings:]
+    record.extra.clear()
+    record.extra.update(extra)

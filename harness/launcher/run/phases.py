@@ -214,9 +214,14 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
              on_exit: Callable[[], None] | None = None, gate=None) -> PhaseResult:
     job = ElasticJob(launch, log_path)
     try:
+        if gate is not None:  # once the ranks hold their connections, this process's environment is its own again
+            gate.spawned(job.release_environment)
         job.start()
         result = watch(job, channel, deadlines, abort, on_tick, lead_rank=local_ranks(launch)[0], gate=gate)
     finally:
+        if gate is not None:  # the teardown ends what appeared since the job began: the check must be over
+            gate.ended.set()
+            gate.wait_verdict()
         if on_exit is not None:
             on_exit()  # before the job closes: on node 0 that closes the rendezvous store too
         leftover = job.close(wait_s=1.0 if job.running() else 10.0)

@@ -31,8 +31,6 @@ from harness.launcher.run.assemble import (
     name_team_files,
     sandbox_warnings,
     set_outcome,
-    team_count,
-    team_number,
 )
 from harness.launcher.run.console import NullReporter
 from harness.launcher.control.alive import launcher_where
@@ -52,21 +50,20 @@ from harness.launcher.control.watch import AbortFlag, abort_on_signals
 from harness.launcher.control.workarea import WorkArea, patched_environ, trim_logs
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.confine.scratch import refuse_unusable, short_of_space
-from harness.results.records import FINAL_STATUSES, RunRecord, new_run_id, runs_root, save_metrics, save_record, utc_now
+from harness.results.records import (FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics,
+                                    save_record, utc_now)
+from harness.results.row_index import drop_index
 from harness.submission.contract import (
     SubmissionError,
     TeamInfo,
     find_submission,
     read_team,
-    relative_paths,
     snapshot_submission,
     submission_sha256,
     team_slug,
 )
 from harness.submission.files import weight_like_files
 from harness.submission.open_division import OPEN, division_of, read_open_spec
-from harness.submission.portability import split_screen, warning_lines as portability_warnings
-from harness.submission.screen import summarize as screen_warnings
 from harness.tracks.spec import ResolvedTrack, Track, apply_overrides, load_track
 
 
@@ -256,6 +253,10 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
                                         f"{', '.join(cut[:5])}{', ...' if len(cut) > 5 else ''}")
                 save_metrics(run_dir, metrics)
                 save_record(run_dir, record)
+                if track.sandbox == "off" or not all(isinstance(box, dict) and box.get("active") is not False
+                                                     for box in record.sandbox.values()):
+                    # team code that ran without the sandbox could have written the board's row index
+                    drop_index(leaderboard_root(runs=runs_root(opts.runs_dir)), track.name)
             else:  # the record is node 0's; this node leaves its own account and its logs
                 node.save_report(record)
             if run_lock is not None:
@@ -332,14 +333,24 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     beside = JobBeside(start_training) if spec is None else None
     ranks = set(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     try:
-        passed, beside = check_then_say(check, lambda report: accept_check(record, report, track, reporter, abort,
-                                                                           copies), beside, ranks, record)
+        try:
+            passed, beside = check_then_say(check, lambda report: accept_check(record, report, track, reporter,
+                                                                               abort, copies), beside, ranks, record,
+                                            track.nnodes, track.rendezvous_timeout_s if track.nnodes > 1 else 0.0,
+                                            abort)
+        except BaseException:
+            if beside is not None:  # told stop (check_then_say): the job ends before the error goes further
+                try:
+                    beside.result()
+                except BaseException:  # noqa: BLE001  (the first error is the one to raise)
+                    pass
+            raise
         if not passed:
             if beside is not None:
                 timings = dict(record.timings)
                 try:
                     beside.result()  # the job ends, told stop, before the record says why
-                except JobNamespaceMissing:
+                except Exception:  # noqa: BLE001  (the run's outcome is the check's; a stopped job adds nothing)
                     pass
                 record.timings = timings  # a job stopped before the team's start-up measured nothing of the team's
             return
@@ -367,7 +378,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                                                first)
         set_outcome(record, o.status, reason, o.failing_rank, o.traceback)
         # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
-        if o.status == "timeout" and report.get("compile") and phase.watch.train_start_s is not None \
+        if o.status == "timeout" and compiles and phase.watch.train_start_s is not None \
                 and not any(m.get("step") for m in metrics):
             record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
                               "step compiles, on the clock; on this track compiling may cost more than it saves)")

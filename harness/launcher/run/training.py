@@ -149,7 +149,9 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                 raise JobNamespaceMissing(namespace.why if namespace is not None else "")
             if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
                 reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
-        with guard or contextlib.nullcontext(), area.hidden_environment(), caps:
+        # The ranks' environment is the agent's patch (elastic.py: only what team code may see, no HARNESS_*
+        # variable); this process's own is never changed here (the check may read it meanwhile: check_phase.py).
+        with guard or contextlib.nullcontext(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
                                  log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None,
@@ -157,6 +159,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
             report = guard.check_and_restore() if guard else GuardReport()
         if gate is not None and gate.opened_s is not None:  # the check ran inside this wait (check_phase.py)
             record.timings["launch_to_go_s"] = gate.opened_s - t_launch
+            if phase.watch.train_start_s is not None:  # what launch_to_train_s was before the check ran beside
+                record.timings["go_to_train_s"] = phase.watch.train_start_s - gate.opened_s
         if caps.violation and phase.outcome.status == "ok":  # broken after the last look during the job
             phase.outcome.status, phase.outcome.reason, phase.outcome.cause = "invalid", caps.violation, "kill"
         if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -24,8 +25,19 @@ FORK_WAIT_S = 120.0  # a copy slower than this is stuck, not busy: this process 
 
 
 def may_fork() -> bool:
-    """A fork is safe here: this process runs one thread, and has a second core to give the copy."""
-    return hasattr(os, "fork") and threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2
+    """A fork is safe here: Linux (macOS forbids much of what a fork after numpy would use), one Python thread,
+    and a second CPU this process may run on to give the copy."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2
+
+
+def _die_with_parent() -> None:
+    """The copy never outlives the process that builds the board (it would write an older chart over a newer)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -46,10 +58,17 @@ def draw_all(jobs: Sequence[ChartJob], *, fork: bool | None = None) -> list[Path
     if not (may_fork() if fork is None else fork) or len(jobs) < 2:
         return [job.draw() for job in jobs]
     mine, theirs = split([job.cost for job in jobs])
-    pid = os.fork()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:  # no memory or no process left for a copy: one process draws them all
+        return [job.draw() for job in jobs]
     if pid == 0:  # the copy: draw its share, and never return into the caller's code
         code = 0
         try:
+            _die_with_parent()
+            if os.getppid() != parent:  # the parent died before the line above
+                os._exit(1)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             for i in theirs:
                 jobs[i].draw()
