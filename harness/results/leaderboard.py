@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
+from harness import __version__
 from harness.results.records import SCHEMA_VERSION, field_kinds, read_record_json, record_folder, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, loss_interval, summarize, welch
 
@@ -53,8 +54,10 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
           "submission_sha256", "started_at", *METRIC_COLUMNS, "loss_floor", "seed", "world_size", "precision",
           "device_name", "nproc_per_node", "nnodes", "machine", "versions", "torch_version", "division",
           "throughput_source", "budget_s"]
-# What a row holds (record_row): a row index written by a harness whose rows differ is not read.
-ROW_FIELDS = f"{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source", "folder"])
+# What a row holds (record_row) and the harness that derived it: a row index written by another harness is not read
+# (how a row is derived from a record may change without the schema's version).
+ROW_FIELDS = f"{__version__}:{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source",
+                                                           "folder"])
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
