@@ -190,7 +190,9 @@ def main() -> None:
                                         "ratio": harness["step_s"] / bare["step_s"],
                                         "bare_startup_s": bare["startup_s"], "harness_startup_s": harness["startup_s"],
                                         "harness_timings": harness["record"]["timings"]})
-        results["eval"] = bench_eval(harness["run_dir"], env, track, data.val[0].path)
+        # The run's own data (an override such as the smoke's --val-tokens makes data of its own), the same file name
+        val_shard = str(Path(harness["record"]["data"]["location"]) / Path(data.val[0].path).name)
+        results["eval"] = bench_eval(harness["run_dir"], env, track, val_shard)
     results["loader"] = bench_loader(shard, loader_s)
     results["leaderboard"] = bench_leaderboard(n_records)
 
@@ -214,7 +216,7 @@ def main() -> None:
     print(f"{'data loader, tokens/s per rank':<44}{ld['harness_tokens_per_s']:>14,.0f}{ld['raw_memmap_tokens_per_s']:>14,.0f}"
           f"{ld['harness_tokens_per_s'] / ld['raw_memmap_tokens_per_s']:>10.3f}")
     ev = results["eval"]
-    print(f"{'evaluation, %d tokens: wall s (harness eval)' % ev[1]['tokens']:<44}{ev[1]['wall_s']:>14.2f}"
+    print(f"{'evaluation wall s, %d tokens' % ev[1]['tokens']:<44}{ev[1]['wall_s']:>14.2f}"
           f"{ev['bare']['wall_s']:>14.2f}{ev[1]['wall_s'] / ev['bare']['wall_s']:>10.2f}  (reference: one plain process)")
     print(f"{'  at 2 scorer ranks':<44}{ev[2]['wall_s']:>14.2f}")
     print(f"{'  val_loss, harness / plain':<44}{ev[1]['val_loss']:>14.6f}{ev['bare']['val_loss']:>14.6f}")
