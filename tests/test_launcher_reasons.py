@@ -673,10 +673,13 @@ def test_a_check_report_of_another_shape_is_the_teams_invalid_and_never_a_harnes
 
     assert report_problem({"ok": True, "problems": [], "warnings": []}) == ""
     for bad in ({}, {"ok": "yes"}, {"ok": False, "problems": []}, {"ok": True, "problems": [1]},
-                {"ok": True, "warnings": "x"}, [], None):
+                {"ok": True, "warnings": "x"}, [], None, {"ok": False, "problems": [{"file": "x", "traceback": 5}]},
+                {"ok": False, "problems": [{"problem": "x", "traceback": ["x"]}]}, {"ok": True, "config": [1]},
+                {"ok": True, "flops_method": 3}):
         record = RunRecord(run_id="r", team="t", track_name="local", status="running")
         passed = accept_check(record, bad, SimpleNamespace(sandbox="required"), SimpleNamespace(info=print),
                               SimpleNamespace(is_set=False), [])
         assert passed is False and record.status == "invalid", (bad, record.reason)
+        assert isinstance(bad, dict) or record.sandbox.get("check") is None
         assert record.reason.endswith(" (report.json is written in the check's folder, where the submission's code "
                                       "runs: a submission that rewrites it is refused)"), record.reason

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, HARNESS_SCRIPT, QUICK_BUDGET_S, QUICK_STEPS, TINY_TRACK, only_record, processes_of_run, \
+from conftest import FIXTURES, ROOT, HARNESS_SCRIPT, QUICK_BUDGET_S, QUICK_STEPS, TINY_TRACK, only_record, processes_of_run, \
     quick_track, tiny_track_with
 
 pytestmark = pytest.mark.slow
@@ -151,19 +151,27 @@ os.execv(sys.argv[1], sys.argv[1:])
 """
 
 
-def test_a_check_process_that_cannot_enter_the_required_sandbox_aborts_the_run_as_the_machines(tmp_path, cache_dir):
+@pytest.mark.parametrize("submission, reason_start", [
+    # the open division checks before it launches: the check process is the first to need the sandbox
+    (ROOT / "submissions" / "open_example",
+     "the track requires the sandbox and the check process could not enter it on this machine ("),
+    # the fixed loop's ranks start beside the check, and their namespace is made first (Landlock refuses its mounts)
+    (FIXTURES / "ok_bigram",
+     "the track requires the sandbox, and the training ranks cannot have a namespace of their job's own here: "),
+])
+def test_a_check_process_that_cannot_enter_the_required_sandbox_aborts_the_run_as_the_machines(
+        tmp_path, cache_dir, submission, reason_start):
     """The track requires the sandbox and the check process cannot enter it (here every Landlock layer is taken
     before the harness starts): no team code ran, so the run is `aborted` (the machine's, re-run), as a training
     rank without the sandbox is; it was `invalid`, charged to the team, with a reason naming no file."""
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
     ran = subprocess.run([sys.executable, "-c", LANDLOCK_FULL, str(HARNESS_SCRIPT), "run",
-                          str(FIXTURES / "ok_bigram"), "--track", str(sandboxed(tmp_path, "required")),
+                          str(submission), "--track", str(sandboxed(tmp_path, "required")),
                           "--no-leaderboard"], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "aborted", (record["status"], record["reason"], ran.stderr[-2000:])
-    assert record["reason"].startswith("the track requires the sandbox and the check process could not enter it "
-                                       "on this machine ("), record["reason"]
-    assert record["reason"].endswith("); no team code ran") and record["steps"] is None
+    assert record["reason"].startswith(reason_start), record["reason"]
+    assert record["reason"].endswith("no team code ran") and record["steps"] is None
 
 
 def test_a_check_killed_at_its_limit_by_a_slow_screen_is_not_a_sandbox_it_could_not_enter(tmp_path):

@@ -265,7 +265,10 @@ def read_record_json(path: Path, data: bytes | None = None) -> dict[str, Any]:
     of the records, which a team without the sandbox could have planted. Raises OSError or ValueError."""
     from harness.submission.files import read_regular
 
-    raw = json.loads(read_regular(path, RECORD_MAX_BYTES) if data is None else data)
+    try:
+        raw = json.loads(read_regular(path, RECORD_MAX_BYTES) if data is None else data)
+    except RecursionError:  # nested past the parser's depth: a planted file, never a crash of its reader
+        raise ValueError("JSON nested too deep") from None
     if not isinstance(raw, dict):
         raise ValueError(f"a JSON {type(raw).__name__}, not an object")
     return raw

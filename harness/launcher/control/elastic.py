@@ -249,10 +249,10 @@ class ElasticJob:
         """Gives this process its environment and temporary folder back: called once every rank has started (each
         took its copy then), so that the launcher's other thread, which checks the submission meanwhile, reads its
         own settings (the scratch folder, the protected paths), never the ranks'. Idempotent; close() calls it."""
-        tempfile.tempdir = None
-        if self._env is not None:
+        if self._env is not None:  # first: a gettempdir() between the two must not cache the job's TMPDIR
             self._env.__exit__(None, None, None)
             self._env = None
+        tempfile.tempdir = None
 
     def running(self) -> bool:
         return self._thread.is_alive()

@@ -26,6 +26,7 @@ class StartGate:
         self._attached = threading.Event()
         self.opened_s: float | None = None  # time.monotonic() of `go`: the job's start-up deadline runs from it
         self.verdict: str | None = None  # "go", "stop"
+        self.checking = False  # every rank bound, the check started (check_phase.py)
         self.ended = threading.Event()  # the job ended (by itself, or killed on an abort) before or after the word
         self._said = threading.Event()
         self._body: dict = {}
@@ -52,6 +53,7 @@ class StartGate:
             if self._attached.is_set() and ranks <= self._channel.bound_ranks():
                 if self._release is not None:
                     self._release()
+                self.checking = True  # from here the check runs: no kill but a stop may end the job before the word
                 return True
             time.sleep(0.01)
         return False
@@ -72,11 +74,13 @@ class StartGate:
             if self.verdict is not None:
                 return
             self.verdict, self._body = verdict, body
-            if verdict == "go":
-                self.opened_s = time.monotonic()
-            if self._attached.is_set():
-                self._channel.tell(verdict, **body)
-            self._said.set()
+            try:
+                if verdict == "go":
+                    self.opened_s = time.monotonic()
+                if self._attached.is_set():
+                    self._channel.tell(verdict, **body)
+            finally:
+                self._said.set()  # the job's teardown waits for this, whatever happens above
 
     @property
     def shut(self) -> bool:

@@ -240,7 +240,7 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
             continue  # already killed: wait for the agent to notice
         start = counted_from(launched, gate)
         expired = None if start is None else _expired(result, deadlines, start, now, lead=lead_rank == 0)
-        if gate is not None and gate.verdict is None and not abort.is_set:
+        if gate is not None and gate.verdict is None and gate.checking and not abort.is_set:
             continue  # the check runs: the ranks run harness code only, and no kill may end the check with them
         if abort.is_set:
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from harness.launcher.control.gate import StartGate
+from harness.launcher.run.training import JobNamespaceMissing
 from harness.launcher.run.assemble import flag_run, set_outcome, team_count, team_number
 from harness.submission.contract import relative_paths
 from harness.submission.portability import split_screen, warning_lines as portability_warnings
@@ -57,9 +58,15 @@ def report_problem(report) -> str:
     if not isinstance(report, dict) or not isinstance(report.get("ok"), bool):
         return "the check's report says neither that the submission passed nor that it failed"
     problems = report.get("problems", [])
-    if not isinstance(problems, list) or not all(isinstance(p, dict) and isinstance(p.get("file", ""), str)
-                                                 and isinstance(p.get("problem", ""), str) for p in problems):
+    if not isinstance(problems, list) or not all(
+            isinstance(p, dict) and all(isinstance(p.get(k, ""), (str, type(None)))
+                                        for k in ("file", "problem", "fix", "traceback")) for p in problems):
         return "the check's report lists its problems in another shape than the harness writes"
+    if not isinstance(report.get("config", {}), dict):
+        return "the check's report has a config that is not an object"
+    for key in ("flops_method", "flops_note"):
+        if not isinstance(report.get(key, ""), (str, type(None))):
+            return f"the check's report has a {key} that is not text"
     if not report["ok"] and not problems:
         return "the check's report says the submission failed and names no problem"
     for key in ("warnings", "screen"):
@@ -70,6 +77,9 @@ def report_problem(report) -> str:
 
 def accept_check(record, report: dict, track, reporter, abort, copies: list) -> bool:
     """Takes what the check said into the record; False where the run ends here (its outcome set)."""
+    if isinstance(report, dict):  # the launcher's own (from the pipe and the scope): kept whatever the rest says
+        record.sandbox["check"] = report.get("sandbox") if isinstance(report.get("sandbox"), dict) else {}
+        record.extra.setdefault("containment", {})["check"] = report.get("containment") or {}
     shape = report_problem(report)
     if shape:  # written where the team's code ran: the team's, never a harness error a person would re-run
         set_outcome(record, "invalid", f"{shape} (report.json is written in the check's folder, where the "
@@ -77,8 +87,6 @@ def accept_check(record, report: dict, track, reporter, abort, copies: list) -> 
         return False
     # what a reviewer should read, whatever the outcome; apart, as in `harness check`, the lines the team must fix
     record.extra["screen"], record.extra["portability"] = split_screen(report.get("screen", []))
-    record.sandbox["check"] = report.get("sandbox") or {}
-    record.extra.setdefault("containment", {})["check"] = report.get("containment") or {}
     if report.get("leftover"):  # what the team made in the check's folder outlives it: a person reads it
         flag_run(record, f"the check process's folder {report['leftover']} could not be removed after the check")
     record.warnings += screen_warnings(record.extra["screen"])
@@ -130,17 +138,22 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
         if not beside.wait_for_ranks(ranks, rendezvous_s):
             beside.gate.stop("the ranks did not all start; the job is ended")
             kept = _record_state(record)
+            phase = None
             try:
-                beside.result()
+                phase = beside.result()
+            except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
+                set_outcome(record, "aborted", str(exc))
+                return False, None
             except BaseException:  # noqa: BLE001  (started again below, where what failed fails again and is recorded)
                 pass
             _restore_state(record, kept)  # the job ended unused: what it added to the record is not the run's
             if abort is not None and abort.is_set:
                 set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
                 return False, None
-            if nnodes > 1:
+            if nnodes > 1:  # with what ended the job (a node that ended before training, say), where it said
+                said = phase.outcome.reason if phase is not None and phase.outcome.status == "aborted" else ""
                 set_outcome(record, "aborted", "this node's ranks did not all start (a node that never joined the "
-                                               "rendezvous?); no team code ran")
+                                               f"rendezvous?){': ' + said if said else ''}; no team code ran")
                 return False, None
             return _checked(check, accept, record), None
         passed = _checked(check, accept, record)

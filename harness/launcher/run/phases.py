@@ -147,7 +147,7 @@ def _read_report(path: Path) -> dict | None:
         with os.fdopen(os.dup(fd), "rb") as fh:
             data = fh.read(REPORT_MAX_BYTES + 1)
         report = json.loads(data) if len(data) <= REPORT_MAX_BYTES else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None
     finally:
         os.close(fd)

@@ -42,7 +42,7 @@ class JobNamespaceMissing(RuntimeError):
 
     def __init__(self, why: str):
         super().__init__(f"the track requires the sandbox, and the training ranks cannot have a namespace of "
-                         f"their job's own here: {why}")
+                         f"their job's own here: {why}; no team code ran")
 
 
 def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
