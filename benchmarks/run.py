@@ -171,7 +171,7 @@ def main() -> None:
     from harness.data.prepare import prepare_data
     from harness.tracks.spec import load_track
 
-    from harness.launcher.run.precision import resolve_precision
+    from harness.tracks.precision import resolve_precision
 
     track = load_track("local")
     data = prepare_data(track)

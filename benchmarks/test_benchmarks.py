@@ -46,7 +46,7 @@ def test_raw_memmap_windows(benchmark, shard):
 
 
 def test_stop_rule_decision(benchmark):
-    from harness.ranks.clock import StopRule
+    from harness.ranks.training.clock import StopRule
 
     rule = StopRule(600.0)
     for t in range(10):

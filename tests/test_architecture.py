@@ -90,7 +90,7 @@ def test_the_scorer_never_reaches_the_code_that_imports_a_submission():
     """Evaluation's scorer holds the targets: nothing it imports may load a team's code (that happens
     only in harness/ranks/models/model_worker.py, a process of its own)."""
     forbidden = ("harness.launcher", "harness.results", "harness.cli", "click", "pandas", "matplotlib",
-                 "harness.ranks.models.model_worker", "harness.ranks.models.model_template", "harness.ranks.loop",
+                 "harness.ranks.models.model_worker", "harness.ranks.models.model_template", "harness.ranks.training.loop",
                  "harness.ranks.models.preflight", "harness.ranks.models.open_checks",
                  "harness.ranks.checkpoint.load_model", "harness.submission.contract.import_submission_module")
     assert _violations("harness.scoring", forbidden) == []
@@ -113,14 +113,15 @@ LAUNCHER = ("harness.launcher.control", "harness.launcher.run", "harness.launche
             "harness.launcher.event")
 SUBROOMS = {
     **{room: LAUNCHER[i + 1:] for i, room in enumerate(LAUNCHER)},
-    "harness.ranks.confine": ("harness.ranks.models", "harness.ranks.train", "harness.ranks.loop",
-                              "harness.ranks.checkpoint", "harness.ranks.process", "harness.ranks.open_rank"),
-    "harness.ranks.models": ("harness.ranks.train", "harness.ranks.loop", "harness.ranks.open_rank",
-                             "harness.ranks.after_clock", "harness.ranks.doctor_rank"),
+    "harness.ranks.confine": ("harness.ranks.models", "harness.ranks.training", "harness.ranks.checkpoint",
+                              "harness.ranks.process", "harness.ranks.open_rank"),
+    # the check's and evaluation's model processes, and the fixed loop's ranks: two rooms that never meet
+    "harness.ranks.models": ("harness.ranks.training", "harness.ranks.open_rank", "harness.ranks.doctor_rank"),
+    "harness.ranks.training": ("harness.ranks.models", "harness.ranks.open_rank", "harness.ranks.doctor_rank"),
     "harness.results.charts": ("harness.results.views", "harness.results.page", "harness.results.tables"),
 }
-# A room's modules, for the rule of a room that is a package's own files (harness.ranks: its training ranks).
-OWN = {"harness.ranks": ("harness.ranks.confine", "harness.ranks.models")}
+# A room's modules, for the rule of a room that is a package's own files (harness.ranks: what its processes share).
+OWN = {"harness.ranks": ("harness.ranks.confine", "harness.ranks.models", "harness.ranks.training")}
 
 
 @pytest.mark.parametrize("room", sorted(SUBROOMS))
@@ -136,6 +137,14 @@ def test_the_training_ranks_never_load_the_check_or_the_model_processes_code():
     own = [m for m in GRAPH if m.startswith("harness.ranks.") and not m.startswith(OWN["harness.ranks"])]
     found = sorted({v for m in own for v in _violations(m, ("harness.ranks.models",))})
     assert found == []
+
+
+def test_what_the_rank_processes_share_never_reaches_up_into_the_training_ranks():
+    """harness/ranks/'s own modules (start-up and exit, the channel, the checkpoint, the open division's and the
+    doctor's ranks) are the floor below the fixed loop's room: the check, evaluation and an open-division script
+    load them without loading the fixed loop."""
+    own = [m for m in GRAPH if m.startswith("harness.ranks.") and not m.startswith(OWN["harness.ranks"])]
+    assert own and sorted({v for m in own for v in _violations(m, ("harness.ranks.training",))}) == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -205,12 +214,12 @@ def test_every_module_lives_in_a_room_and_every_room_says_its_job():
     for folder in [PACKAGE, *PACKAGE.rglob("*/")]:
         if (folder / "__init__.py").is_file():
             modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
-            assert len(modules) <= 17, f"{folder} holds {len(modules)} modules: it wants rooms"
+            assert len(modules) <= 16, f"{folder} holds {len(modules)} modules: it wants rooms"
 
 
 def test_the_graph_is_the_real_one():
     """The rules above must not pass on an empty or partial graph."""
-    assert {"harness.ranks.train", "harness.ranks.loop", "harness.ranks.models.model_worker", "harness.scoring.scorer",
+    assert {"harness.ranks.training.train", "harness.ranks.training.loop", "harness.ranks.models.model_worker", "harness.scoring.scorer",
             "harness.results.views", "harness.launcher.run.runner", "harness.cli"} <= set(GRAPH)
     assert "torch" in reach("harness.ranks") and "pandas" in reach("harness.results")
 
@@ -221,7 +230,7 @@ def test_a_rank_process_really_imports_no_launcher_or_results_modules():
     import subprocess
     import sys
 
-    code = ("import sys, harness.ranks.train, harness.ranks.loop, harness.ranks.models.model_worker, harness.ranks.models.preflight, "
+    code = ("import sys, harness.ranks.training.train, harness.ranks.training.loop, harness.ranks.models.model_worker, harness.ranks.models.preflight, "
             "harness.scoring.scorer, harness.scoring.workers; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pandas', 'matplotlib') "
             "or m.startswith(('harness.launcher', 'harness.results', 'harness.cli'))); print(bad)")

@@ -221,7 +221,7 @@ print(c.wait_for_word(), flush=True)
 
 
 def test_the_launchers_word_reaches_each_rank_on_its_own_connection_and_no_impostor():
-    """A rank started beside the check of its submission waits for the launcher's word (harness/ranks/loop.py
+    """A rank started beside the check of its submission waits for the launcher's word (harness/ranks/training/loop.py
     `await_check`): said to the ranks bound then, and to a rank that binds later; a process claiming a rank already
     bound is cut off and hears nothing but the end of its connection."""
     ch = ChannelServer(expected_ranks=[0, 1])

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, StopRule, schedule_progress
+from harness.ranks.training.clock import CONTINUE, STOP_BUDGET, StopRule, schedule_progress
 
 
 def cpu_run(rule: StopRule, step_s: list[float]) -> list[float]:
@@ -118,14 +118,14 @@ def test_the_schedules_clock_starts_when_the_first_step_has_ended():
     assert schedule_progress(650.0, 650.0, 600.0) == 1.0  # a first step longer than the budget: nothing left
 
 # ------------------------------------------------------------------ the real loop, on a clock the test drives
-# Each rank runs harness.ranks.loop.train in its own process (real gloo), with the loop's clock replaced by one
+# Each rank runs harness.ranks.training.loop.train in its own process (real gloo), with the loop's clock replaced by one
 # that moves only when a step runs: the first step "compiles" for FIRST_S, each later step takes this rank's
 # STEP_S. Bounded by steps, whatever the machine's speed; the budget is in these fake seconds.
 FAKE_CLOCK = r"""
 import json, os, sys, tempfile
 import numpy as np
 from harness.data.shards import inspect_shard, write_shard
-from harness.ranks import loop
+from harness.ranks.training import loop
 from harness.ranks.channel import ChannelClient
 from harness.ranks.jobs import TrainJob
 from harness.ranks.process import RankEnv, release_and_exit

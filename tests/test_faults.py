@@ -298,7 +298,7 @@ def _ranks_of(launcher_pid: int) -> list:
     found = []
     for p in psutil.Process(launcher_pid).children(recursive=True):
         try:
-            if "harness.ranks.train" in p.cmdline():
+            if "harness.ranks.training.train" in p.cmdline():
                 found.append(p)
         except psutil.Error:
             continue

@@ -44,8 +44,8 @@ def test_a_namespace_folder_named_harness_does_not_hide_the_harness(cli, tmp_pat
 
 
 def test_children_run_this_interpreter_without_the_working_folder_on_their_path():
-    argv = interpreter.python_argv("harness.ranks.train", 3)
-    assert argv == [sys.executable, "-u", "-P", "-m", "harness.ranks.train", "3"]
+    argv = interpreter.python_argv("harness.ranks.training.train", 3)
+    assert argv == [sys.executable, "-u", "-P", "-m", "harness.ranks.training.train", "3"]
 
 
 def test_a_harness_outside_the_site_folders_is_put_first_on_the_childrens_path(monkeypatch, tmp_path):

@@ -28,7 +28,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
 from harness.data.shards import inspect_shard, write_shard
 from harness.ranks.channel import ChannelClient
 from harness.ranks.jobs import TrainJob
-from harness.ranks.loop import train
+from harness.ranks.training.loop import train
 from harness.ranks.process import RankEnv, release_and_exit
 
 READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
@@ -153,7 +153,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
 from harness.data.shards import inspect_shard, write_shard
 from harness.ranks.channel import ChannelClient
 from harness.ranks.jobs import TrainJob
-from harness.ranks.loop import train
+from harness.ranks.training.loop import train
 from harness.ranks.process import RankEnv, release_and_exit
 
 folder = tempfile.mkdtemp()

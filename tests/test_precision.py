@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.launcher.run import precision
+from harness.tracks import precision
 from harness.tracks.spec import load_track
 
 

@@ -68,7 +68,7 @@ _TRIM = " :;,.()'\"`"
 # Reasons no test on this machine (CPU only, Landlock and user namespaces granted) can give: {a fragment: why}.
 NOT_TESTABLE_HERE = {
     "the track requires the sandbox and it is not available here": (
-        "a training rank (harness/ranks/train.py, open_rank.py) that has no Landlock when the check process before "
+        "a training rank (harness/ranks/training/train.py, open_rank.py) that has no Landlock when the check process before "
         "it had it: on one host both have it or neither (without it the check process refuses first, at "
         "harness/ranks/models/preflight.py:63), and no test here can give a rank alone a kernel without it"),
 }

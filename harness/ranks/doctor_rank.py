@@ -2,7 +2,7 @@
 
     python -u -m harness.ranks.doctor_rank <doctor_job.json>
 
-It enters the training ranks' sandbox as a training rank does (harness/ranks/train.py: the job's
+It enters the training ranks' sandbox as a training rank does (harness/ranks/training/train.py: the job's
 namespaces, its private folder, then Landlock, while it has one thread), so that what it sees is what
 a team's ranks will see: files it must not read (the canaries: a file in the runs folder, a
 validation shard), the transports NCCL finds from inside (InfiniBand, or its silent fall-back to
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
-    held = cgroup.join_from_environment()  # first, as a training rank does (harness/ranks/train.py)
+    held = cgroup.join_from_environment()  # first, as a training rank does (harness/ranks/training/train.py)
     job_ns = enter_job(job.get("job_namespace"), job["work_dir"])  # single-threaded, before anything else
     os.chdir(job["work_dir"])
     redirect_output(f"{job['log_dir']}/rank{env.rank}.log")

@@ -2,7 +2,7 @@
 
     python -u -m harness.ranks.open_rank <open_job.json>
 
-The same process around the team's script as harness/ranks/train.py puts around the fixed loop:
+The same process around the team's script as harness/ranks/training/train.py puts around the fixed loop:
 tied to the launcher, output to its own log, hello on the control channel, the sandbox entered
 while the process has one thread; then the team's `train.py` runs as `__main__` with the starter
 kit's arguments (runpy, in this process: torch elastic's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR

@@ -3,7 +3,7 @@
 - mfu = flops_per_token x tokens/s per device / the device's peak dense bf16 FLOP/s. No peak
   known (a CPU): mfu is None, never invented.
 - flops_per_token is measured where the model can be built (harness/ranks/flops.py), and the
-  communication probe's figures where the ranks run (harness/ranks/probe.py).
+  communication probe's figures where the ranks run (harness/ranks/training/probe.py).
 """
 
 from __future__ import annotations

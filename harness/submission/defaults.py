@@ -12,7 +12,7 @@ DECAY_FRACTION = 0.30  # the last part of the budget, decayed linearly to zero
 
 def default_lr_schedule(progress: float) -> float:
     """Warm-up, constant, linear decay to zero, all measured in fractions of the schedule's clock: the time
-    budget after the first step (harness/ranks/clock.py schedule_progress), so that a compiled model's
+    budget after the first step (harness/ranks/training/clock.py schedule_progress), so that a compiled model's
     warm-up is not spent compiling.
 
     Driven by time, not steps: the decay always runs, whatever the step count turns out to be.

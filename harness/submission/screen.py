@@ -181,7 +181,7 @@ COMPILE_MENTION = re.compile(rb"compile", re.IGNORECASE)
 
 def mentions_compile(folder: Path) -> bool:
     """Whether a submission's Python files mention compiling: the training ranks then import the compiler
-    before the team's start-up allowance begins (harness/ranks/loop.py). Harness code reading the files as
+    before the team's start-up allowance begins (harness/ranks/training/loop.py). Harness code reading the files as
     bytes, never running them: the decision cannot come from a report team code could have written."""
     from harness.submission import files
     from harness.submission.contract import SubmissionError, submission_files

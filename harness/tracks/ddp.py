@@ -1,7 +1,7 @@
 """A track's `[ddp]` table: how DistributedDataParallel wraps every team's model.
 
 The settings are the event's, the same for every team (a team never sets them): the harness
-passes them to DDP's constructor (harness/ranks/loop.py), each rank reads them back from the DDP
+passes them to DDP's constructor (harness/ranks/training/loop.py), each rank reads them back from the DDP
 object and the run record keeps what it read (`ddp`). The defaults are what the harness did
 before the table existed: torch's buckets, no static graph, gradients as views of the buckets,
 no communication hook.

@@ -294,7 +294,7 @@ class ChannelServer:
 
     def tell(self, kind: str, **body: Any) -> None:
         """Says one word to every rank bound now and to each that binds later, on its own connection: the verdict
-        of the check its start-up waits for (harness/ranks/loop.py `await_check`). Said once; later words are
+        of the check its start-up waits for (harness/ranks/training/loop.py `await_check`). Said once; later words are
         ignored."""
         data = json.dumps({"kind": kind, **body}).encode()
         with self.lock:

@@ -3,7 +3,7 @@
 The check (a sandboxed process that imports the submission and runs its model once) and the ranks' own start-up
 (torch elastic's rendezvous, importing torch and the harness) each take seconds, most of them one core's: side by
 side they take about as long as the longer. The ranks go as far as harness code goes, then wait for the word
-(harness/ranks/loop.py `await_check`) before they touch a device or the submission; the launcher says `go` once
+(harness/ranks/training/loop.py `await_check`) before they touch a device or the submission; the launcher says `go` once
 the check passed, `stop` otherwise, and the job ends with no team code run in it.
 
 The check starts only once every rank of this node has said hello on the control channel: a connection claiming a

@@ -58,7 +58,7 @@ def _protected(runs: Path, data) -> list[str]:
 
 
 def model_process_check(track: Track, runs: Path, data) -> Check:
-    from harness.launcher.run.precision import resolve_precision
+    from harness.tracks.precision import resolve_precision
     from harness.launcher.run.runner import resolve_nproc
     from harness.launcher.run.training import threads_per_rank
     from harness.ranks.confine.scratch import scratch_root

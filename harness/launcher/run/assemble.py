@@ -142,7 +142,7 @@ def check_first_step(record: RunRecord, result: dict) -> None:
     """A model that arrives trained is flagged for review, whatever the cause (weights shipped, training in
     get_model or at import, a state carried from another run). The test: its first micro-batch, before any
     optimizer step, scored by harness code as it is and under eight random relabellings of the vocabulary
-    (harness/ranks/first_step.py). Weights drawn without the data treat every token alike: the batch as it
+    (harness/ranks/training/first_step.py). Weights drawn without the data treat every token alike: the batch as it
     is scores like one more relabelling, within their spread (measured on every example and test model:
     within 0.16 nats; an initialisation that favours repeating the current token, as tied embeddings do,
     keeps that favour under any relabelling). A trained model knows which token is which: every

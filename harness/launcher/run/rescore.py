@@ -15,7 +15,7 @@ from harness.launcher.run.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
 from harness.launcher.run.phases import run_evaluation
-from harness.launcher.run.precision import resolve_precision
+from harness.tracks.precision import resolve_precision
 from harness.ranks.confine.scratch import refuse_unusable
 from harness.results.records import load_record
 from harness.launcher.run.evaluation import build_eval_job

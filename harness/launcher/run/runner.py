@@ -43,7 +43,7 @@ from harness.launcher.run.open_run import apply_open_training, check_open, expla
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.check_phase import JobBeside, accept_check, check_then_say
 from harness.launcher.run.phases import run_preflight
-from harness.launcher.run.precision import resolve_precision
+from harness.tracks.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, io_failure_outcome
 from harness.launcher.run.training import JobNamespaceMissing, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals

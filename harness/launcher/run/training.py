@@ -106,7 +106,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
         module, deadlines = "harness.ranks.open_rank", open_deadlines(track)
     else:
         job = build_train_job(opts, track, data, record, area, threads, policy, compiles)
-        module, deadlines = "harness.ranks.train", training_deadlines(track)
+        module, deadlines = "harness.ranks.training.train", training_deadlines(track)
     launch = LaunchSpec(module=module, args=[], nproc_per_node=nproc, nnodes=track.nnodes,
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,

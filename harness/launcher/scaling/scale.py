@@ -31,7 +31,7 @@ from harness.ranks.jobs import TrainJob
 from harness.ranks.confine.scratch import refuse_unusable
 from harness.launcher.control.elastic import LaunchSpec
 from harness.launcher.run.phases import run_preflight, run_training
-from harness.launcher.run.precision import resolve_precision
+from harness.tracks.precision import resolve_precision
 from harness.results.records import new_run_id, runs_root, utc_now, write_atomic
 from harness.launcher.run.runner import resolve_nproc
 from harness.tracks.spec import load_track
@@ -104,7 +104,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                 max_steps=opts.warmup_steps + opts.steps, warmup_steps=opts.warmup_steps,
                 comm_probe_steps=opts.probe_steps, ddp=asdict(track.ddp),
             )
-            launch = LaunchSpec(module="harness.ranks.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
+            launch = LaunchSpec(module="harness.ranks.training.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
                                 shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)
             deadlines = Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
                                   hard_limit_s=3600.0, save_allowance_s=track.save_allowance_s)

@@ -1,8 +1,8 @@
 """One training rank, started by torch elastic, never by hand:
 
-    python -u -m harness.ranks.train <train_job.json>
+    python -u -m harness.ranks.training.train <train_job.json>
 
-The process around the fixed loop (harness/ranks/loop.py): it ties itself to the launcher, moves
+The process around the fixed loop (harness/ranks/training/loop.py): it ties itself to the launcher, moves
 into its private folder, sends its output to its own log, says hello on the control channel,
 enters the sandbox (harness/ranks/confine/sandbox.py) while it still has one thread, then trains;
 whatever happens becomes a report (a result, or an error with its traceback), and the process
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
         if raw.get("job_namespace") and not job_ns["active"]:  # beside ranks that did: never a half-isolated job
             raise RuntimeError(f"this rank could not enter its job's namespace: {job_ns['why']}")
         from harness.ranks.jobs import TrainJob
-        from harness.ranks.loop import train
+        from harness.ranks.training.loop import train
 
         result = train(TrainJob.from_dict(raw), env, channel, holders)
         channel.send("result", **result)  # its sandbox report went first, before any team code ran

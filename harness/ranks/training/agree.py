@@ -8,7 +8,7 @@ What the ranks agree on:
 - the train loss: every rank's micro-batch losses summed since the start (reports take differences);
 - the last step's gradient norm when the harness clips (the same on every rank: the gradients are
   synchronised), read in the same transfer;
-- once, the first-step probe (harness/ranks/first_step.py), averaged over the ranks.
+- once, the first-step probe (harness/ranks/training/first_step.py), averaged over the ranks.
 
 How it stays off the host's critical path: on a GPU the all-reduce (NCCL: the host does not wait for it)
 is followed on the same stream by a copy into pinned host memory and an event; `read` waits for that event
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED
+from harness.ranks.training.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED
 
 SLOTS = 7  # stop votes, clock, loss sum, grad norm, first-step probe (loss, relabelled mean, spread)
 

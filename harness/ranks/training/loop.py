@@ -1,26 +1,26 @@
 """The fixed DDP training loop of one rank. The harness owns all of it; the submission supplies
 the model, and optionally its optimizers and its lr schedule. The process around it (start-up,
-reports, failures, exit) is harness/ranks/train.py.
+reports, failures, exit) is harness/ranks/training/train.py.
 
 Three parts, read top to bottom:
 - `build_training`: everything before the clock (device, process group, a check that every node
   runs the same submission on the same data, submission, model, DDP, optimizers, data stream),
   and the device-side buffers the loop reuses;
-- per step, in `train`: the ranks' vote (harness/ranks/agree.py: one tiny all-reduce, launched before
+- per step, in `train`: the ranks' vote (harness/ranks/training/agree.py: one tiny all-reduce, launched before
   the step is queued and read after it, the loop's one read of the device: whether to run the step
   after the next, by the budget or a non-finite loss in any micro-batch of any rank; the agreed time
   that drives every rank's lr schedule alike; the train loss of all ranks), and between the launch
   and the read `train_step`: grad_accum_steps micro-steps (no_sync on all but the last) under the
   run's precision, optimizer steps, grads zeroed with set_to_none. The host never waits for the step
   it has just queued: on a GPU the device always has work while the host prepares the next step;
-- `finish` (harness/ranks/after_clock.py): after the clock, the weights as they were at the last
+- `finish` (harness/ranks/training/after_clock.py): after the clock, the weights as they were at the last
   agreement point copied by harness code (never the team's state_dict or hooks), checked for NaN, the
   checkpoint (the launcher takes it the moment rank 0 says it is saved), whether the weights changed
   after the clock, a digest of the weights (replicas must agree), the communication probe.
 
 Two figures are noted for the launcher's checks: the first micro-batch of every rank, before any
 optimizer step, scored by harness code as it is and under eight random relabellings of its
-vocabulary (harness/ranks/first_step.py: an untrained model scores them alike; one that arrives
+vocabulary (harness/ranks/training/first_step.py: an untrained model scores them alike; one that arrives
 trained knows which token is which and loses nats), and the step times (the bound on how far past the budget an
 honest last step can end).
 """
@@ -38,12 +38,12 @@ import torch
 import torch.distributed as dist
 
 from harness.data.stream import Prefetcher, TokenStream, split_inputs_targets
-from harness.ranks import ddp as ddp_setup
-from harness.ranks.after_clock import Diverged, finish
-from harness.ranks.agree import Agreed, Agreement
+from harness.ranks.training import ddp as ddp_setup
+from harness.ranks.training.after_clock import Diverged, finish
+from harness.ranks.training.agree import Agreed, Agreement
 from harness.ranks.checkpoint import unwrap
-from harness.ranks.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
-from harness.ranks.first_step import relabel_probe
+from harness.ranks.training.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
+from harness.ranks.training.first_step import relabel_probe
 from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers

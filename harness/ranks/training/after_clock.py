@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness.ranks.checkpoint import module_state, module_tensors, save_checkpoint
-from harness.ranks.probe import summarize_probe, time_sync_vs_compute
+from harness.ranks.training.probe import summarize_probe, time_sync_vs_compute
 from harness.ranks.process import perf_counter
 
 _torch_equal = torch.equal  # bound before any submission is imported (one that patches torch.equal changes nothing here)

@@ -1,6 +1,6 @@
 """The stop rule (before each step, would the step it decides end past the budget?) and the lr schedule's clock.
 
-The ranks vote once a step with one all-reduce (harness/ranks/agree.py), so no rank runs a step the
+The ranks vote once a step with one all-reduce (harness/ranks/training/agree.py), so no rank runs a step the
 others skip. The vote is read one step late, so that the host never waits on the device inside the loop:
 each rank casts its vote before a step is queued and reads the agreement after that step is queued, so the
 vote decides the step after the next one. The rule adds that step of margin: a rank votes to stop when the
