@@ -36,6 +36,7 @@ def test_a_run_started_from_inside_its_own_folder_is_its_folders(tmp_path, monke
 @pytest.mark.parametrize("text, said", [
     ('teams = 3', "needs one table, [teams]"),
     ('[teams]\n"A" = "x"\n"B" = "x"\n', "is given to two teams"),
+    ('[teams]\n"Team A" = "x"\n"Team-A" = "y"\n', "would share one records folder ('Team-A')"),
     ('[teams]\n"A" = "sub/x"\n', "no path"),
     ('[teams]\n"A\\u200b" = "x"\n', "a plain team name"),
     ('[teams', "not valid TOML"),
@@ -46,3 +47,23 @@ def test_a_broken_roster_is_named_with_its_fix(tmp_path, text, said):
         read_roster(tmp_path)
     os.remove(tmp_path / "roster.toml")
     assert read_roster(tmp_path) is None
+
+
+def test_a_name_that_would_share_another_teams_records_folder_is_refused(tmp_path):
+    """"Team-A" after "Team A" (another folder's): both names' records would be runs/<track>/Team-A/, one folder
+    for two teams' runs and run ids. The second folder is refused, named with the name that owns the folder; the
+    first folder may change its name's spelling, and a name with a folder of its own is free."""
+    from harness.submission.contract import team_slug
+
+    runs, owner, other = tmp_path / "runs", tmp_path / "alpha", tmp_path / "beta"
+    owner.mkdir()
+    other.mkdir()
+    made = make_run(runs, "Team A", 2.0, submission_dir=str(owner))
+    slug_dir = made.parent.with_name(team_slug("Team A"))
+    made.parent.rename(slug_dir)  # where `harness run` puts a team's records
+    refused = resolve_identity(runs, "Team-A", other)
+    assert refused.name == "beta", refused
+    assert "would share its records folder 'Team-A' with team 'Team A' of folder 'alpha'" in refused.refused
+    assert resolve_identity(runs, "Team A", other).refused.startswith("team name 'Team A' belongs to folder 'alpha'")
+    assert resolve_identity(runs, "Team-A", owner).refused == ""  # its own folder: the same records folder
+    assert resolve_identity(runs, "Team B", other).refused == ""

@@ -8,7 +8,8 @@ team's latest submission, would show the victim as the impostor's crash.
 - **A roster** (`roster.toml` in the runs root, the organiser's file: `[teams]` with `"Team name" = "folder"`)
   decides: a folder's runs rank under the roster's name for it; a folder not on the roster is refused.
 - **Without one**, a team name belongs to the folder whose runs first used it in this runs tree (by the folder's
-  name, the same on every node and machine); a run from another folder claiming it is refused.
+  name, the same on every node and machine); a run from another folder claiming it is refused, and so is one
+  whose name differs but would share its records folder ("Team-A" after "Team A": both are `Team-A/`).
 
 A refused run is recorded `invalid` under its own folder's name, naming the folder that owns the name: it never
 lands among the owner's runs.
@@ -63,25 +64,32 @@ def read_roster(runs_root: Path) -> dict[str, str] | None:
                               "folder's name (no path)")
         if folder in by_folder:
             raise RosterError(f"{path}: folder {folder!r} is given to two teams ({by_folder[folder]!r}, {name!r})")
+        twin = next((n for n in by_folder.values() if team_slug(n) == team_slug(name)), None)
+        if twin is not None:  # one records folder for two teams' runs
+            raise RosterError(f"{path}: [teams] {twin!r} and {name!r} would share one records folder "
+                              f"({team_slug(name)!r}): give one of them a name that differs in a letter or digit")
         by_folder[folder] = name.strip()
     return by_folder
 
 
-def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str] | None:
-    """The folder name whose runs first used `team` in this runs tree, and where its first run is; None if none.
-    A record is bounded, a regular file and an object (read_record_json): any record may have been planted."""
-    first: tuple[str, str, str] | None = None
-    for path in Path(runs_root).glob(f"*/{team_slug(team)}/*/run.json"):
+def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str, str] | None:
+    """(the folder name whose runs first used `team`'s records folder in this runs tree, where its first run is,
+    the team name that run used); None if none. Two names with one records folder ("Team A", "Team-A") are one
+    name here: the second would share the first's folder and its run ids. A record is bounded, a regular file and
+    an object (read_record_json): any record may have been planted."""
+    first: tuple[str, str, str, str] | None = None
+    slug = team_slug(team)
+    for path in Path(runs_root).glob(f"*/{slug}/*/run.json"):
         try:
             raw = read_record_json(path)
         except (OSError, ValueError):
             continue
-        folder, started = record_folder(raw), raw.get("started_at")
-        if raw.get("team") != team or not folder or raw.get("run_id") == run_id:
+        folder, started, used = record_folder(raw), raw.get("started_at"), raw.get("team")
+        if not isinstance(used, str) or team_slug(used) != slug or not folder or raw.get("run_id") == run_id:
             continue
-        key = (str(started or ""), folder, str(path.parent))
+        key = (str(started or ""), folder, str(path.parent), used)
         first = key if first is None or key < first else first
-    return (first[1], first[2]) if first else None
+    return (first[1], first[2], first[3]) if first else None
 
 
 def resolve_identity(runs_root: Path, claimed: str, folder: Path, run_id: str = "") -> Identity:
@@ -99,8 +107,12 @@ def resolve_identity(runs_root: Path, claimed: str, folder: Path, run_id: str = 
         return Identity(name, note=note)
     owner = name_owner(runs_root, claimed, run_id)
     if owner is not None and owner[0] != folder_name:
-        return Identity(folder_name, refused=f"team name {claimed!r} belongs to folder {owner[0]!r}, whose runs first "
-                        f"used it ({owner[1]}); this run is recorded under folder {folder_name!r}. Fix: a copied "
+        same = owner[2] == claimed
+        taken = (f"team name {claimed!r} belongs to folder {owner[0]!r}, whose runs first used it" if same else
+                 f"team name {claimed!r} would share its records folder {team_slug(claimed)!r} with team {owner[2]!r} "
+                 f"of folder {owner[0]!r}, whose runs first used it")
+        return Identity(folder_name, refused=f"{taken} ({owner[1]}); this run is recorded under folder "
+                        f"{folder_name!r}. Fix: a copied "
                         "submission keeps its submission.toml: set [team] name to your own team's; a team that "
                         f"moved to a new folder asks the organisers for a line in {ROSTER} (the runs folder's)")
     return Identity(claimed)
