@@ -133,9 +133,12 @@ def test_each_room_imports_only_the_rooms_below_it(room):
 
 def test_the_training_ranks_never_load_the_check_or_the_model_processes_code():
     """A training rank runs the fixed loop beside the team's code: the check's and evaluation's model processes'
-    code (harness/ranks/models/) is theirs, never loaded there."""
+    code (harness/ranks/models/) is theirs, never loaded there, neither by the training room nor by the floor
+    below it that every rank process loads."""
     own = [m for m in GRAPH if m.startswith("harness.ranks.") and not m.startswith(OWN["harness.ranks"])]
-    found = sorted({v for m in own for v in _violations(m, ("harness.ranks.models",))})
+    training = [m for m in GRAPH if m.startswith("harness.ranks.training.")]
+    assert own and training
+    found = sorted({v for m in [*own, *training] for v in _violations(m, ("harness.ranks.models",))})
     assert found == []
 
 

@@ -37,6 +37,7 @@ def test_a_run_started_from_inside_its_own_folder_is_its_folders(tmp_path, monke
     ('teams = 3', "needs one table, [teams]"),
     ('[teams]\n"A" = "x"\n"B" = "x"\n', "is given to two teams"),
     ('[teams]\n"Team A" = "x"\n"Team-A" = "y"\n', "would share one records folder ('Team-A')"),
+    ('[teams]\n"Team A" = "x"\n"team a" = "y"\n', "would share one records folder ('team-a')"),
     ('[teams]\n"A" = "sub/x"\n', "no path"),
     ('[teams]\n"A\\u200b" = "x"\n', "a plain team name"),
     ('[teams', "not valid TOML"),
@@ -67,3 +68,9 @@ def test_a_name_that_would_share_another_teams_records_folder_is_refused(tmp_pat
     assert resolve_identity(runs, "Team A", other).refused.startswith("team name 'Team A' belongs to folder 'alpha'")
     assert resolve_identity(runs, "Team-A", owner).refused == ""  # its own folder: the same records folder
     assert resolve_identity(runs, "Team B", other).refused == ""
+    # names in other scripts keep their letters: two such teams never meet in one folder, nor in `team/`
+    assert len({team_slug(n) for n in ("队伍一", "队伍二", "Команда", "Team Ä", "Team Ö", "team")}) == 6
+    made = make_run(runs, "队伍一", 2.0, submission_dir=str(owner), seed=2)
+    made.parent.rename(made.parent.with_name(team_slug("队伍一")))
+    assert resolve_identity(runs, "队伍二", other).refused == ""
+    assert len(team_slug("队" * 100).encode()) <= 200  # a folder name's bytes, whatever the script

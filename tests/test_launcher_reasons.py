@@ -683,3 +683,41 @@ def test_a_check_report_of_another_shape_is_the_teams_invalid_and_never_a_harnes
         assert isinstance(bad, dict) or record.sandbox.get("check") is None
         assert record.reason.endswith(" (report.json is written in the check's folder, where the submission's code "
                                       "runs: a submission that rewrites it is refused)"), record.reason
+
+
+def test_a_check_report_too_large_or_too_deep_for_a_record_is_the_teams_invalid(tmp_path):
+    """report.json holds what the record copies (problems, warnings, config). Written by the team's code, one of
+    millions of warnings, a traceback of megabytes of non-ASCII text (six bytes each in the record's JSON) or a
+    config nested hundreds deep made a record no reader takes (over its 16 MiB) or one its writer cannot write
+    (RecursionError): a run the team chose to void, re-run by the queue. Such a report is the team's `invalid`;
+    an honest report's strings are kept, a long one cut, and what is kept writes and reads back as a record."""
+    import json
+
+    from harness.launcher.run.check_phase import accept_check
+    from harness.launcher.run.phases import REPORT_MAX_KEPT_BYTES, _read_report
+    from harness.results.records import RunRecord, read_record_json, save_record
+    from types import SimpleNamespace
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(600):
+        inner["x"] = {}
+        inner = inner["x"]
+    cases = {"warnings": {"ok": True, "warnings": ["w"] * 3_000_000},
+             "traceback": {"ok": False, "problems": [{"file": "m.py", "problem": "p", "traceback": "é" * 6_000_000}]},
+             "deep config": {"ok": True, "config": deep}}
+    for what, report in cases.items():
+        path = tmp_path / f"{what}.json"
+        path.write_text(json.dumps(report, ensure_ascii=False))
+        read = _read_report(path)
+        if what == "traceback":  # one long string is cut, not refused: the rest of an honest failure stands
+            assert read["problems"][0]["traceback"].endswith(" [cut]")
+            assert len(json.dumps(read)) <= REPORT_MAX_KEPT_BYTES
+        else:
+            assert read["ok"] is False and read["problems"][0]["problem"].startswith("the check's report "), read
+        record = RunRecord(run_id="r", team="t", track_name="local", status="running")
+        passed = accept_check(record, read, SimpleNamespace(sandbox="off"), SimpleNamespace(info=lambda _: None),
+                              SimpleNamespace(is_set=False), [])
+        assert passed is False and record.status == "invalid", (what, record.reason)
+        save_record(tmp_path / what.replace(" ", "_"), record)
+        assert read_record_json(tmp_path / what.replace(" ", "_") / "run.json")["status"] == "invalid"

@@ -74,10 +74,6 @@ NOT_TESTABLE_HERE = {
 }
 # Reasons the harness's code can never give (dead code, reported with issue 31): {a fragment of the reason: why}.
 NEVER_GIVEN = {
-    "the check of the submission did not pass": (
-        "harness/launcher/control/watch.py: the kill reason of a job whose ranks waited beside the check and were told "
-        "stop; the run's outcome is then the check's own (runner.py discards that job's phase), so no record and no "
-        "console line says it"),
     "the launcher stopped before the run finished": (
         "harness/launcher/run/runner.py:225: run_submission's `finally` gives it to a record that is not final; none "
         "is there: every return of _execute sets a final status, and its `except` sets one for the only statuses "

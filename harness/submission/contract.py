@@ -24,6 +24,7 @@ import difflib
 import importlib.util
 import json
 import re
+import unicodedata
 import sys
 import tomllib
 import types
@@ -246,8 +247,10 @@ def team_name_is_plain(name: str) -> bool:
 
 
 def team_slug(name: str) -> str:
-    """A file-system-safe form of a team name (the records' directory)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip()).strip("-.")
+    """A file-system-safe form of a team name (the records' directory): letters and digits of any script kept
+    (an ASCII-only form made "队伍一" and "队伍二" one folder, `team`), every other run of characters one `-`."""
+    slug = re.sub(r"[^\w.-]+", "-", unicodedata.normalize("NFC", name.strip())).strip("-.")
+    slug = slug.encode()[:200].decode(errors="ignore")  # a folder name is at most 255 bytes; CJK is 3 a character
     return slug or "team"
 
 

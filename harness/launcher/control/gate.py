@@ -69,6 +69,11 @@ class StartGate:
     def stop(self, why: str) -> None:
         self._say("stop", why=why)
 
+    @property
+    def why(self) -> str:
+        """Why the job was told stop ("" before a word, or after `go`): the reason of the kill that ends it."""
+        return str(self._body.get("why") or "") if self.verdict == "stop" else ""
+
     def _say(self, verdict: str, **body) -> None:
         with self._lock:
             if self.verdict is not None:

@@ -249,7 +249,7 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
         elif gate is not None and gate.verdict == "stop":  # the check did not pass: no team code runs in this job
-            _kill(job, result, "aborted", "the check of the submission did not pass")
+            _kill(job, result, "aborted", gate.why or "the check of the submission did not pass")
         elif channel.violation or result.violation:  # a cap broken (reports, logs, scratch, checkpoint): the
             _kill(job, result, "invalid", channel.violation or result.violation)  # run ends, nothing else is touched
         elif expired:

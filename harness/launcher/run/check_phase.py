@@ -152,6 +152,7 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
                 return False, None
             if nnodes > 1:  # with what ended the job (a node that ended before training, say), where it said
                 said = phase.outcome.reason if phase is not None and phase.outcome.status == "aborted" else ""
+                said = "" if said == beside.gate.why else said  # our own stop's kill says nothing new
                 set_outcome(record, "aborted", "this node's ranks did not all start (a node that never joined the "
                                                f"rendezvous?){': ' + said if said else ''}; no team code ran")
                 return False, None

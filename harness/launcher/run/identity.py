@@ -64,12 +64,18 @@ def read_roster(runs_root: Path) -> dict[str, str] | None:
                               "folder's name (no path)")
         if folder in by_folder:
             raise RosterError(f"{path}: folder {folder!r} is given to two teams ({by_folder[folder]!r}, {name!r})")
-        twin = next((n for n in by_folder.values() if team_slug(n) == team_slug(name)), None)
+        twin = next((n for n in by_folder.values() if same_folder(n, name)), None)
         if twin is not None:  # one records folder for two teams' runs
             raise RosterError(f"{path}: [teams] {twin!r} and {name!r} would share one records folder "
                               f"({team_slug(name)!r}): give one of them a name that differs in a letter or digit")
         by_folder[folder] = name.strip()
     return by_folder
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two team names' records would share a folder: the same slug, or one that differs in case only
+    (one folder on a file system that ignores case, macOS's and some shared mounts')."""
+    return team_slug(a).casefold() == team_slug(b).casefold()
 
 
 def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str, str] | None:
@@ -85,7 +91,7 @@ def name_owner(runs_root: Path, team: str, run_id: str = "") -> tuple[str, str, 
         except (OSError, ValueError):
             continue
         folder, started, used = record_folder(raw), raw.get("started_at"), raw.get("team")
-        if not isinstance(used, str) or team_slug(used) != slug or not folder or raw.get("run_id") == run_id:
+        if not isinstance(used, str) or not same_folder(used, team) or not folder or raw.get("run_id") == run_id:
             continue
         key = (str(started or ""), folder, str(path.parent), used)
         first = key if first is None or key < first else first

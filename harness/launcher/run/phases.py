@@ -151,7 +151,54 @@ def _read_report(path: Path) -> dict | None:
         return None
     finally:
         os.close(fd)
-    return report if isinstance(report, dict) else None
+    if not isinstance(report, dict):
+        return None
+    bounded, problem = bound_report(report)
+    if problem:  # the team's: its code ran where report.json is written, and an honest check never writes this
+        return {"ok": False, "problems": [{"file": "report.json", "problem": f"the check's report {problem}",
+                                           "fix": "leave the check's report.json as the harness writes it"}]}
+    return bounded
+
+
+REPORT_MAX_DEPTH = 12  # the harness's own report nests 4 deep; a team's CONFIG a little more
+REPORT_MAX_ITEMS = 20_000  # per list or object: a model's parameter names (open division) are the longest
+REPORT_MAX_TEXT = 16 << 10  # per string, cut past it (a traceback, a warning)
+REPORT_MAX_KEPT_BYTES = 2 << 20  # the whole report as JSON, after the cuts: what can reach a record is far less
+
+
+def bound_report(report: dict) -> tuple[dict, str]:
+    """(a copy of report.json's object with each string cut at REPORT_MAX_TEXT, "") or (_, what is wrong with it):
+    nested past REPORT_MAX_DEPTH, a list or object past REPORT_MAX_ITEMS, or past REPORT_MAX_KEPT_BYTES as JSON.
+    The record copies parts of it (problems, warnings, config): without these bounds a team's code in the check
+    could write a record too large to read back, or too deep for the record's own writer (RecursionError), and
+    so void any run it chose, its queue entry re-run. Walked with a stack, never recursion."""
+    root: dict = {}
+    stack = [(report, root, 1)]
+    while stack:
+        source, target, depth = stack.pop()
+        if depth > REPORT_MAX_DEPTH:
+            return {}, f"is nested deeper than {REPORT_MAX_DEPTH} levels"
+        if len(source) > REPORT_MAX_ITEMS:
+            return {}, f"holds a list or object of more than {REPORT_MAX_ITEMS} entries"
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in pairs:
+            if isinstance(value, str):
+                value = value if len(value) <= REPORT_MAX_TEXT else value[:REPORT_MAX_TEXT] + " [cut]"
+            elif isinstance(value, (dict, list)):
+                copy = {} if isinstance(value, dict) else []
+                stack.append((value, copy, depth + 1))
+                value = copy
+            if isinstance(target, dict):
+                target[key if len(key) <= REPORT_MAX_TEXT else key[:REPORT_MAX_TEXT]] = value
+            else:
+                target.append(value)
+    try:
+        size = len(json.dumps(root))  # ASCII, as the record writes it: a non-ASCII character is \uXXXX
+    except (ValueError, RecursionError):
+        return {}, "cannot be written back as JSON"
+    if size > REPORT_MAX_KEPT_BYTES:
+        return {}, f"is larger than {REPORT_MAX_KEPT_BYTES >> 20} MiB"
+    return root, ""
 
 
 class _Drain(threading.Thread):
