@@ -721,3 +721,26 @@ def test_a_check_report_too_large_or_too_deep_for_a_record_is_the_teams_invalid(
         assert passed is False and record.status == "invalid", (what, record.reason)
         save_record(tmp_path / what.replace(" ", "_"), record)
         assert read_record_json(tmp_path / what.replace(" ", "_") / "run.json")["status"] == "invalid"
+
+
+def test_an_open_division_checkpoint_whose_config_no_record_can_hold_is_the_teams_invalid(tmp_path):
+    """The open division's record keeps the config the team's script saved in its checkpoint: nested deep (the
+    record's writer raised RecursionError at a few hundred levels) it is refused as the check's report is, and an
+    honest one is kept as saved."""
+    import torch
+
+    from harness.launcher.run.open_run import normalize_in_own_process
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(100):  # past the bound, within what torch.save itself can write from a test
+        inner["x"] = {}
+        inner = inner["x"]
+    state = {"w": torch.zeros(2)}
+    for name, config in (("deep", deep), ("honest", {"n_layer": 2, "betas": [0.9, 0.95]})):
+        torch.save({"model": state, "config": config, "step": 3}, tmp_path / f"{name}.pt")
+        found = normalize_in_own_process(tmp_path / f"{name}.pt", tmp_path / f"{name}-out.pt", tmp_path / f"{name}.log")
+        if name == "deep":
+            assert found.get("error", "").startswith("the checkpoint's config is nested deeper than"), found
+        else:
+            assert "error" not in found and found["config"] == config and found["step"] == 3, found

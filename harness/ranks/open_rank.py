@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job, redirect_output,
-                                   release_and_exit)
+from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job,
+                                   hello_and_sandbox, release_and_exit)
 
 
 class ScriptExit(RuntimeError):
@@ -77,22 +77,15 @@ def finish_threads() -> None:
 
 def main(argv: list[str]) -> None:
     from harness.ranks import open_api
-    from harness.ranks.channel import ChannelClient
-    from harness.ranks.confine import cgroup, sandbox
+    from harness.ranks.confine import cgroup
 
     job = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
     die_with_launcher()
     held = cgroup.join_from_environment()  # the very first act: all it starts is born in the job's cgroup
     job_ns = enter_job(job.get("job_namespace"))  # single-threaded, before anything else
-    redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
-    channel = ChannelClient(job.get("channel_path"), env.rank)
-    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
-                 world_size=env.world_size)
-    box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
-        sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\")")
-    box.namespaces, box.cgroup = job_ns, held or {}
-    channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
+    channel, box = hello_and_sandbox(job, env, job_ns, held,
+                                     "the job asked for no sandbox (track setting sandbox = \"off\")")
     code = 0
     try:
         if not box.active and job.get("sandbox") == "required":

@@ -107,6 +107,24 @@ def redirect_output(log_path: str) -> None:
     show_native_crashes()
 
 
+def hello_and_sandbox(job: dict, env: "RankEnv", job_ns: dict, held: dict | None, no_sandbox_why: str):
+    """A rank's start, after its cgroup and its job's namespace, the same in both divisions: its output to its own
+    log, hello on the control channel, then the sandbox (one thread still), whose report leaves before any team
+    code. Returns (the channel, the sandbox report)."""
+    from harness.ranks.channel import ChannelClient
+    from harness.ranks.confine import sandbox
+
+    redirect_output(f"{job['log_dir']}/rank{env.rank}.log")
+    channel = ChannelClient(job.get("channel_path"), env.rank)
+    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
+                 world_size=env.world_size)
+    box = sandbox.apply(sandbox.Policy.from_dict(job["sandbox_policy"])) if job.get("sandbox_policy") else \
+        sandbox.SandboxReport(False, no_sandbox_why)
+    box.namespaces, box.cgroup = job_ns, held or {}
+    channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
+    return channel, box
+
+
 def show_native_crashes() -> None:
     """A crash in native code (a segfault in an extension, an abort) writes the Python stack of every
     thread to stderr, this process's log, before the process dies of the same signal: the team sees

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome, team_number
-from harness.launcher.run.phases import PhaseResult, run_preflight
+from harness.launcher.run.phases import PhaseResult, bound_report, run_preflight
 from harness.launcher.control.watch import NO_REPORT_HINT, Deadlines
 from harness.launcher.control.workarea import WorkArea, read_tail
 from harness.ranks import interpreter
@@ -233,9 +233,16 @@ def normalize_in_own_process(src: Path, dst: Path, log_path: Path) -> dict:
         except subprocess.TimeoutExpired:
             return {"error": f"reading the checkpoint took more than {NORMALIZE_TIMEOUT_S:.0f} s"}
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not isinstance(found, dict):
+            raise ValueError("not an object")
+    except (ValueError, IndexError, RecursionError):
         return {"error": f"the process that reads the checkpoint died ({ended_how(proc.returncode)}); see {log_path}"}
+    # Its config is the team's (saved by its script), and the record keeps it: bounded as the check's report is
+    bounded, problem = bound_report({"config": found.get("config")})
+    if problem:
+        return {"error": f"the checkpoint's config {problem}: save a dict of the model's settings"}
+    return {**found, "config": bounded["config"]}
 
 
 def finish_open_training(record: RunRecord, snapshot: Path, spec: OpenSpec, track: Track, area: WorkArea,

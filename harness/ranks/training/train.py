@@ -17,13 +17,12 @@ import os
 import sys
 from pathlib import Path
 
-from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job, redirect_output,
-                                   release_and_exit)
+from harness.ranks.process import (RankEnv, SandboxMissing, describe_failure, die_with_launcher, enter_job,
+                                   hello_and_sandbox, release_and_exit)
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks.channel import ChannelClient
-    from harness.ranks.confine import cgroup, sandbox
+    from harness.ranks.confine import cgroup
 
     raw = json.loads(Path(argv[1]).read_text())  # plain JSON: nothing that starts threads before the sandbox
     env = RankEnv.from_environ()
@@ -32,14 +31,8 @@ def main(argv: list[str]) -> None:
     job_ns = enter_job(raw.get("job_namespace"), raw.get("work_dir"))  # single-threaded, before anything else
     if raw.get("work_dir"):
         os.chdir(raw["work_dir"])  # the private folder: files a submission writes land there, not in runs/
-    redirect_output(f"{raw['log_dir']}/rank{env.rank}.log")
-    channel = ChannelClient(raw.get("channel_path"), env.rank)
-    channel.send("hello", pid=os.getpid(), local_rank=env.local_rank, group_rank=env.group_rank,
-                 world_size=env.world_size)
-    box = sandbox.apply(sandbox.Policy.from_dict(raw["sandbox_policy"])) if raw.get("sandbox_policy") else \
-        sandbox.SandboxReport(False, "the job asked for no sandbox (track setting sandbox = \"off\", or harness scale)")
-    box.namespaces, box.cgroup = job_ns, held or {}
-    channel.send("sandbox", **box.to_dict())  # before any team code: the report the record keeps
+    channel, box = hello_and_sandbox(raw, env, job_ns, held, "the job asked for no sandbox (track setting "
+                                     "sandbox = \"off\", or harness scale)")
     holders: list = []
     code = 0
     try:
