@@ -156,6 +156,35 @@ def test_nodes_with_different_submissions_never_train(tmp_path, cache_dir):
     assert processes_of_run("disagree") == []
 
 
+def test_a_check_that_refuses_on_one_node_only_ends_the_run_invalid_on_every_node(tmp_path, cache_dir):
+    """Each node checks the submission, and the check can tell which node it runs on (here: by its file's path).
+    Refused on node 1 alone, node 1's ranks are told stop and node 0's wait for them in the process group: node 0
+    ends the run on node 1's account, with its status (`invalid`, the team's) and its reason, not at the start-up
+    timeout as a rendezvous that failed (`aborted`: a re-run the team would have chosen)."""
+    import shutil
+
+    folder = tmp_path / "two_faced"
+    shutil.copytree(FIXTURES / "ok_bigram", folder)
+    source = (folder / "submission.py").read_text()
+    (folder / "submission.py").write_text(
+        'if "node1" in __file__:\n    raise RuntimeError("refused on node 1 only")\n' + source)
+    port = free_port()
+    started = time.monotonic()
+    nodes = [launch(1, port, "two-faced", tmp_path, cache_dir, submission=folder),
+             launch(0, port, "two-faced", tmp_path, cache_dir, submission=folder)]
+    outs = [p.communicate(timeout=240) for p in nodes]
+    took_s = time.monotonic() - started
+    run_dir = tmp_path / "runs" / "tiny" / "two_faced" / "two-faced"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "invalid", (record["reason"], outs)
+    assert record["reason"].startswith("node 1 ended its run before training: invalid: ") \
+        and "refused on node 1 only" in record["reason"], record["reason"]
+    assert json.loads((run_dir / "nodes" / "node1.json").read_text())["status"] == "invalid"
+    assert record["steps"] is None and record["val_loss"] is None
+    assert processes_of_run("two-faced") == []
+    assert took_s < 150, took_s  # not the start-up timeout's 600 s at Paris: minutes here only under heavy load
+
+
 def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cli, tmp_path):
     """Node 0 alone of two: no rank starts (the rendezvous never completes), so no team code ever ran, not even the
     check, which waits for the ranks (harness/launcher/run/check_phase.py). It ends `aborted` (a queue runs it

@@ -81,6 +81,7 @@ class WatchResult:
     agent_abandoned: bool = False  # the agent thread did not return after the kill
     violation: str | None = None  # a cap the job broke, seen by a tick's callback (logs, scratch, checkpoint)
     infra: str | None = None  # the infrastructure failed (a node lost), seen by a tick's callback
+    ended_by: tuple[str, str] | None = None  # (status, why): another node ended the run before training
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""
@@ -246,6 +247,8 @@ def watch(job: ElasticJob, channel: ChannelServer, deadlines: Deadlines, abort: 
             _kill(job, result, "aborted", f"stopped by {abort.signal_name}")
         elif result.infra:  # a node lost (harness/launcher/control/heartbeat.py): not the team's, run again
             _kill(job, result, "aborted", result.infra)
+        elif result.ended_by:  # another node ended the run before training (run/training.py's EarlyEnd): its status
+            _kill(job, result, *result.ended_by)
         elif not channel.alive:  # the launcher can no longer hear its ranks: nothing they do can be trusted
             _kill(job, result, "crashed", "harness error: the control channel stopped listening")
         elif gate is not None and gate.verdict == "stop":  # the check did not pass: no team code runs in this job

@@ -50,7 +50,10 @@ class NodePaths:
         report = {
             "node_rank": self.node_rank, "hostname": record.hostname, "status": record.status,
             "reason": record.reason, "failing_rank": record.failing_rank, "traceback": record.traceback,
-            "cause": record.extra.get("cause", ""), "submission_sha256": record.submission_sha256,
+            # No training outcome and `invalid`: refused before training (its check, its submission.toml), the
+            # team's own end, which node 0 takes over its own view of peers that never came (merge_node_reports).
+            "cause": record.extra.get("cause") or ("own" if record.status == "invalid" else ""),
+            "submission_sha256": record.submission_sha256,
             "killed_pids": record.killed_pids, "timings": record.timings, "ended_at": utc_now(),
             # What this node saw that node 0 must carry into the record: flags, refusals, the sandbox.
             "flagged": record.flagged, "flag_reason": record.flag_reason, "warnings": record.warnings,

@@ -62,30 +62,37 @@ def threads_per_rank(track: Track, nproc: int) -> int:
 
 
 class EarlyEnd:
-    """Several nodes: one that ended its run before training (its scratch root too full, say) is waited for by
-    no other until the rendezvous times out (600 s at Paris). Node 0 reads the other nodes' accounts (an
-    `aborted` one: the infrastructure's), node R node 0's record (any final status), at most once a second;
-    both are written by launchers alone, in the runs tree."""
+    """Several nodes: one that ended its run before training is waited for by no other until the rendezvous or
+    the start-up times out (600 s at Paris). Node 0 reads the other nodes' accounts, node R node 0's record, at
+    most once a second; both are written by launchers alone, in the runs tree. Asked only while no rank of this
+    node got through the process group: an account written then was written before training (the process group
+    needs every node's ranks), so its status is how the run ended, whatever it is. A node whose check refused
+    the submission (the check can tell which node it runs on) ends the run `invalid` on every node, never as a
+    rendezvous that timed out (`aborted`, a re-run the team would have chosen); a node whose scratch root was
+    too full ends it `aborted`, the infrastructure's."""
 
     def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0):
         self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
 
-    def why(self) -> str | None:
+    def why(self) -> tuple[str, str] | None:
+        """(the status this node's job ends with, why) once another node has ended the run; None before."""
         now = time.monotonic()
         if now - self._last < self.every_s:
             return None
         self._last = now
         if self.node.lead:
             for r, account in sorted(read_node_reports(self.node.run_dir).items()):
-                if account.get("status") == "aborted":  # the infrastructure's, said before any team code (runner.py)
-                    return f"node {r} ended its run before training: {account.get('reason')}"
+                status = account.get("status")
+                if status in FINAL_STATUSES and status != "ok":
+                    return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
             return None
         try:
             record = read_record_json(self.node.run_dir / "run.json")
         except (OSError, ValueError):
             return None
         if record.get("status") in FINAL_STATUSES:  # node 0's verdict, whatever it is: nothing to wait for
-            return f"node 0 ended the run before training: {record.get('status')}: {record.get('reason')}"
+            # this node's part ends `aborted`: the record that counts is node 0's, which says why
+            return "aborted", f"node 0 ended the run before training: {record.get('status')}: {record.get('reason')}"
         return None
 
 
@@ -123,8 +130,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     early = EarlyEnd(node, track.nnodes) if track.nnodes > 1 else None
 
     def poll(watched) -> None:
-        if early is not None and not watched.infra and watched.setup_start_s is None:
-            watched.infra = early.why()  # a node that ended before training: nobody waits for the rendezvous
+        if early is not None and not watched.infra and not watched.ended_by and watched.setup_start_s is None:
+            watched.ended_by = early.why()  # a node that ended before training: nobody waits for the rendezvous
         if guard:
             guard.refresh()
         if taker:
