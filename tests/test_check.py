@@ -112,7 +112,7 @@ def test_a_team_name_another_folder_owns_is_refused_and_never_lands_among_its_ru
     assert cli("check", str(original)).code == 0  # its own folder: accepted
     ran = cli("run", str(copy), "--track", str(track))
     assert ran.code == 1
-    (record_path,) = (tmp_path / "runs" / "tiny").glob("mine/*/run.json")
+    (record_path,) = (tmp_path / "runs" / "tiny").glob("mine~refused/*/run.json")  # a refused run's folder
     record = json.loads(record_path.read_text())
     assert record["status"] == "invalid" and "belongs to folder 'theirs'" in record["reason"]
     assert record["team"] == "mine" and record["identity"]["claimed"] == "Rapides"

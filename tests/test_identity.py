@@ -74,3 +74,33 @@ def test_a_name_that_would_share_another_teams_records_folder_is_refused(tmp_pat
     made.parent.rename(made.parent.with_name(team_slug("队伍一")))
     assert resolve_identity(runs, "队伍二", other).refused == ""
     assert len(team_slug("队" * 100).encode()) <= 200  # a folder name's bytes, whatever the script
+
+
+def test_a_refused_run_never_shares_a_teams_records_folder(tmp_path):
+    """Review of 2026-12-03: a folder named "Team-A" claiming "Team A" (owned by folder alpha) was refused, and
+    recorded under its own folder's name, whose records folder is Team A's `Team-A/`. A refused run's records go
+    to a folder no team name's slug can spell; an accepted run's stay in its name's."""
+    from harness.submission.contract import team_slug
+
+    runs, owner, impostor = tmp_path / "runs", tmp_path / "alpha", tmp_path / "Team-A"
+    owner.mkdir()
+    impostor.mkdir()
+    made = make_run(runs, "Team A", 2.0, submission_dir=str(owner))
+    made.parent.rename(made.parent.with_name(team_slug("Team A")))
+    refused = resolve_identity(runs, "Team A", impostor)
+    assert refused.name == "Team-A" and refused.refused
+    assert refused.records_folder == "Team-A~refused" != team_slug("Team A")
+    assert all("~" not in team_slug(n) for n in ("a~refused", "Team-A~refused", "~", "x ~ y"))
+    assert resolve_identity(runs, "Team A", owner).records_folder == "Team-A"
+    # the queue settles the refused folder's entry by the records where its runs go
+    import shutil
+
+    from conftest import FIXTURES
+    from harness.launcher.event.queue import build_queue
+
+    shutil.copy(FIXTURES / "ok_bigram" / "submission.py", impostor / "submission.py")
+    (impostor / "submission.toml").write_text('[team]\nname = "Team A"\n')
+    (entry,) = build_queue([str(impostor)], seed=1, repeat=1, runs_root=runs)
+    assert (entry.team, entry.records_folder) == ("Team-A", "Team-A~refused")
+    (runs / "roster.toml").write_text('[teams]\n"Team A" = "alpha"\n')
+    assert resolve_identity(runs, "whatever", impostor).records_folder == "Team-A~refused"  # not on the roster

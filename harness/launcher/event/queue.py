@@ -51,6 +51,11 @@ class Entry:
     team: str
     sha256: str
     seed: int
+    records: str = ""  # its records folder in the track's (identity.py): "" for its team name's
+
+    @property
+    def records_folder(self) -> str:
+        return self.records or team_slug(self.team)
 
 
 @dataclass
@@ -77,15 +82,17 @@ def build_queue(submissions: list[str], seed: int, repeat: int, runs_root: Path 
             team, sha = read_team(folder).name, submission_sha256(folder)
         except Exception:  # noqa: BLE001  (any fault of one team's folder is that team's entry, never the queue's)
             team, sha = folder.name, ""
+        records = ""
         if runs_root is not None:
-            team = resolve_identity(runs_root, team, folder).name
+            identity = resolve_identity(runs_root, team, folder)
+            team, records = identity.name, identity.records_folder
         if team in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
             raise ValueError(f"{seen[team]} and {submission} are both team {team!r}: a queue runs each team once "
                              "(a team's [team] name in submission.toml names it)")
         seen[team] = submission
-        teams.append((submission, folder, team, sha))
-    return [Entry(submission, folder, team, sha, seed + i) for i in range(repeat)
-            for submission, folder, team, sha in teams]
+        teams.append((submission, folder, team, sha, records))
+    return [Entry(submission, folder, team, sha, seed + i, records) for i in range(repeat)
+            for submission, folder, team, sha, records in teams]
 
 
 def _same_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> bool:
@@ -99,7 +106,7 @@ def _same_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> bool:
 
 def records_of(entry: Entry, track_dir: Path, overrides: dict[str, Any],
                 budget_s: float | None = None) -> list[tuple[Path, dict]]:
-    team_dir = track_dir / team_slug(entry.team)
+    team_dir = track_dir / entry.records_folder
     found = []
     for path in sorted(team_dir.glob("*/run.json")) if team_dir.is_dir() else []:
         try:
@@ -206,7 +213,7 @@ def claim(queue: Queue, entry: Entry):
 
     claims = queue.track_dir / ".claims"
     claims.mkdir(parents=True, exist_ok=True)
-    fh = open_lock_file(claims / f"{team_slug(entry.team)}-{entry.seed}-{entry.sha256[:16]}")
+    fh = open_lock_file(claims / f"{entry.records_folder}-{entry.seed}-{entry.sha256[:16]}")
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -31,7 +31,6 @@ from harness.launcher.event.queue import DONE, FAILED, Queue, build_queue, pendi
 from harness.launcher.event.slurm import SlurmOptions, render_queue, submit, wall_time_s
 from harness.launcher.control.workarea import patched_environ
 from harness.ranks.confine.scratch import SCRATCH_ENV
-from harness.submission.contract import team_slug
 from harness.tracks.resolve import track_option
 from harness.tracks.spec import Track, load_track
 
@@ -153,7 +152,7 @@ def _entries(opts: RehearsalOptions, workdir: Path):
 
 
 def _round_tasks(array: str, todo, runs_root: Path, track: Track, log_dir: Path) -> list[Task]:
-    return [Task(f"{array}_{i}", e.team, e.seed, runs_root / track.name / team_slug(e.team) / f"{array}_{i}",
+    return [Task(f"{array}_{i}", e.team, e.seed, runs_root / track.name / e.records_folder / f"{array}_{i}",
                  log_dir / f"harness-queue-{array}_{i}-node0.out") for i, e in enumerate(todo)]
 
 

@@ -11,8 +11,10 @@ team's latest submission, would show the victim as the impostor's crash.
   name, the same on every node and machine); a run from another folder claiming it is refused, and so is one
   whose name differs but would share its records folder ("Team-A" after "Team A": both are `Team-A/`).
 
-A refused run is recorded `invalid` under its own folder's name, naming the folder that owns the name: it never
-lands among the owner's runs.
+A refused run is recorded `invalid` under its own folder's name, naming the folder that owns the name, in a records
+folder of refused runs (`<folder>~refused`, a name no team's records folder can have): it never lands among the
+owner's runs, nor in the records folder of a team whose name its folder's name spells ("Team-A" refused the name
+"Team A" would otherwise have been filed in Team A's `Team-A/`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from harness.results.records import read_record_json, record_folder
 from harness.submission.contract import team_name_is_plain, team_slug
 
 ROSTER = "roster.toml"
+REFUSED = "~refused"  # a refused run's records folder ends so: team_slug never keeps a "~"
 ROSTER_MAX_BYTES = 1 << 20
 
 
@@ -37,6 +40,11 @@ class Identity:
     name: str  # what ranks the run (and the folder its record goes in)
     refused: str = ""  # why the run is invalid: a name another folder owns, a folder not on the roster
     note: str = ""  # said in the record: the roster's name where the team's file says another
+
+    @property
+    def records_folder(self) -> str:
+        """The folder of the track's records its runs go in: its name's, or, refused, one no team's can be."""
+        return team_slug(self.name) + (REFUSED if self.refused else "")
 
 
 def read_roster(runs_root: Path) -> dict[str, str] | None:

@@ -60,7 +60,6 @@ from harness.submission.contract import (
     read_team,
     snapshot_submission,
     submission_sha256,
-    team_slug,
 )
 from harness.submission.files import weight_like_files
 from harness.submission.open_division import OPEN, division_of, read_open_spec
@@ -181,7 +180,7 @@ def run_submission(opts: RunOptions, reporter=None) -> tuple[RunRecord, Path]:
     # The organiser's roster, or the folder that first used the name, decides who the run is (identity.py).
     claimed = team.name if team else folder.name
     identity = resolve_identity(runs_root(opts.runs_dir), claimed, folder, run_id)
-    run_dir = runs_root(opts.runs_dir) / track.name / team_slug(identity.name) / run_id
+    run_dir = runs_root(opts.runs_dir) / track.name / identity.records_folder / run_id
     if opts.node_rank == 0 and (run_dir / "run.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run: choose another --run-id")
     run_dir.mkdir(parents=True, exist_ok=True)  # on several nodes, any of them may get here first
