@@ -117,6 +117,11 @@ def test_a_team_name_another_folder_owns_is_refused_and_never_lands_among_its_ru
     assert record["status"] == "invalid" and "belongs to folder 'theirs'" in record["reason"]
     assert record["team"] == "mine" and record["identity"]["claimed"] == "Rapides"
     assert record["submission_dir"] == str(copy.resolve())
+    # a queue's entry for the refused folder is settled by this record (never run again at every --resume)
+    from harness.launcher.event.queue import FAILED, build_queue, state_of
+
+    (entry,) = build_queue([str(copy)], seed=record["seed"], repeat=1, runs_root=tmp_path / "runs")
+    assert state_of(entry, tmp_path / "runs" / "tiny", {}).state == FAILED
     assert cli("leaderboard", "--no-charts").code == 0
     board = list(csv.DictReader((tmp_path / "leaderboard" / "tiny.csv").open()))
     (rapides,) = [r for r in board if r["team"] == "Rapides"]

@@ -108,6 +108,29 @@ def test_a_team_file_too_large_to_be_one_is_not_read(tmp_path):
     assert caught.value.problem == "is larger than 64 KiB."
 
 
+def test_a_path_too_long_to_copy_on_every_node_is_refused_wherever_it_is_read(tmp_path):
+    """Attack of 2026-12-03: a nested file whose path fit node 0's copy of the submission and not node 1's (12 bytes
+    deeper) made node 1's launcher fail ("File name too long", `crashed` as a harness error) before its rendezvous.
+    A path inside a submission is held to a bound of its own, the same on every node, in check and run alike."""
+    from harness.submission import contract
+    from harness.submission.files import MAX_REL_PATH_BYTES
+
+    team = tmp_path / "team"
+    deep = team / ("d" * 200) / ("e" * 200)
+    deep.mkdir(parents=True)
+    (team / "submission.py").write_text("CONFIG = {}\n")
+    (deep / "f.txt").write_text("x")
+    assert contract.submission_sha256(team)  # 403 bytes: within the bound
+    (deep / ("g" * (MAX_REL_PATH_BYTES - 400))).write_text("x")
+    for read in (lambda: contract.snapshot_submission(team, tmp_path / "copy"), lambda: submission_files(team),
+                 lambda: contract.submission_sha256(team)):
+        with pytest.raises(SubmissionError) as caught:
+            read()
+        assert caught.value.problem.startswith(f"is a path longer than {MAX_REL_PATH_BYTES} bytes: the harness "
+                                               "copies a submission into folders of its own"), caught.value.problem
+        assert caught.value.fix == "shorten the names of its folders and files"
+
+
 def test_a_link_in_the_folder_is_named_and_never_followed(tmp_path):
     (tmp_path / "submission.py").write_text("CONFIG = {}\n")
     (tmp_path / "data.bin").symlink_to("/etc/hostname")

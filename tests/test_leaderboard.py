@@ -489,3 +489,17 @@ def test_two_folders_never_share_a_teams_entry(tmp_path):
     entries = {row["team"]: row for row in table(runs).to_dict("records")}
     assert entries["Rapides"]["rank"] == 1 and entries["Rapides"]["val_loss"] == 2.0
     assert entries["Rapides [mine]"]["status"] == "crashed"
+
+
+def test_a_refused_run_owns_no_name_on_the_board(tmp_path):
+    """Review of 2026-12-03: folder beta was refused for claiming another folder's name and its run recorded as
+    "beta"; folder alpha then took the name "beta" (a refused run owns none, identity.py). The board gave the name
+    to the refused run, and showed the team that owns it as "beta [alpha]"."""
+    runs = tmp_path / "runs"
+    make_run(runs, "beta", None, status="invalid", reason="team name 'Alpha' belongs to folder 'gamma'",
+             submission_dir="/event/submissions/beta", started_at="2026-11-29T10:00:00Z",
+             extra={"identity": {"claimed": "Alpha", "folder": "beta", "refused": "team name 'Alpha' belongs to ..."}})
+    make_run(runs, "beta", 2.0, sha="b" * 64, submission_dir="/event/submissions/alpha", started_at="2026-11-29T11:00:00Z")
+    entries = {row["team"]: row for row in table(runs).to_dict("records")}
+    assert entries["beta"]["rank"] == 1 and entries["beta"]["val_loss"] == 2.0
+    assert entries["beta [beta]"]["status"] == "invalid"

@@ -105,8 +105,42 @@ def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvou
     NodePaths(tmp_path, 1).save_report(refused)
     assert lead.why() == ("invalid", "node 1 ended its run before training: invalid: submission.py:1: RuntimeError")
     assert json.loads(NodePaths(tmp_path, 1).report_path.read_text())["cause"] == "own"  # for merge_node_reports
+    # An account of a training job's end (its ranks timed out in the process group, say) is read after the job
+    late = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", hostname="h", reason="a collective")
+    late.extra["cause"] = "collective"
+    NodePaths(tmp_path, 1).save_report(late)
+    assert lead.why() is None
+    # An earlier attempt's account under the same run id is not this run's
+    NodePaths(tmp_path, 1).save_report(refused)
+    assert EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0, stale_before="2999-01-01T00:00:00Z").why() is None
+    from conftest import TINY_TRACK
+    from harness.launcher.run.training import stale_before
+    from harness.tracks.spec import load_track
+
+    now = RunRecord(run_id="r", team="t", track_name="tiny", started_at="2026-12-03T10:00:00Z")
+    assert stale_before(now, load_track(str(TINY_TRACK))) == "2026-12-03T09:58:30Z"  # rendezvous 30 s, a minute more
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
     assert other.why() is None
     (tmp_path / "run.json").write_text(json.dumps({"status": "invalid", "reason": "submission.py: no get_model"}))
     status, why = other.why()  # node 0's record is the run's: this node's part ends aborted, saying why
     assert status == "aborted" and "node 0 ended the run before training: invalid" in why
+
+
+def test_a_node_that_ends_the_run_before_this_nodes_ranks_start_gives_the_run_its_status():
+    """Review of 2026-12-03: node 1 refused (its check, at once) before node 0's ranks had all started; node 0's job
+    was ended and its record said "this node's ranks did not all start ... no team code ran", `aborted`: the
+    re-run the team chose. The other node's status is the run's, wherever node 0 was when it came."""
+    from types import SimpleNamespace
+
+    from harness.launcher.control.watch import WatchResult
+    from harness.launcher.run.check_phase import JobBeside, check_then_say
+    from harness.launcher.run.outcome import Outcome
+
+    said = ("invalid", "node 1 ended its run before training: invalid: submission.py:1: raised RuntimeError")
+    ended = SimpleNamespace(outcome=Outcome(*said, cause="kill"), watch=WatchResult(ended_by=said))
+    record = RunRecord(run_id="r", team="t", track_name="tiny")
+    checked = []
+    passed, beside = check_then_say(lambda: checked.append(1) or {}, lambda report: True, JobBeside(lambda gate: ended),
+                                    {0}, record, nnodes=2, rendezvous_s=0.1)
+    assert (passed, beside, checked) == (False, None, [])  # no check ran: the run was over
+    assert (record.status, record.reason) == said

@@ -309,3 +309,16 @@ def test_a_copy_never_reads_past_what_the_file_held_when_it_was_opened(tmp_path,
     finally:
         os.close(folder)
     assert (tmp_path / "dest").read_bytes() == b"a" * 100
+
+
+def test_a_queue_refuses_two_teams_whose_names_share_a_records_folder(tmp_path):
+    """Attack of 2026-12-03: folders claiming "Team A" and "Team-A" made two entries of one records folder; whichever
+    ran first owned it, and the other's entry was refused at every --resume, never settled."""
+    first, second = tmp_path / "a" / "x", tmp_path / "b" / "y"
+    for folder, name in ((first, "Team A"), (second, "Team-A")):
+        shutil.copytree(FIXTURES / "ok_bigram", folder)
+        (folder / "submission.toml").write_text(f'[team]\nname = "{name}"\n')
+    with pytest.raises(ValueError, match="teams 'Team A' and 'Team-A', one records folder"):
+        build_queue([str(first), str(second)], seed=1, repeat=1)
+    (second / "submission.toml").write_text('[team]\nname = "Team B"\n')
+    assert [e.team for e in build_queue([str(first), str(second)], seed=1, repeat=1)] == ["Team A", "Team B"]

@@ -54,6 +54,7 @@ def test_one_launcher_per_node_with_rendezvous_on_the_first_node(script):
     assert '--run-id "$SLURM_JOB_ID"' in srun and '--track "$HARNESS_TRACK"' in srun
     # Since SLURM 20.11 a step gets only the CPUs it asks for (one per task): the launcher asks for the node's.
     assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
+    assert "--kill-on-bad-exit=0 --wait=0" in srun  # no node is stopped because another ended: each says how it ended
     assert f"export HARNESS_SUBMISSION={ROOT / 'submissions' / 'baseline'}" in text
     assert f"export HARNESS_RUNS_DIR={tmp_path / 'runs'}" in text
 

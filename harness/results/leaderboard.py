@@ -57,7 +57,7 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
 # What a row holds (record_row) and the harness that derived it: a row index written by another harness is not read
 # (how a row is derived from a record may change without the schema's version).
 ROW_FIELDS = f"{__version__}:{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source",
-                                                           "folder"])
+                                                           "folder", "refused"])
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
@@ -135,6 +135,8 @@ def record_row(raw: dict[str, Any]) -> dict[str, Any]:
     row["track_source"] = track.get("source")  # an organiser's file: commands name its path
     row["division"] = row.get("division") or "fixed"  # records from before the open division
     row["folder"] = record_folder(raw) or None
+    identity = raw.get("identity")  # refused for its name (harness/launcher/run/identity.py): it owns no name
+    row["refused"] = bool(isinstance(identity, dict) and identity.get("refused"))
     return row
 
 
@@ -149,16 +151,19 @@ def row_problem(row: dict[str, Any]) -> str:
         return "max_steps is not a count"
     if not isinstance(row.get("division"), str) or not isinstance(row.get("folder"), (str, type(None))):
         return "division or folder is not a string"
+    if type(row.get("refused")) is not bool:
+        return "refused is not a boolean"
     return ""
 
 
 def separate_folders(rows: list[dict]) -> None:
     """Two submission folders never share a team's entry: a name's runs belong to the folder whose run used it
     first (harness/launcher/run/identity.py refuses the others' runs); runs of any other folder under that name
-    (made before that rule, or planted) are shown apart, as "name [folder]"."""
+    (made before that rule, or planted) are shown apart, as "name [folder]". A refused run owns no name, as in
+    identity.py: its folder's name may be another folder's team name."""
     first: dict[str, dict] = {}
     for row in rows:
-        if row.get("folder") and row.get("status") != UNREADABLE:
+        if row.get("folder") and row.get("status") != UNREADABLE and not row.get("refused"):
             seen = first.get(row["team"])
             if seen is None or (str(row.get("started_at") or ""), row["run_id"]) < (str(seen.get("started_at") or ""), seen["run_id"]):
                 first[row["team"]] = row

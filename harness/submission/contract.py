@@ -147,8 +147,7 @@ def submission_files(folder: Path) -> list[Path]:
 
 
 def _unsafe(folder: Path, exc: files.UnsafeEntry) -> SubmissionError:
-    return SubmissionError(folder / exc.rel, f"is {exc.kind}: the harness copies and imports regular files only, "
-                           "and follows no link out of a submission folder.", exc.fix)
+    return SubmissionError(folder / exc.rel, f"is {exc.kind}: {exc.why}", exc.fix)
 
 
 def submission_sha256(folder: Path) -> str:

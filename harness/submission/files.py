@@ -33,11 +33,16 @@ MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
 CHUNK = 1 << 20
 
 
+MAX_REL_PATH_BYTES = 512  # a file's path inside a submission: copies of it go under the harness's own folders
+
+
 class UnsafeEntry(OSError):
     """Something in the folder the harness will not read: `rel` names it, `kind` says what it is."""
 
-    def __init__(self, rel: str, kind: str, fix: str):
-        self.rel, self.kind, self.fix = rel, kind, fix
+    WHY = "the harness copies and imports regular files only, and follows no link out of a submission folder."
+
+    def __init__(self, rel: str, kind: str, fix: str, why: str = WHY):
+        self.rel, self.kind, self.fix, self.why = rel, kind, fix, why
         super().__init__(f"{rel}: {kind}")
 
 
@@ -77,6 +82,13 @@ def walk(folder: str | Path) -> Iterator[Entry]:
         for name in [*dirnames, *sorted(filenames)]:
             if name.endswith(IGNORED_SUFFIXES) and name not in dirnames:
                 continue
+            if len((prefix + name).encode(errors="surrogateescape")) > MAX_REL_PATH_BYTES:
+                # Whether a copy fits PATH_MAX would depend on where it is copied: a node's copy lies deeper than
+                # node 0's, so one node would refuse what another accepts. Refused wherever it is read.
+                raise UnsafeEntry((prefix + name)[:120] + "...", f"a path longer than {MAX_REL_PATH_BYTES} bytes",
+                                  "shorten the names of its folders and files",
+                                  why="the harness copies a submission into folders of its own, whose paths come "
+                                      "first, on every node.")
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
                 continue  # fwalk goes in (its own check refuses a folder swapped for a link meanwhile)

@@ -86,10 +86,15 @@ def build_queue(submissions: list[str], seed: int, repeat: int, runs_root: Path 
         if runs_root is not None:
             identity = resolve_identity(runs_root, team, folder)
             team, records = identity.name, identity.records_folder
-        if team in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
-            raise ValueError(f"{seen[team]} and {submission} are both team {team!r}: a queue runs each team once "
+        # One records folder, one team: the same name, or names that would share its folder ("Team A", "Team-A":
+        # whichever ran first would own it, and the other's entry would be refused at every --resume)
+        key = team_slug(team).casefold()
+        if key in seen:  # the leaderboard would keep one of them: a queue that runs both measures nothing
+            other, name = seen[key]
+            said = f"both team {team!r}" if name == team else f"teams {name!r} and {team!r}, one records folder"
+            raise ValueError(f"{other} and {submission} are {said}: a queue runs each team once "
                              "(a team's [team] name in submission.toml names it)")
-        seen[team] = submission
+        seen[key] = (submission, team)
         teams.append((submission, folder, team, sha, records))
     return [Entry(submission, folder, team, sha, seed + i, records) for i in range(repeat)
             for submission, folder, team, sha, records in teams]

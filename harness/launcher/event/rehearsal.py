@@ -142,11 +142,11 @@ class Mounts:
         self.mounted, self.made = [], []
 
 
-def _entries(opts: RehearsalOptions, workdir: Path):
-    honest = build_queue(list(opts.submissions), opts.seed, opts.repeat)
+def _entries(opts: RehearsalOptions, workdir: Path, runs_root: Path):
+    honest = build_queue(list(opts.submissions), opts.seed, opts.repeat, runs_root)  # named as their runs will be
     if any(e.team == HANG_TEAM for e in honest):
         raise ValueError(f"a team is named {HANG_TEAM!r}: that name is the rehearsal's own (--fault team-hangs)")
-    extra = build_queue([str(write_hang_team(workdir / "teams" / HANG_TEAM))], opts.seed, 1) \
+    extra = build_queue([str(write_hang_team(workdir / "teams" / HANG_TEAM))], opts.seed, 1, runs_root) \
         if "team-hangs" in opts.faults else []
     return extra + honest  # the hanging team first: its run is settled (timeout) before a cancel can cut it
 
@@ -210,7 +210,7 @@ def run_rehearsal(opts: RehearsalOptions, say=print) -> RehearsalReport:
             runs_root, log_dir = shared / "runs", workdir / "slurm-logs"
             if scratch_bytes:
                 env[SCRATCH_ENV] = str(mounts.tmpfs(scratch_bytes))
-            entries = _entries(opts, workdir)
+            entries = _entries(opts, workdir, runs_root)
             queue = Queue(entries, runs_root / track.name, {}, track.budget_s)
             plan = FaultPlan(tuple(opts.faults), stall_mount=shared if "fs-stall" in opts.faults else None,
                              stall_s=stall_s, lost_after_s=lost_after,

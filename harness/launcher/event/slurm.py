@@ -130,8 +130,10 @@ def _launch(opts: SlurmOptions, track: Track, node_log: str, command: str) -> li
         "# One launcher per node; SLURM_NODEID (0..N-1) is expanded on each node, not here.",
         "# shellcheck disable=SC2016  # the single quotes are the point: each task expands its own variables",
         # A step gets only the CPUs it asks for (one per task by default since SLURM 20.11): ask for the node's.
+        # --wait=0: a site's WaitTime would SIGTERM node 0 a fixed time after another node's launcher ended (a node
+        # that ended before training, say), and a run stopped by SIGTERM reads as the organiser's stop (a re-run).
         'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
-        '--kill-on-bad-exit=0 \\',
+        '--kill-on-bad-exit=0 --wait=0 \\',
         f"     --output={shlex.quote(str(logs))}/{node_log} \\",
         f"     bash -c 'exec \"$HARNESS_PYTHON\" -P -m harness {command}'",
         "",

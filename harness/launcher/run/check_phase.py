@@ -150,7 +150,10 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
             if abort is not None and abort.is_set:
                 set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
                 return False, None
-            if nnodes > 1:  # with what ended the job (a node that ended before training, say), where it said
+            if nnodes > 1 and phase is not None and phase.watch.ended_by:  # another node ended the run first
+                set_outcome(record, *phase.watch.ended_by)  # with its status: a refusal there is the team's `invalid`
+                return False, None
+            if nnodes > 1:  # with what ended the job, where it said
                 said = phase.outcome.reason if phase is not None and phase.outcome.status == "aborted" else ""
                 said = "" if said == beside.gate.why else said  # our own stop's kill says nothing new
                 set_outcome(record, "aborted", "this node's ranks did not all start (a node that never joined the "

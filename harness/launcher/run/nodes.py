@@ -53,6 +53,8 @@ class NodePaths:
             # No training outcome and `invalid`: refused before training (its check, its submission.toml), the
             # team's own end, which node 0 takes over its own view of peers that never came (merge_node_reports).
             "cause": record.extra.get("cause") or ("own" if record.status == "invalid" else ""),
+            "before_training": "cause" not in record.extra,  # no training outcome: the run ended before its job did
+            "started_at": record.started_at,
             "submission_sha256": record.submission_sha256,
             "killed_pids": record.killed_pids, "timings": record.timings, "ended_at": utc_now(),
             # What this node saw that node 0 must carry into the record: flags, refusals, the sandbox.

@@ -270,6 +270,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     refused = record.extra.get("identity", {}).get("refused")
     if refused:  # a name another folder owns, or a folder not on the roster: recorded under its own folder's name
         set_outcome(record, "invalid", refused)
+        try:  # what a queue settles its entry by (queue.records_of), as for any other run
+            record.submission_sha256 = submission_sha256(folder)
+        except Exception:  # noqa: BLE001  (a folder that cannot be hashed is refused below in any run; here, no hash)
+            pass
         return
     if team is None:  # submission.toml is broken: an invalid run, recorded
         try:
@@ -381,13 +385,15 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 and not any(m.get("step") for m in metrics):
             record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
                               "step compiles, on the clock; on this track compiling may cost more than it saves)")
-        if o.status == "crashed" and track.sandbox == "required" and record.sandbox.get("training", {}).get("active") is False:
+        remote = phase.watch.ended_by is not None  # another node's end, with its status: nothing of this node's
+        if o.status == "crashed" and not remote and track.sandbox == "required" \
+                and record.sandbox.get("training", {}).get("active") is False:
             record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
         joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")
-        if o.status == "crashed" and record.extra.get("job_namespace", {}).get("active") and joined is False:
+        if o.status == "crashed" and not remote and record.extra.get("job_namespace", {}).get("active") and joined is False:
             record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
         held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
-        if o.status == "crashed" and phase.containment.get("active") and held is False:
+        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False:
             record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
         record.extra["cause"] = o.cause
         late = check_window(record, track) if record.status == "ok" else ""

@@ -65,14 +65,17 @@ class EarlyEnd:
     """Several nodes: one that ended its run before training is waited for by no other until the rendezvous or
     the start-up times out (600 s at Paris). Node 0 reads the other nodes' accounts, node R node 0's record, at
     most once a second; both are written by launchers alone, in the runs tree. Asked only while no rank of this
-    node got through the process group: an account written then was written before training (the process group
-    needs every node's ranks), so its status is how the run ended, whatever it is. A node whose check refused
-    the submission (the check can tell which node it runs on) ends the run `invalid` on every node, never as a
+    node got through the process group (which needs every node's ranks). Node 0 acts on an account that says it
+    ended before its training job did, with that node's status and reason: a node whose check refused the
+    submission (the check can tell which node it runs on) ends the run `invalid` on every node, never as a
     rendezvous that timed out (`aborted`, a re-run the team would have chosen); a node whose scratch root was
-    too full ends it `aborted`, the infrastructure's."""
+    too full ends it `aborted`, the infrastructure's. An account of a training job's end is merge_node_reports'
+    to read after the job, and one from an earlier attempt under the same run id (its launcher started long
+    before this one: `stale_before`) is not this run's."""
 
-    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0):
+    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0, stale_before: str = ""):
         self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
+        self.stale_before = stale_before  # an ISO time (utc_now's form): an account of a launcher started earlier
 
     def why(self) -> tuple[str, str] | None:
         """(the status this node's job ends with, why) once another node has ended the run; None before."""
@@ -82,9 +85,12 @@ class EarlyEnd:
         self._last = now
         if self.node.lead:
             for r, account in sorted(read_node_reports(self.node.run_dir).items()):
-                status = account.get("status")
-                if status in FINAL_STATUSES and status != "ok":
-                    return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
+                status, started = account.get("status"), account.get("started_at")
+                if account.get("before_training") is not True or status not in FINAL_STATUSES or status == "ok":
+                    continue
+                if self.stale_before and (not isinstance(started, str) or started < self.stale_before):
+                    continue  # utc_now's fixed-width form orders as text
+                return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
             return None
         try:
             record = read_record_json(self.node.run_dir / "run.json")
@@ -94,6 +100,15 @@ class EarlyEnd:
             # this node's part ends `aborted`: the record that counts is node 0's, which says why
             return "aborted", f"node 0 ended the run before training: {record.get('status')}: {record.get('reason')}"
         return None
+
+
+def stale_before(record: RunRecord, track: Track) -> str:
+    """Accounts of launchers started before this one by more than the rendezvous could have waited for it (and a
+    minute of clocks that differ) are an earlier attempt's under the same run id."""
+    import calendar
+
+    started_s = calendar.timegm(time.strptime(record.started_at, "%Y-%m-%dT%H:%M:%SZ"))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_s - track.rendezvous_timeout_s - 60))
 
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
@@ -127,7 +142,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
 
-    early = EarlyEnd(node, track.nnodes) if track.nnodes > 1 else None
+    early = EarlyEnd(node, track.nnodes, stale_before=stale_before(record, track)) if track.nnodes > 1 else None
 
     def poll(watched) -> None:
         if early is not None and not watched.infra and not watched.ended_by and watched.setup_start_s is None:
