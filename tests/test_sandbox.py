@@ -324,3 +324,49 @@ def test_library_folders_are_absolute_real_and_never_the_root(tmp_path):
     (tmp_path / "runs").mkdir()
     assert library_dirs({"LD_LIBRARY_PATH": str(tmp_path)}, protected=[str(tmp_path / "runs")]) == []
     assert library_dirs({"LD_LIBRARY_PATH": str(real)}, protected=[str(tmp_path / "runs")]) == [str(real)]
+
+
+def test_a_log_set_to_mode_000_through_its_descriptor_is_reset_by_a_harness_that_is_not_root(tmp_path):
+    """Attack of 2026-12-03: a sandboxed process holds its log as stdout and may fchmod it to 000; reset_log opened
+    it for reading first, which its owner may not do then (root may: the suite's own user hid it), so a harness run
+    as a plain user left the log unreadable and with its mode. Run as a plain user (root's suite: as nobody)."""
+    import shutil
+    import tempfile
+
+    from harness.ranks.confine import sandbox
+
+    folder = Path(tempfile.mkdtemp(prefix="harness-log-"))  # pytest's own folders are root's alone (0700)
+    try:
+        _reset_as_a_plain_user(sandbox, folder)
+    finally:
+        shutil.rmtree(folder)
+
+
+def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
+    log = folder / "eval-model-rank0.log"
+    log.write_text("what the model process printed\n")
+    os.chmod(log, 0o4000)  # setuid, and no right to read it, as fchmod on its descriptor can make it
+    if os.geteuid() != 0:  # a plain user already: the harness as it runs here
+        sandbox.reset_log(log)
+        assert log.read_text() == "what the model process printed\n"
+        assert oct(log.stat().st_mode & 0o7777) == oct(0o600)
+        return
+    nobody = 65534
+    os.chown(log, nobody, nobody)
+    os.chmod(log, 0o4000)  # chown cleared the setuid bit
+    os.chmod(folder, 0o755)
+    pid = os.fork()
+    if pid == 0:  # the harness as a plain user: the file's owner, no capability
+        code = 1
+        try:
+            os.setgid(nobody)
+            os.setuid(nobody)
+            sandbox.reset_log(log)
+            code = 0 if log.read_text() == "what the model process printed\n" else 2
+        except BaseException as exc:  # noqa: BLE001  (said, then the exit status says it failed)
+            print(f"as a plain user: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert oct(log.stat().st_mode & 0o7777) == oct(0o600)

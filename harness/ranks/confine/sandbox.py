@@ -351,6 +351,13 @@ def reset_log(path: str | Path) -> None:
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except PermissionError:  # mode 000, set through its descriptor: not readable by its owner, whose it still is
+        if not _owner_may_read(path):
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return
     except OSError:
         return
     try:
@@ -363,6 +370,26 @@ def reset_log(path: str | Path) -> None:
                 os.removexattr(fd, name)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def _owner_may_read(path: str | Path) -> bool:
+    """Gives a regular file's owner read-write again, through a descriptor that needs no right to the file
+    (O_PATH, no link followed: chmod of its /proc/self/fd entry); False where that cannot be done (no O_PATH)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except (OSError, AttributeError):
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", 0o600)
+        return True
+    except OSError:
+        return False
     finally:
         os.close(fd)
 
