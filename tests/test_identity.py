@@ -104,3 +104,23 @@ def test_a_refused_run_never_shares_a_teams_records_folder(tmp_path):
     assert (entry.team, entry.records_folder) == ("Team-A", "Team-A~refused")
     (runs / "roster.toml").write_text('[teams]\n"Team A" = "alpha"\n')
     assert resolve_identity(runs, "whatever", impostor).records_folder == "Team-A~refused"  # not on the roster
+
+
+def test_a_scaling_measure_is_refused_a_name_another_folder_owns(tmp_path):
+    """Review of 2026-12-03: `harness scale` took the name its submission.toml claims, and wrote its scale.json into
+    the owner's records folder, shown on the board's scaling view as the owner's. It is held to who the team is, as a
+    run is, before anything is measured or written."""
+    import shutil
+
+    from conftest import FIXTURES, TINY_TRACK
+    from harness.launcher.scaling.scale import ScaleOptions, run_scale
+
+    runs, owner, mine = tmp_path / "runs", tmp_path / "theirs", tmp_path / "mine"
+    owner.mkdir()
+    made = make_run(runs, "Rapides", 2.0, submission_dir=str(owner))  # runs/local/Rapides/<run id>
+    shutil.copytree(FIXTURES / "ok_bigram", mine)
+    (mine / "submission.toml").write_text('[team]\nname = "Rapides"\n')
+    with pytest.raises(ValueError, match="not measured: team name 'Rapides' belongs to folder 'theirs'"):
+        run_scale(ScaleOptions(submission=str(mine), track=str(TINY_TRACK), runs_dir=str(runs)))
+    assert not (runs / "tiny").exists()  # nothing written for the claim, in the owner's folder or any
+    assert [p.name for p in (runs / "local" / "Rapides").iterdir()] == [made.name]

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.launcher.scaling import comm_model
 from harness.launcher.control import process_tree
 from harness.launcher.run.console import NullReporter
-from harness.submission.contract import find_submission, read_team, snapshot_submission, team_slug
+from harness.submission.contract import find_submission, read_team, snapshot_submission
 from harness.data.prepare import prepare_data
 from harness.ranks.jobs import TrainJob
 from harness.ranks.confine.scratch import refuse_unusable
@@ -33,6 +33,7 @@ from harness.launcher.control.elastic import LaunchSpec
 from harness.launcher.run.phases import run_preflight, run_training
 from harness.tracks.precision import resolve_precision
 from harness.results.records import new_run_id, runs_root, utc_now, write_atomic
+from harness.launcher.run.identity import resolve_identity
 from harness.launcher.run.runner import resolve_nproc
 from harness.tracks.spec import load_track
 from harness.launcher.control.watch import Deadlines, abort_on_signals
@@ -74,10 +75,15 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     track = load_track(opts.track)
     nproc = resolve_nproc(track)  # the track's own ranks per node: where the prediction matters
     folder = find_submission(opts.submission)
-    data = prepare_data(track, opts.data_root, say=reporter.info)
     team = read_team(folder)
+    # Who the team is, as for a run (identity.py): a scaling chart under another folder's name would be shown as
+    # that team's on the board's scaling view
+    identity = resolve_identity(runs_root(opts.runs_dir), team.name, folder)
+    if identity.refused:
+        raise ValueError(f"not measured: {identity.refused}")
+    data = prepare_data(track, opts.data_root, say=reporter.info)
     scale_id = "scale-" + new_run_id()
-    out_dir = runs_root(opts.runs_dir) / track.name / team_slug(team.name) / scale_id
+    out_dir = runs_root(opts.runs_dir) / track.name / identity.records_folder / scale_id
     (out_dir / "logs").mkdir(parents=True)
     sha = snapshot_submission(folder, out_dir / "submission")
     precision, _ = resolve_precision(track.dtype, track.device)
@@ -139,7 +145,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
         reporter.info(f"note: {note}")
     targets = sorted({1, track.nnodes * nproc, *PREDICT_AT, *opts.world_sizes})
     record = {
-        "kind": "scale", "schema_version": 2, "scale_id": scale_id, "team": team.name, "track": track.name,
+        "kind": "scale", "schema_version": 2, "scale_id": scale_id, "team": identity.name, "track": track.name,
         "submission_sha256": sha, "created_at": utc_now(), "device_name": points[0].get("device_name"),
         "precision": precision, "steps": opts.steps, "threads_per_rank": threads if track.device == "cpu" else None,
         "warmup_steps": opts.warmup_steps, "probe_steps": opts.probe_steps, "params": params,
