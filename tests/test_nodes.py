@@ -113,6 +113,11 @@ def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvou
     # An earlier attempt's account under the same run id is not this run's
     NodePaths(tmp_path, 1).save_report(refused)
     assert EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0, stale_before="2999-01-01T00:00:00Z").why() is None
+    # Three nodes: node 2 does not wait for node 0's record (final only once node 0 has waited for node 2's account)
+    third = EarlyEnd(NodePaths(tmp_path, 2), 3, every_s=0.0)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
+    assert third.why() == ("aborted", "node 1 ended the run before training: invalid: submission.py:1: RuntimeError")
+    assert EarlyEnd(NodePaths(tmp_path, 1), 3, every_s=0.0).why() is None  # never on its own account
     from conftest import TINY_TRACK
     from harness.launcher.run.training import stale_before
     from harness.tracks.spec import load_track

@@ -64,7 +64,8 @@ def threads_per_rank(track: Track, nproc: int) -> int:
 class EarlyEnd:
     """Several nodes: one that ended its run before training is waited for by no other until the rendezvous or
     the start-up times out (600 s at Paris). Node 0 reads the other nodes' accounts, node R node 0's record, at
-    most once a second; both are written by launchers alone, in the runs tree. Asked only while no rank of this
+    most once a second (and, with three nodes or more, node R the others' accounts too); all are written by
+    launchers alone, in the runs tree. Asked only while no rank of this
     node got through the process group (which needs every node's ranks). Node 0 acts on an account that says it
     ended before its training job did, with that node's status and reason: a node whose check refused the
     submission (the check can tell which node it runs on) ends the run `invalid` on every node, never as a
@@ -83,14 +84,19 @@ class EarlyEnd:
         if now - self._last < self.every_s:
             return None
         self._last = now
-        if self.node.lead:
-            for r, account in sorted(read_node_reports(self.node.run_dir).items()):
-                status, started = account.get("status"), account.get("started_at")
-                if account.get("before_training") is not True or status not in FINAL_STATUSES or status == "ok":
-                    continue
-                if self.stale_before and (not isinstance(started, str) or started < self.stale_before):
-                    continue  # utc_now's fixed-width form orders as text
+        for r, account in sorted(read_node_reports(self.node.run_dir).items()):
+            status, started = account.get("status"), account.get("started_at")
+            if r == self.node.node_rank or account.get("before_training") is not True \
+                    or status not in FINAL_STATUSES or status == "ok":
+                continue
+            if self.stale_before and (not isinstance(started, str) or started < self.stale_before):
+                continue  # utc_now's fixed-width form orders as text
+            if self.node.lead:
                 return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
+            # A third node: the run's status is node 0's to give (from the same account); this node's part ends
+            # now rather than once node 0 has waited for its account
+            return "aborted", f"node {r} ended the run before training: {status}: {account.get('reason')}"
+        if self.node.lead:
             return None
         try:
             record = read_record_json(self.node.run_dir / "run.json")
