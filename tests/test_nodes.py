@@ -149,3 +149,4 @@ def test_a_node_that_ends_the_run_before_this_nodes_ranks_start_gives_the_run_it
                                     {0}, record, nnodes=2, rendezvous_s=0.1)
     assert (passed, beside, checked) == (False, None, [])  # no check ran: the run was over
     assert (record.status, record.reason) == said
+    assert record.extra["cause"] == "kill"  # a third node's account of it never reads as its own end before training

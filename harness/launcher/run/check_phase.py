@@ -152,6 +152,9 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
                 return False, None
             if nnodes > 1 and phase is not None and phase.watch.ended_by:  # another node ended the run first
                 set_outcome(record, *phase.watch.ended_by)  # with its status: a refusal there is the team's `invalid`
+                # ended by another's account: this node's own (a third node's) must not read as a node that ended
+                # before training of itself (nodes.py), were it seen before the account it came from
+                record.extra["cause"] = "kill"
                 return False, None
             if nnodes > 1:  # with what ended the job, where it said
                 said = phase.outcome.reason if phase is not None and phase.outcome.status == "aborted" else ""
