@@ -150,3 +150,21 @@ def test_a_node_that_ends_the_run_before_this_nodes_ranks_start_gives_the_run_it
     assert (passed, beside, checked) == (False, None, [])  # no check ran: the run was over
     assert (record.status, record.reason) == said
     assert record.extra["cause"] == "kill"  # a third node's account of it never reads as its own end before training
+    # ... so node 0, reading both accounts, gives the run the refusing node's status (reviews of 2026-12-03)
+    import tempfile
+    from pathlib import Path
+
+    from harness.launcher.run.training import EarlyEnd
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        (Path(run_dir) / "nodes").mkdir()
+        record.status, record.reason = "aborted", "node 3 ended the run before training: invalid: submission.py:1"
+        NodePaths(Path(run_dir), 1).save_report(record)  # node 1's part, ended by node 3's account
+        refused = RunRecord(run_id="r", team="t", track_name="tiny", status="invalid", hostname="h",
+                            reason="submission.py:1: raised RuntimeError")
+        NodePaths(Path(run_dir), 3).save_report(refused)
+        full = RunRecord(run_id="r", team="t", track_name="tiny", status="aborted", hostname="h",
+                         reason="the scratch folder /s has 0.01 GiB free")
+        NodePaths(Path(run_dir), 2).save_report(full)  # seen in the same poll: the team's own end comes first
+        assert EarlyEnd(NodePaths(Path(run_dir), 0), 4, every_s=0.0).why() == (
+            "invalid", "node 3 ended its run before training: invalid: submission.py:1: raised RuntimeError")

@@ -343,13 +343,19 @@ def test_a_log_set_to_mode_000_through_its_descriptor_is_reset_by_a_harness_that
 
 
 def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
+    import struct
+
     log = folder / "eval-model-rank0.log"
     log.write_text("what the model process printed\n")
+    # an access ACL set through its descriptor, giving user 65534 the right to read it (tag, perm, id entries)
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, uid) for tag, perm, uid in (
+        (0x01, 6, 0xFFFFFFFF), (0x02, 4, 65534), (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF), (0x20, 0, 0xFFFFFFFF)))
+    os.setxattr(log, "system.posix_acl_access", acl)
     os.chmod(log, 0o4000)  # setuid, and no right to read it, as fchmod on its descriptor can make it
     if os.geteuid() != 0:  # a plain user already: the harness as it runs here
         sandbox.reset_log(log)
         assert log.read_text() == "what the model process printed\n"
-        assert oct(log.stat().st_mode & 0o7777) == oct(0o600)
+        assert oct(log.stat().st_mode & 0o7777) == oct(0o600) and os.listxattr(log) == []
         return
     nobody = 65534
     os.chown(log, nobody, nobody)
@@ -369,4 +375,4 @@ def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert oct(log.stat().st_mode & 0o7777) == oct(0o600)
+    assert oct(log.stat().st_mode & 0o7777) == oct(0o600) and os.listxattr(log) == []  # no ACL left

@@ -84,7 +84,10 @@ class EarlyEnd:
         if now - self._last < self.every_s:
             return None
         self._last = now
-        for r, account in sorted(read_node_reports(self.node.run_dir).items()):
+        # The team's own end first (a refusal, cause "own"), as merge_node_reports takes it: seen in one poll beside
+        # a node that aborted, it is the run's status, whichever node's rank is lower
+        accounts = sorted(read_node_reports(self.node.run_dir).items(), key=lambda a: (a[1].get("cause") != "own", a[0]))
+        for r, account in accounts:
             status, started = account.get("status"), account.get("started_at")
             if r == self.node.node_rank or account.get("before_training") is not True \
                     or status not in FINAL_STATUSES or status == "ok":

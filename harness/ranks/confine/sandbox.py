@@ -366,7 +366,8 @@ def reset_log(path: str | Path) -> None:
             return
         os.fchmod(fd, (stat.S_IMODE(st.st_mode) & 0o644) | 0o600)
         for name in os.listxattr(fd):
-            if name.startswith("user."):
+            # its own attributes, and an access ACL (which could give another local user the right to read it)
+            if name.startswith("user.") or name == "system.posix_acl_access":
                 os.removexattr(fd, name)
     except OSError:
         pass
@@ -381,7 +382,13 @@ def _owner_may_read(path: str | Path) -> bool:
 
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
-    except (OSError, AttributeError):
+    except AttributeError:  # no O_PATH (macOS): its chmod does not follow a link
+        try:
+            os.chmod(path, 0o600, follow_symlinks=False)
+            return True
+        except (OSError, NotImplementedError):
+            return False
+    except OSError:
         return False
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
