@@ -6,7 +6,7 @@ import time
 from harness.launcher.run import nodes
 from harness.launcher.run.nodes import NodePaths, merge_node_reports
 from harness.launcher.run.outcome import Outcome
-from harness.results.records import RunRecord
+from harness.results.records import RunRecord, stamp_epoch_s
 
 
 class Beating:
@@ -112,18 +112,18 @@ def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvou
     assert lead.why() is None
     # An earlier attempt's account under the same run id is not this run's
     NodePaths(tmp_path, 1).save_report(refused)
-    assert EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0, stale_before="2999-01-01T00:00:00Z").why() is None
+    assert EarlyEnd(NodePaths(tmp_path, 0), 2, every_s=0.0, stale_before_s=stamp_epoch_s("2999-01-01T00:00:00Z")).why() is None
     # Three nodes: node 2 does not wait for node 0's record (final only once node 0 has waited for node 2's account)
     third = EarlyEnd(NodePaths(tmp_path, 2), 3, every_s=0.0)
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
     assert third.why() == ("aborted", "node 1 ended the run before training: invalid: submission.py:1: RuntimeError")
     assert EarlyEnd(NodePaths(tmp_path, 1), 3, every_s=0.0).why() is None  # never on its own account
     from conftest import TINY_TRACK
-    from harness.launcher.run.training import stale_before
+    from harness.launcher.run.training import stale_before_s
     from harness.tracks.spec import load_track
 
     now = RunRecord(run_id="r", team="t", track_name="tiny", started_at="2026-12-03T10:00:00Z")
-    assert stale_before(now, load_track(str(TINY_TRACK))) == "2026-12-03T09:58:30Z"  # rendezvous 30 s, a minute more
+    assert stale_before_s(now, load_track(str(TINY_TRACK))) == stamp_epoch_s("2026-12-03T09:58:30Z")  # 30 s + a minute
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
     assert other.why() is None
     (tmp_path / "run.json").write_text(json.dumps({"status": "invalid", "reason": "submission.py: no get_model"}))

@@ -67,8 +67,21 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # a record's times (started_at, ended_at): UTC, to the second
+
+
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime(STAMP, time.gmtime())
+
+
+def stamp_epoch_s(stamp: object) -> float | None:
+    """Seconds since the epoch of a time written by utc_now; None for anything else (a record may be edited)."""
+    import calendar
+
+    try:
+        return float(calendar.timegm(time.strptime(stamp, STAMP))) if isinstance(stamp, str) else None
+    except ValueError:
+        return None
 
 
 @dataclass(kw_only=True)

@@ -4,18 +4,16 @@ what every launcher writes into its record (`launcher_where`)."""
 
 from __future__ import annotations
 
-import calendar
 import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 
 from harness.results import locks
-from harness.results.records import RunRecord
+from harness.results.records import RunRecord, stamp_epoch_s
 
 STARTED_AT_RESOLUTION_S = 1.0  # started_at is written to the second: a launcher may have started up to 1 s after it
 
@@ -84,7 +82,7 @@ def launcher_alive(record: RunRecord, here: str | None = None, run_dir: Path | N
         return ""
     except psutil.Error as exc:  # AccessDenied: a process is there and cannot be looked at
         return f"process {pid} is alive and cannot be inspected ({type(exc).__name__})"
-    started_s = _epoch_s(record.started_at)
+    started_s = stamp_epoch_s(record.started_at)
     if started_s is None:
         return f"process {pid} is alive and the record's start ({record.started_at!r}) cannot be read ({command[:200]})"
     if created_s < started_s + STARTED_AT_RESOLUTION_S:
@@ -100,8 +98,3 @@ def _here() -> dict:
     return where
 
 
-def _epoch_s(stamp: str | None) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return None

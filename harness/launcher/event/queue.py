@@ -51,11 +51,8 @@ class Entry:
     team: str
     sha256: str
     seed: int
-    records: str = ""  # its records folder in the track's (identity.py): "" for its team name's
-
-    @property
-    def records_folder(self) -> str:
-        return self.records or team_slug(self.team)
+    records_folder: str  # where its runs are recorded in the track's folder (identity.py): its team name's, or
+                         # a refused folder's
 
 
 @dataclass
@@ -82,7 +79,7 @@ def build_queue(submissions: list[str], seed: int, repeat: int, runs_root: Path 
             team, sha = read_team(folder).name, submission_sha256(folder)
         except Exception:  # noqa: BLE001  (any fault of one team's folder is that team's entry, never the queue's)
             team, sha = folder.name, ""
-        records = ""
+        records = team_slug(team)
         if runs_root is not None:
             identity = resolve_identity(runs_root, team, folder)
             team, records = identity.name, identity.records_folder

@@ -31,7 +31,8 @@ from harness.launcher.control.watch import AbortFlag, Deadlines
 from harness.launcher.control.workarea import WorkArea
 from harness.ranks.confine import sandbox
 from harness.ranks.jobs import TrainJob
-from harness.results.records import FINAL_STATUSES, RunRecord, leaderboard_root, read_record_json, runs_root
+from harness.results.records import (FINAL_STATUSES, RunRecord, leaderboard_root, read_record_json, runs_root,
+                                      stamp_epoch_s)
 from harness.submission.open_division import OpenSpec
 from harness.submission.printable import printable
 from harness.tracks.spec import Track
@@ -72,11 +73,11 @@ class EarlyEnd:
     rendezvous that timed out (`aborted`, a re-run the team would have chosen); a node whose scratch root was
     too full ends it `aborted`, the infrastructure's. An account of a training job's end is merge_node_reports'
     to read after the job, and one from an earlier attempt under the same run id (its launcher started long
-    before this one: `stale_before`) is not this run's."""
+    before this one: `stale_before_s`) is not this run's."""
 
-    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0, stale_before: str = ""):
+    def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0, stale_before_s: float | None = None):
         self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
-        self.stale_before = stale_before  # an ISO time (utc_now's form): an account of a launcher started earlier
+        self.stale_before_s = stale_before_s  # epoch seconds: an account of a launcher started earlier is not ours
 
     def why(self) -> tuple[str, str] | None:
         """(the status this node's job ends with, why) once another node has ended the run; None before."""
@@ -88,12 +89,12 @@ class EarlyEnd:
         # a node that aborted, it is the run's status, whichever node's rank is lower
         accounts = sorted(read_node_reports(self.node.run_dir).items(), key=lambda a: (a[1].get("cause") != "own", a[0]))
         for r, account in accounts:
-            status, started = account.get("status"), account.get("started_at")
+            status, started_s = account.get("status"), stamp_epoch_s(account.get("started_at"))
             if r == self.node.node_rank or account.get("before_training") is not True \
                     or status not in FINAL_STATUSES or status == "ok":
                 continue
-            if self.stale_before and (not isinstance(started, str) or started < self.stale_before):
-                continue  # utc_now's fixed-width form orders as text
+            if self.stale_before_s is not None and (started_s is None or started_s < self.stale_before_s):
+                continue
             if self.node.lead:
                 return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
             # A third node: the run's status is node 0's to give (from the same account); this node's part ends
@@ -111,13 +112,11 @@ class EarlyEnd:
         return None
 
 
-def stale_before(record: RunRecord, track: Track) -> str:
+def stale_before_s(record: RunRecord, track: Track) -> float | None:
     """Accounts of launchers started before this one by more than the rendezvous could have waited for it (and a
     minute of clocks that differ) are an earlier attempt's under the same run id."""
-    import calendar
-
-    started_s = calendar.timegm(time.strptime(record.started_at, "%Y-%m-%dT%H:%M:%SZ"))
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_s - track.rendezvous_timeout_s - 60))
+    started_s = stamp_epoch_s(record.started_at)
+    return None if started_s is None else started_s - track.rendezvous_timeout_s - 60
 
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
@@ -151,7 +150,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
 
-    early = EarlyEnd(node, track.nnodes, stale_before=stale_before(record, track)) if track.nnodes > 1 else None
+    early = EarlyEnd(node, track.nnodes, stale_before_s=stale_before_s(record, track)) if track.nnodes > 1 else None
 
     def poll(watched) -> None:
         if early is not None and not watched.infra and not watched.ended_by and watched.setup_start_s is None:
