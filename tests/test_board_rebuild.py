@@ -1,6 +1,7 @@
 """A board's rebuild at event size: the row index (harness/results/row_index.py) parses only the records it has not
-seen, and is trusted no more than the records; the charts are drawn in two processes where a fork is safe
-(harness/results/charts/parallel.py), with the same files and the same errors as one process drew."""
+seen, and is trusted no more than the records; the records are parsed and the charts drawn in two processes where a
+fork is safe (harness/results/forked.py, charts/parallel.py), with the same rows, files and errors as one process
+gives; orjson reads a record as the stdlib does (harness/results/records.py)."""
 
 import json
 import os
@@ -22,13 +23,13 @@ from records_factory import make_run
 def _parsed(monkeypatch) -> list[str]:
     """The record files load_rows parses from here on."""
     seen: list[str] = []
-    real = leaderboard.read_record_json
+    real = leaderboard.read_record_fields
 
     def counting(path, *a, **k):
         seen.append(str(path))
         return real(path, *a, **k)
 
-    monkeypatch.setattr(leaderboard, "read_record_json", counting)
+    monkeypatch.setattr(leaderboard, "read_record_fields", counting)
     return seen
 
 
@@ -201,3 +202,107 @@ def test_an_index_changed_while_a_run_trains_is_removed_and_the_board_rebuilt_fr
         report = guard.check_and_restore()
     assert str(index) in report.leaderboard_changed and not index.exists()
     assert sorted(r["val_loss"] for r in load_rows(runs, "local", index) if r["team"] == "alpha") == [2.00, 2.01]
+
+
+HALVES = r"""
+import json, os, sys
+from harness.results import forked
+
+mode, parent = sys.argv[1], os.getpid()
+
+def square(x):
+    if mode == "fails" and x == 7 or mode == "copy fails" and x == 7 and os.getpid() != parent:
+        raise RuntimeError(f"item {x} cannot be done")
+    return [x * x, os.getpid() == parent, {"nan": float("nan"), "big": 2**70, "text": "\ud800"}]
+
+try:
+    out = forked.map_in_two(list(range(10)), square, min_items=2, fork=True, meanwhile=lambda: print("meanwhile"))
+except RuntimeError as exc:
+    print("raised:", exc)
+else:
+    print(json.dumps([[x, here] for x, here, _ in out]))
+    print(all(json.dumps(extra) == json.dumps(square(0)[2]) for _, _, extra in out))
+"""
+
+
+@pytest.mark.parametrize("mode", ["computes", "copy fails", "fails"])
+def test_a_fork_does_half_of_a_job_and_what_it_cannot_do_is_done_here(mode):
+    """map_in_two gives what one process gives: the items in order, the copy's values unchanged by their way back
+    (NaN, an integer past 64 bits, a lone surrogate); a share the copy fails is done again by this process, and an
+    item nobody can do raises its own error here."""
+    proc = subprocess.run([sys.executable, "-c", HALVES, mode], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "meanwhile"  # once, in this process
+    if mode == "fails":
+        assert lines[1:] == ["raised: item 7 cannot be done"]
+        return
+    out = json.loads(lines[1])
+    assert [x for x, _ in out] == [k * k for k in range(10)] and lines[2] == "True"
+    here = [h for _, h in out]
+    assert here[:5] == [True] * 5, "this process does the first half"
+    assert here[5:] == ([False] * 5 if mode == "computes" else [True] * 5), "the copy's half, or this process's again"
+
+
+PARSE = r"""
+import json, os, sys
+from functools import partial
+from pathlib import Path
+from harness.results import forked, leaderboard
+
+runs, log = Path(sys.argv[1]), Path(sys.argv[2])
+real = leaderboard.parse_row
+
+def parse(path):
+    with open(log / str(os.getpid()), "a") as fh:
+        fh.write(path + "\n")
+    return real(path)
+
+leaderboard.parse_row = parse
+one = leaderboard.load_rows(runs, "local")
+forked.map_in_two = partial(forked.map_in_two, min_items=2, fork=True)
+two = leaderboard.load_rows(runs, "local")
+print(json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True), len(two))
+"""
+
+
+def test_records_parsed_by_two_processes_give_the_rows_one_process_gives(tmp_path):
+    """A cold rebuild parses half of the records in a fork: the same rows, in the same order, unreadable records
+    and records of the wrong types included, as one process reads."""
+    runs, log = tmp_path / "runs", tmp_path / "log"
+    log.mkdir()
+    for seed in range(8):
+        make_run(runs, f"team{seed % 3}", 2.0 + seed / 10, seed=seed)
+    (make_run(runs, "broken", 2.0, seed=20) / "run.json").write_text("{not json")
+    wrong = make_run(runs, "wrong", 2.0, seed=21) / "run.json"
+    wrong.write_text(wrong.read_text().replace('"val_loss": 2.0', '"val_loss": "2.0"'))
+    proc = subprocess.run([sys.executable, "-c", PARSE, str(runs), str(log)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "10"]
+    parsers = {p.name: p.read_text().split() for p in log.iterdir()}
+    assert len(parsers) == 2 and sorted(map(len, parsers.values())) == [5, 15], "all alone, then half each"
+
+
+@pytest.mark.parametrize("text", [
+    '{"status": "ok", "val_loss": NaN, "tokens": 5}',                     # NaN: orjson refuses, the stdlib reads
+    '{"status": "ok", "params": 36893488147419103232, "seed": 1}',          # past 64 bits: an int, never a float
+    '{"status": "ok", "track": {"max_steps": -18446744073709551617}}',     # nested in a field the row reads
+    '{"status": "ok", "val_loss": 1e400, "team": "a", "team": "b"}',       # infinity; the last of a repeated key
+    '{"status": "ok", "notes": ' + "[" * 1100 + "]" * 1100 + "}",          # deeper than orjson goes
+    '{"status": "ok", "reason": "\\ud800 and \\u0000"}',                   # a lone surrogate, a NUL
+])
+def test_orjson_reads_a_record_as_the_stdlib_does(tmp_path, text):
+    from harness.results.records import read_record_fields, read_record_json
+
+    def outcome(read):
+        try:
+            raw = read()
+        except ValueError as exc:
+            return f"raised {type(exc).__name__}: {exc}"
+        return json.dumps(raw), [type(v).__name__ for v in raw.values()]
+
+    path = tmp_path / "run.json"
+    for encoding in ("utf-8", "utf-16"):
+        path.write_bytes(text.encode(encoding))
+        assert outcome(lambda: read_record_fields(path, leaderboard.READ_KEYS)) == outcome(lambda: read_record_json(path))

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
 from harness import __version__
-from harness.results.records import SCHEMA_VERSION, field_kinds, read_record_json, record_folder, upgrade_record
+from harness.results.records import SCHEMA_VERSION, field_kinds, read_record_fields, record_folder, upgrade_record
 from harness.results.stats import ALPHA, best_permutation, finite_first, is_finite, loss_interval, summarize, welch
 
 # Every column, in the CSV's order and the page's details': what a team is ranked by first, then whether the order
@@ -58,6 +58,8 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
 # (how a row is derived from a record may change without the schema's version).
 ROW_FIELDS = f"{__version__}:{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source",
                                                            "folder", "refused"])
+# What parse_row reads of a record: the fields, what record_row derives from, and what upgrade_record moves.
+READ_KEYS = (*FIELDS, "track", "identity", "submission_dir", "schema_version", "scaling_efficiency", "scaling")
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
@@ -70,41 +72,55 @@ OBJECT_FIELDS = tuple(k for k in (*FIELDS, "track") if KINDS[k] == "object")  # 
 ANSWERABLE = ("ok", "timeout", "crashed", "invalid", "diverged")
 
 
-def load_rows(root: Path, track: str | None, index: Path | None = None) -> list[dict[str, Any]]:
+def load_rows(root: Path, track: str | None, index: Path | None = None,
+              meanwhile: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
     """The fields the views need from every run.json under root; one that cannot be read becomes a
     row with status `unreadable` (a cut-off write may hide a team's best run: never silently dropped).
-    `index`: a row index (row_index.py) of this track's records, read first and written back when it changed."""
+    `index`: a row index (row_index.py) of this track's records, read first and written back when it changed.
+    The records the index does not hold are parsed by two processes where there are many (forked.map_in_two);
+    `meanwhile`: what this process does while its copy parses (the caller's next import)."""
     from harness.results import row_index
+    from harness.results.forked import map_in_two
 
     root = Path(root)
+    base = str(root)  # paths joined as text: 10,000 records made 30,000 Path objects, a quarter of a cold rebuild
     kept = row_index.read_index(index, root, ROW_FIELDS) if index is not None else {}
-    fresh: dict[str, tuple[row_index.Key, dict[str, Any]]] = {}
-    rows = []
+    found: list[tuple[str, row_index.Key, dict[str, Any] | None]] = []
     for rel in record_paths(root, track):
-        path = root / rel
-        key = row_index.identity(path)
+        key = row_index.identity(os.path.join(base, rel))
         if key is None:  # a run folder without a run.json (or one gone since the listing): not a record
             continue
         known = kept.get(rel)
-        if known is not None and known[0] == key and not row_problem(known[1]):
-            row = known[1]
-        else:
-            try:
-                raw = upgrade_record(read_record_json(path))
-            except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-                rows.append(unreadable_row(path, exc))
+        found.append((rel, key, known[1] if known is not None and known[0] == key and not row_problem(known[1])
+                      else None))
+    new = [os.path.join(base, rel) for rel, _, row in found if row is None]
+    parsed = iter(map_in_two(new, parse_row, meanwhile=meanwhile))
+    fresh: dict[str, tuple[row_index.Key, dict[str, Any]]] = {}
+    rows = []
+    for rel, key, row in found:
+        if row is None:
+            readable, row = next(parsed)
+            if not readable:
+                rows.append(row)
                 continue
-            problem = field_problem(raw)
-            if problem:  # a record whose fields have the wrong types cannot be ranked, and must not crash anything
-                rows.append(unreadable_row(path, ValueError(problem)))
-                continue
-            row = record_row(raw)
         fresh[rel] = (key, dict(row))
-        row["run_dir"] = str(path.parent)  # where the records are now, never where the index saw them
+        row["run_dir"] = os.path.join(base, os.path.dirname(rel))  # where the records are now, never where the index saw them
         rows.append(row)
     if index is not None and (fresh.keys() != kept.keys() or any(fresh[k][0] != kept[k][0] for k in fresh)):
         row_index.write_index(index, root, ROW_FIELDS, fresh)
     return rows
+
+
+def parse_row(path: str) -> list:
+    """[True, the row] of a run.json, or [False, its unreadable row]: a JSON value (forked.map_in_two)."""
+    try:
+        raw = upgrade_record(read_record_fields(path, READ_KEYS))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return [False, unreadable_row(Path(path), exc)]
+    problem = field_problem(raw)
+    if problem:  # a record whose fields have the wrong types cannot be ranked, and must not crash anything
+        return [False, unreadable_row(Path(path), ValueError(problem))]
+    return [True, record_row(raw)]
 
 
 def record_paths(root: Path, track: str | None) -> Iterator[str]:

@@ -31,7 +31,7 @@ def index_path(leaderboard_dir: Path, track: str) -> Path:
     return Path(leaderboard_dir) / ".rows" / f"{track}.json"
 
 
-def identity(path: Path) -> Key | None:
+def identity(path: str | Path) -> Key | None:
     """A run.json's identity on disk; None where it cannot be looked at (the record reader then says why)."""
     try:
         st = os.lstat(path)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.results import stats
 from harness.results.charts.colors import team_colors
 from harness.results.charts.empty import empty_state
 from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
@@ -101,7 +102,8 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     from harness.results.page import to_html
     from harness.results.tables import to_csv, to_markdown
 
-    rows = load_rows(runs_root, track, index_path(leaderboard_dir, track))  # parses only records new to the index
+    # Parses only records new to the index; the table's statistics are imported while a fork parses half of them
+    rows = load_rows(runs_root, track, index_path(leaderboard_dir, track), meanwhile=stats.prepare)
     scale_records = load_scale_records(runs_root, track)
     ranking = ranking or (spec.ranking if spec else track_ranking(rows))
     table = build_table(rows, ranking, include_unofficial, spec.divisions if spec else track_divisions(rows))

@@ -1,43 +1,21 @@
 """Draws a board's charts in two processes where that is safe: a fork of this one draws half of them.
 
 The charts are most of a board's rebuild (about 0.3-0.7 s of matplotlib each for 100 teams, one after the other);
-they share nothing but their inputs, which a fork holds already, so a second core halves the wait. A fork is made
-only from a process with no other thread (a lock another thread held at the fork would stay held in the copy for
-ever: a watcher, the launcher during a run and pytest-xdist's workers draw in one process, as before). The copy
-only writes its PNGs (each atomically, as any chart is written) and leaves with `os._exit`; a chart it did not
-finish, whatever the cause, is drawn again here, so an error is raised where it always was, with its traceback.
+they share nothing but their inputs, which a fork holds already, so a second core halves the wait. When a fork is
+safe, and how the copy lives and ends: harness/results/forked.py. The copy only writes its PNGs (each atomically, as
+any chart is written); a chart it did not finish, whatever the cause, is drawn again here, so an error is raised
+where it always was, with its traceback.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from harness.results.charts.kit import save_png
-
-FORK_WAIT_S = 120.0  # a copy slower than this is stuck, not busy: this process draws its charts itself
-
-
-def may_fork() -> bool:
-    """A fork is safe here: Linux (macOS forbids much of what a fork after numpy would use), one Python thread,
-    and a second CPU this process may run on to give the copy."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2
-
-
-def _die_with_parent() -> None:
-    """The copy never outlives the process that builds the board (it would write an older chart over a newer)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+from harness.results.forked import FORK_WAIT_S, die_with_parent, may_fork, reap
 
 
 @dataclass(frozen=True)
@@ -66,10 +44,8 @@ def draw_all(jobs: Sequence[ChartJob], *, fork: bool | None = None) -> list[Path
     if pid == 0:  # the copy: draw its share, and never return into the caller's code
         code = 0
         try:
-            _die_with_parent()
-            if os.getppid() != parent:  # the parent died before the line above
+            if not die_with_parent(parent):
                 os._exit(1)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
             for i in theirs:
                 jobs[i].draw()
         except BaseException:  # noqa: BLE001  (this process draws the chart again, and raises its error)
@@ -96,18 +72,3 @@ def split(costs: Sequence[float]) -> tuple[list[int], list[int]]:
         total[side] += costs[i]
     return sorted(shares[0]), sorted(shares[1])
 
-
-def reap(pid: int, wait_s: float) -> bool:
-    """True when the copy ended by itself with success; a copy past `wait_s` is killed (and False)."""
-    end = time.monotonic() + wait_s
-    delay = 0.002
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        if time.monotonic() > end:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
