@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -205,40 +206,63 @@ def test_an_index_changed_while_a_run_trains_is_removed_and_the_board_rebuilt_fr
 
 
 HALVES = r"""
-import json, os, sys
+import ctypes, json, os, sys
 from harness.results import forked
 
 mode, parent = sys.argv[1], os.getpid()
 
+libc = ctypes.CDLL(None)
+during = set()
+
 def square(x):
+    if os.getpid() == parent and x < 5:  # this process's own half, while its copy does the other
+        during.add(libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
     if mode == "fails" and x == 7 or mode == "copy fails" and x == 7 and os.getpid() != parent:
         raise RuntimeError(f"item {x} cannot be done")
+    if mode == "this fails" and x == 2:
+        raise RuntimeError(f"item {x} cannot be done")
+    if mode == "this fails" and os.getpid() != parent:
+        import time
+        time.sleep(60)  # a slow copy: this process's error must not wait for it
     return [x * x, os.getpid() == parent, {"nan": float("nan"), "big": 2**70, "text": "\ud800"}]
 
 try:
     out = forked.map_in_two(list(range(10)), square, min_items=2, fork=True, meanwhile=lambda: print("meanwhile"))
 except RuntimeError as exc:
     print("raised:", exc)
+    memfds = [f for f in os.listdir("/proc/self/fd") if "harness-half" in os.path.realpath(f"/proc/self/fd/{f}")]
+    try:
+        left = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        left = "none"
+    print("memfds:", len(memfds), "children:", left)
 else:
     print(json.dumps([[x, here] for x, here, _ in out]))
-    print(all(json.dumps(extra) == json.dumps(square(0)[2]) for _, _, extra in out))
+    print(all(json.dumps(extra) == json.dumps(square(5)[2]) for _, _, extra in out))
+    print("dumpable while shared:", sorted(during), "after:", libc.prctl(3, 0, 0, 0, 0))
 """
 
 
-@pytest.mark.parametrize("mode", ["computes", "copy fails", "fails"])
+@pytest.mark.parametrize("mode", ["computes", "copy fails", "fails", "this fails"])
 def test_a_fork_does_half_of_a_job_and_what_it_cannot_do_is_done_here(mode):
     """map_in_two gives what one process gives: the items in order, the copy's values unchanged by their way back
     (NaN, an integer past 64 bits, a lone surrogate); a share the copy fails is done again by this process, and an
-    item nobody can do raises its own error here."""
+    item nobody can do raises its own error here; an error in this process's own share is raised at once (the copy,
+    however slow, is ended), and leaves neither the copy nor its anonymous file behind."""
+    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", HALVES, mode], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "meanwhile"  # once, in this process
-    if mode == "fails":
-        assert lines[1:] == ["raised: item 7 cannot be done"]
+    if mode in ("fails", "this fails"):
+        assert lines[1:] == [f"raised: item {7 if mode == 'fails' else 2} cannot be done", "memfds: 0 children: none"]
+        if mode == "this fails":
+            assert time.monotonic() - t0 < 50, "this process's error waited for its copy"
         return
     out = json.loads(lines[1])
     assert [x for x, _ in out] == [k * k for k in range(10)] and lines[2] == "True"
+    # while a copy works, no process of this user may open the file its results come back in
+    assert lines[3] == "dumpable while shared: [0] after: 1"
     here = [h for _, h in out]
     assert here[:5] == [True] * 5, "this process does the first half"
     assert here[5:] == ([False] * 5 if mode == "computes" else [True] * 5), "the copy's half, or this process's again"
@@ -248,10 +272,10 @@ PARSE = r"""
 import json, os, sys
 from functools import partial
 from pathlib import Path
-from harness.results import forked, leaderboard
+from harness.results import forked, leaderboard, records
 
 runs, log = Path(sys.argv[1]), Path(sys.argv[2])
-real = leaderboard.parse_row
+real, fast = leaderboard.parse_row, leaderboard.read_record_fields
 
 def parse(path):
     with open(log / str(os.getpid()), "a") as fh:
@@ -259,10 +283,13 @@ def parse(path):
     return real(path)
 
 leaderboard.parse_row = parse
+leaderboard.read_record_fields = lambda path, keys: records.read_record_json(Path(path))  # the stdlib alone
 one = leaderboard.load_rows(runs, "local")
+leaderboard.read_record_fields = fast
 forked.map_in_two = partial(forked.map_in_two, min_items=2, fork=True)
 two = leaderboard.load_rows(runs, "local")
 print(json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True), len(two))
+print(json.dumps([[r["team"], r["status"], repr(r["val_loss"]), repr(r["params"])] for r in two]))
 """
 
 
@@ -276,12 +303,21 @@ def test_records_parsed_by_two_processes_give_the_rows_one_process_gives(tmp_pat
     (make_run(runs, "broken", 2.0, seed=20) / "run.json").write_text("{not json")
     wrong = make_run(runs, "wrong", 2.0, seed=21) / "run.json"
     wrong.write_text(wrong.read_text().replace('"val_loss": 2.0', '"val_loss": "2.0"'))
+    nan = make_run(runs, "nan", 2.0, seed=22) / "run.json"  # parsed by the stdlib, read back from the copy alike
+    nan.write_text(nan.read_text().replace('"val_loss": 2.0', '"val_loss": NaN'))
+    wide = make_run(runs, "wide", 2.0, seed=23) / "run.json"  # an int past 64 bits: orjson would make it a float
+    record = json.loads(wide.read_text())
+    record["params"] = 2**70
+    wide.write_text(json.dumps(record))
     proc = subprocess.run([sys.executable, "-c", PARSE, str(runs), str(log)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "10"]
+    same, rows = proc.stdout.splitlines()
+    assert same == "True 12", "orjson and two processes give the rows the stdlib gives in one"
+    rows = {team: (status, loss, params) for team, status, loss, params in json.loads(rows)}
+    assert rows["nan"][1] == "nan" and rows["wide"][0] == "unreadable" and rows["broken"][0] == "unreadable"
     parsers = {p.name: p.read_text().split() for p in log.iterdir()}
-    assert len(parsers) == 2 and sorted(map(len, parsers.values())) == [5, 15], "all alone, then half each"
+    assert len(parsers) == 2 and sorted(map(len, parsers.values())) == [6, 18], "all alone, then half each"
 
 
 @pytest.mark.parametrize("text", [
@@ -291,6 +327,7 @@ def test_records_parsed_by_two_processes_give_the_rows_one_process_gives(tmp_pat
     '{"status": "ok", "val_loss": 1e400, "team": "a", "team": "b"}',       # infinity; the last of a repeated key
     '{"status": "ok", "notes": ' + "[" * 1100 + "]" * 1100 + "}",          # deeper than orjson goes
     '{"status": "ok", "reason": "\\ud800 and \\u0000"}',                   # a lone surrogate, a NUL
+    '{"status": "ok", "schema_version": 3, "versions": ' + '{"a": ' * 500 + "1" + "}" * 501,  # deep in a field
 ])
 def test_orjson_reads_a_record_as_the_stdlib_does(tmp_path, text):
     from harness.results.records import read_record_fields, read_record_json
@@ -306,3 +343,53 @@ def test_orjson_reads_a_record_as_the_stdlib_does(tmp_path, text):
     for encoding in ("utf-8", "utf-16"):
         path.write_bytes(text.encode(encoding))
         assert outcome(lambda: read_record_fields(path, leaderboard.READ_KEYS)) == outcome(lambda: read_record_json(path))
+
+
+class _Reads(dict):
+    """A record that notes every key read of it."""
+
+    def __init__(self, *a, seen: set, **k):
+        super().__init__(*a, **k)
+        self.seen = seen
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.seen.add(key)
+        return super().__contains__(key)
+
+
+def test_orjson_is_checked_on_every_key_a_row_is_made_of(tmp_path):
+    """read_record_fields compares orjson's reading with the stdlib's on READ_KEYS only: a key the row is made of
+    and not in that list could differ unseen."""
+    from harness.results.records import read_record_json, record_folder, upgrade_record
+
+    raw = read_record_json(make_run(tmp_path / "runs", "alpha", 2.0) / "run.json")
+    seen: set = set()
+    record = upgrade_record(_Reads(raw, seen=seen))
+    assert isinstance(record, _Reads), "a record of this schema is read as it is"
+    assert leaderboard.field_problem(record) == ""
+    leaderboard.record_row(record)
+    record_folder(record)
+    assert seen and seen <= set(leaderboard.READ_KEYS), seen - set(leaderboard.READ_KEYS)
+
+
+def test_a_record_of_the_first_schema_with_a_probe_that_is_not_an_object_never_stops_the_board(tmp_path):
+    """upgrade_record read `k in scaling` of a planted schema-1 record ("scaling": 5): TypeError, and every board
+    of the track failed to build."""
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0)
+    path = make_run(runs, "bravo", 2.1, seed=2) / "run.json"
+    record = json.loads(path.read_text())
+    del record["schema_version"]
+    record["scaling"] = 5
+    path.write_text(json.dumps(record))
+    rows = {r["team"]: r for r in load_rows(runs, "local")}
+    assert rows["bravo"]["status"] == "ok" and rows["bravo"]["val_loss"] == 2.1
+    assert list(build_table(list(rows.values()))["team"]) == ["alpha", "bravo"]

@@ -58,8 +58,8 @@ FIELDS = ["run_id", "team", "track_name", "status", "reason", "official", "flagg
 # (how a row is derived from a record may change without the schema's version).
 ROW_FIELDS = f"{__version__}:{SCHEMA_VERSION}:" + ",".join([*FIELDS, "ranking", "divisions", "max_steps", "track_source",
                                                            "folder", "refused"])
-# What parse_row reads of a record: the fields, what record_row derives from, and what upgrade_record moves.
-READ_KEYS = (*FIELDS, "track", "identity", "submission_dir", "schema_version", "scaling_efficiency", "scaling")
+# What parse_row reads of a record of this schema: the fields, and what record_row and record_folder derive from.
+READ_KEYS = (*FIELDS, "track", "identity", "submission_dir", "schema_version")
 KINDS = field_kinds()
 NUMBER_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "number")
 TEXT_FIELDS = tuple(k for k in FIELDS if KINDS[k] == "text")
@@ -83,17 +83,21 @@ def load_rows(root: Path, track: str | None, index: Path | None = None,
     from harness.results.forked import map_in_two
 
     root = Path(root)
-    base = str(root)  # paths joined as text: 10,000 records made 30,000 Path objects, a quarter of a cold rebuild
+    base = str(root)
+
+    def at(rel: str) -> str:  # str(root / rel), joined as text: 30,000 Path objects were a quarter of a cold rebuild
+        return rel if base == "." else os.path.join(base, rel)
+
     kept = row_index.read_index(index, root, ROW_FIELDS) if index is not None else {}
     found: list[tuple[str, row_index.Key, dict[str, Any] | None]] = []
     for rel in record_paths(root, track):
-        key = row_index.identity(os.path.join(base, rel))
+        key = row_index.identity(at(rel))
         if key is None:  # a run folder without a run.json (or one gone since the listing): not a record
             continue
         known = kept.get(rel)
-        found.append((rel, key, known[1] if known is not None and known[0] == key and not row_problem(known[1])
-                      else None))
-    new = [os.path.join(base, rel) for rel, _, row in found if row is None]
+        cached = known is not None and known[0] == key and not row_problem(known[1])
+        found.append((rel, key, known[1] if cached else None))
+    new = [at(rel) for rel, _, row in found if row is None]
     parsed = iter(map_in_two(new, parse_row, meanwhile=meanwhile))
     fresh: dict[str, tuple[row_index.Key, dict[str, Any]]] = {}
     rows = []
@@ -104,14 +108,14 @@ def load_rows(root: Path, track: str | None, index: Path | None = None,
                 rows.append(row)
                 continue
         fresh[rel] = (key, dict(row))
-        row["run_dir"] = os.path.join(base, os.path.dirname(rel))  # where the records are now, never where the index saw them
+        row["run_dir"] = at(os.path.dirname(rel))  # where the records are now, never where the index saw them
         rows.append(row)
     if index is not None and (fresh.keys() != kept.keys() or any(fresh[k][0] != kept[k][0] for k in fresh)):
         row_index.write_index(index, root, ROW_FIELDS, fresh)
     return rows
 
 
-def parse_row(path: str) -> list:
+def parse_row(path: str) -> list[bool | dict[str, Any]]:
     """[True, the row] of a run.json, or [False, its unreadable row]: a JSON value (forked.map_in_two)."""
     try:
         raw = upgrade_record(read_record_fields(path, READ_KEYS))

@@ -197,7 +197,8 @@ def upgrade_record(d: dict[str, Any]) -> dict[str, Any]:
     d = dict(d)
     if "scaling_efficiency" in d or "scaling" in d:  # schema 1
         old = d.pop("scaling_efficiency", None)
-        probe = d.pop("scaling", None) or {}
+        probe = d.pop("scaling", None)
+        probe = probe if isinstance(probe, dict) else {}  # a file edited by hand: never a crash of the board
         d.setdefault("comm_overlap_efficiency", old)
         d.setdefault("comm_probe", {new: probe[k] for k, new in _PROBE_KEYS_V1.items() if k in probe})
     # schema 2 to 3: `launcher_pid` is added; absent, it is unknown (the dataclass's None)
@@ -293,29 +294,39 @@ _WIDE = float(2**63)
 
 
 def _wide_number(value: Any) -> bool:
-    kind = type(value)
-    if kind is float:
-        return abs(value) >= _WIDE
-    if kind is dict:
-        return any(_wide_number(v) for v in value.values())
-    if kind is list:
-        return any(_wide_number(v) for v in value)
+    """A float of 2**63 or more anywhere in value; walked with a list, not recursion (orjson nests 1,024 deep,
+    past Python's recursion limit)."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        kind = type(item)
+        if kind is float:
+            if abs(item) >= _WIDE:
+                return True
+        elif kind is dict:
+            todo.extend(item.values())
+        elif kind is list:
+            todo.extend(item)
     return False
 
 
 def read_record_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
     """read_record_json's object, parsed by orjson (three times as fast: parsing is most of a cold board's rebuild
-    at event size) wherever that gives the same values for the `keys` the caller reads; by the stdlib elsewhere."""
-    import orjson
-
+    at event size) wherever that gives the same values for the `keys` the caller reads; by the stdlib elsewhere,
+    and for a record of another schema (upgrade_record reads what no caller names)."""
     from harness.submission.files import read_regular
 
     data = read_regular(path, RECORD_MAX_BYTES)
     try:
+        import orjson
+    except ImportError:  # a checkout pulled without `pip install`: slower, the same rows
+        return read_record_json(Path(path), data)
+    try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError:
         return read_record_json(Path(path), data)
-    if not isinstance(raw, dict) or any(_wide_number(raw.get(k)) for k in keys):
+    if (not isinstance(raw, dict) or type(raw.get("schema_version")) is not int
+            or raw["schema_version"] != SCHEMA_VERSION or any(_wide_number(raw.get(k)) for k in keys)):
         return read_record_json(Path(path), data)
     return raw
 

@@ -55,6 +55,8 @@ def draw_all(jobs: Sequence[ChartJob], *, fork: bool | None = None) -> list[Path
         for i in mine:
             jobs[i].draw()
     finally:
+        # Even where this process's chart failed, the copy finishes its files (a kill could leave a temporary PNG
+        # behind); an interruption kills it (reap).
         done = reap(pid, FORK_WAIT_S)
     if not done:  # the copy failed or hung: its charts are drawn here, so that an error is raised here
         for i in theirs:
