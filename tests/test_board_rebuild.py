@@ -393,3 +393,36 @@ def test_a_record_of_the_first_schema_with_a_probe_that_is_not_an_object_never_s
     rows = {r["team"]: r for r in load_rows(runs, "local")}
     assert rows["bravo"]["status"] == "ok" and rows["bravo"]["val_loss"] == 2.1
     assert list(build_table(list(rows.values()))["team"]) == ["alpha", "bravo"]
+
+
+def test_the_garbage_collector_rests_while_a_board_is_rebuilt_and_is_as_it_was_after(tmp_path, monkeypatch):
+    """The rows of 10,000 records started collections that walked the whole heap (torch's in a launcher): off
+    during a rebuild, on again after, even where the rebuild fails; left off where the caller had it off."""
+    import gc
+
+    from harness.results import views
+
+    runs = tmp_path / "runs"
+    make_run(runs, "alpha", 2.0)
+    seen = []
+    real = views.load_rows
+
+    def noting(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(views, "load_rows", noting)
+    assert gc.isenabled()
+    rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(views, "build_table", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.undo()
+        rebuild(runs, "local", tmp_path / "lb", tmp_path / "plots", charts=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

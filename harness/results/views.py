@@ -9,15 +9,17 @@ records reloads itself; once it stops, none does.
 from __future__ import annotations
 
 import difflib
+import gc
 import json
 import math
 import os
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from harness.results import stats
 from harness.results.charts.colors import team_colors
@@ -99,6 +101,28 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
     record's. The page reloads itself only while a watcher runs on these records (its period, or `refresh_s`
     where shorter: the watcher passes its own): a page written with a reload after the watcher stopped would
     reload forever, and one written without it by a `harness run` during a watch would stop the screen."""
+    with paused_gc():
+        return _rebuild(runs_root, track, leaderboard_dir, plots_dir, include_unofficial, ranking, charts, refresh_s,
+                        spec)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a board is rebuilt: its rows and tables are hundreds of thousands
+    of small objects without cycles, whose making starts collections that walk the whole heap (torch's too, in a
+    launcher): a fifth to a third of a cold rebuild of 10,000 records (docs/performance.md). On again after, as it
+    was; what the charts left in cycles is collected then."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool,
+             ranking: str | None, charts: bool, refresh_s: float | None, spec: Track | None) -> Outputs:
     from harness.results.page import to_html
     from harness.results.tables import to_csv, to_markdown
 
