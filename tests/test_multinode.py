@@ -180,6 +180,7 @@ def test_a_check_that_refuses_on_one_node_only_ends_the_run_invalid_on_every_nod
     assert record["reason"].startswith("node 1 ended its run before training: invalid: ") \
         and "refused on node 1 only" in record["reason"], record["reason"]
     assert json.loads((run_dir / "nodes" / "node1.json").read_text())["status"] == "invalid"
+    assert "RuntimeError: refused on node 1 only" in (record["traceback"] or ""), record["traceback"]  # node 1's
     assert record["steps"] is None and record["val_loss"] is None
     assert processes_of_run("two-faced") == []
     assert took_s < 150, took_s  # not the start-up timeout's 600 s at Paris: minutes here only under heavy load

@@ -101,9 +101,10 @@ def test_a_node_that_ended_before_training_is_not_waited_for_until_the_rendezvou
     assert status == "aborted" and "node 1 ended its run before training: aborted: the scratch folder /s" in why
     # Refused by its own check (review of 2026-12-03): the team's, carried as such, never a rendezvous timed out
     refused = RunRecord(run_id="r", team="t", track_name="tiny", status="invalid", hostname="h",
-                        reason="submission.py:1: RuntimeError")
+                        reason="submission.py:1: RuntimeError", traceback='File "submission.py", line 1\nRuntimeError')
     NodePaths(tmp_path, 1).save_report(refused)
     assert lead.why() == ("invalid", "node 1 ended its run before training: invalid: submission.py:1: RuntimeError")
+    assert lead.traceback == 'File "submission.py", line 1\nRuntimeError'  # the record carries node 1's traceback
     assert json.loads(NodePaths(tmp_path, 1).report_path.read_text())["cause"] == "own"  # for merge_node_reports
     # An account of a training job's end (its ranks timed out in the process group, say) is read after the job
     late = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", hostname="h", reason="a collective")

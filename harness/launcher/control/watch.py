@@ -82,6 +82,7 @@ class WatchResult:
     violation: str | None = None  # a cap the job broke, seen by a tick's callback (logs, scratch, checkpoint)
     infra: str | None = None  # the infrastructure failed (a node lost), seen by a tick's callback
     ended_by: tuple[str, str] | None = None  # (status, why): another node ended the run before training
+    ended_traceback: str | None = None  # that node's traceback, where its end had one (a check's refusal)
 
     def timings(self, launched_s: float) -> dict[str, float]:
         """Phase durations as the launcher saw them: start-up, training, save and teardown."""

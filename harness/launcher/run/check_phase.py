@@ -151,7 +151,8 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
                 set_outcome(record, "aborted", f"stopped by {abort.signal_name}")
                 return False, None
             if nnodes > 1 and phase is not None and phase.watch.ended_by:  # another node ended the run first
-                set_outcome(record, *phase.watch.ended_by)  # with its status: a refusal there is the team's `invalid`
+                # with its status (a refusal there is the team's `invalid`) and its traceback
+                set_outcome(record, *phase.watch.ended_by, tb=phase.watch.ended_traceback)
                 # ended by another's account: this node's own (a third node's) must not read as a node that ended
                 # before training of itself (nodes.py), were it seen before the account it came from
                 record.extra["cause"] = "kill"

@@ -283,7 +283,7 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
     )
     if result.ended_by:  # another node ended the run before training (training.py's EarlyEnd): before its ranks got
         # through the process group, this node's ran harness code only, so what they said of the kill is not the run's
-        outcome = Outcome(*result.ended_by, cause="kill")
+        outcome = Outcome(*result.ended_by, traceback=result.ended_traceback, cause="kill")
     if outcome.cause == "death" and outcome.failing_rank in local:  # what its logs say, not only that it died
         line = last_error_line(read_tail(rank_log(outcome.failing_rank)),
                                job.early_output.get(outcome.failing_rank - local[0], ""))

@@ -77,6 +77,7 @@ class EarlyEnd:
 
     def __init__(self, node: NodePaths, nnodes: int, every_s: float = 1.0, stale_before_s: float | None = None):
         self.node, self.nnodes, self.every_s, self._last = node, nnodes, every_s, 0.0
+        self.traceback: str | None = None  # of the account node 0 ended the run on: the record carries it
         self.stale_before_s = stale_before_s  # epoch seconds: an account of a launcher started earlier is not ours
 
     def why(self) -> tuple[str, str] | None:
@@ -96,6 +97,8 @@ class EarlyEnd:
             if self.stale_before_s is not None and (started_s is None or started_s < self.stale_before_s):
                 continue
             if self.node.lead:
+                tb = account.get("traceback")  # its launcher's text (a team's file:line, as node R named it)
+                self.traceback = tb if isinstance(tb, str) else None
                 return status, f"node {r} ended its run before training: {status}: {account.get('reason')}"
             # A third node: the run's status is node 0's to give (from the same account); this node's part ends
             # now rather than once node 0 has waited for its account
@@ -155,6 +158,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     def poll(watched) -> None:
         if early is not None and not watched.infra and not watched.ended_by and watched.setup_start_s is None:
             watched.ended_by = early.why()  # a node that ended before training: nobody waits for the rendezvous
+            watched.ended_traceback = early.traceback if watched.ended_by else None
         if guard:
             guard.refresh()
         if taker:
