@@ -447,3 +447,19 @@ def test_the_tracks_with_records_are_those_a_glob_of_every_record_finds(tmp_path
     globbed = sorted({p.parent.parent.parent.name for p in tmp_path.glob("*/*/*/run.json")})
     assert tracks_in(tmp_path) == globbed == [".d", "a", "c", "e", "f", "i", "k"]
     assert tracks_in(tmp_path / "nothing") == []
+
+
+def test_rebuilds_that_overlap_leave_the_collector_on_only_when_the_last_ends():
+    """Two rebuilds at once (threads): the first to end turned the collector on under the second, and the second,
+    which had seen it off, left it off for good."""
+    import gc
+
+    from harness.results.views import paused_gc
+
+    first, second = paused_gc(), paused_gc()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled(), "still off while the second rebuild runs"
+    second.__exit__(None, None, None)
+    assert gc.isenabled(), "on again once the last has ended"

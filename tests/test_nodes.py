@@ -169,3 +169,25 @@ def test_a_node_that_ends_the_run_before_this_nodes_ranks_start_gives_the_run_it
         NodePaths(Path(run_dir), 2).save_report(full)  # seen in the same poll: the team's own end comes first
         assert EarlyEnd(NodePaths(Path(run_dir), 0), 4, every_s=0.0).why() == (
             "invalid", "node 3 ended its run before training: invalid: submission.py:1: raised RuntimeError")
+
+
+def test_a_forged_account_with_a_traceback_that_is_not_text_never_stops_the_record(tmp_path):
+    """A node's account may be forged where the sandbox is off: a dict for a traceback made name_team_files raise in
+    the runner's last step, so no run.json was written and a queue ran the run again."""
+    import json
+
+    from harness.launcher.run.assemble import name_team_files
+    from harness.launcher.run.nodes import merge_node_reports
+    from harness.launcher.run.outcome import Outcome
+
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "node1.json").write_text(json.dumps(
+        {"node_rank": 1, "status": "crashed", "reason": "boom", "cause": "own", "failing_rank": {"x": 1},
+         "traceback": {"not": "text"}}))
+    record = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", reason="echo")
+    merge_node_reports(record, NodePaths(tmp_path, 0), Outcome("crashed", "echo", cause="collective"), 2,
+                       silent_after_s=0.0)
+    assert record.reason == "node 1: boom" and record.traceback is None and record.failing_rank is None
+    record.traceback = ["planted"]
+    name_team_files(record, [])
+    assert record.traceback is None

@@ -15,6 +15,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,19 +107,30 @@ def rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path,
                         spec)
 
 
+_GC_LOCK = threading.Lock()
+_gc_pauses, _gc_was_on = 0, True  # how many rebuilds run now; whether the collector ran before the first
+
+
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """Python's cyclic garbage collector off while a board is rebuilt: its rows and tables are hundreds of thousands
     of small objects without cycles, whose making starts collections that walk the whole heap (torch's too, in a
     launcher): a fifth to a third of a cold rebuild of 10,000 records (docs/performance.md). On again after, as it
-    was; what the charts left in cycles is collected then."""
-    enabled = gc.isenabled()
-    gc.disable()
+    was before the first of the rebuilds running at once (a count under a lock: two threads reading and setting
+    it in turn could leave it off for good); what the charts left in cycles is collected then."""
+    global _gc_pauses, _gc_was_on
+    with _GC_LOCK:
+        if _gc_pauses == 0:
+            _gc_was_on = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _GC_LOCK:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_on:
+                gc.enable()
 
 
 def _rebuild(runs_root: Path, track: str, leaderboard_dir: Path, plots_dir: Path, include_unofficial: bool,

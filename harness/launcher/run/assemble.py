@@ -353,7 +353,7 @@ def weakened_sandbox(record: RunRecord, proc_sys: str = PROC_SYS) -> str:
 
 def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:
     record.status, record.reason, record.failing_rank = status, reason, rank
-    if tb:
+    if isinstance(tb, str) and tb:
         record.traceback = tb[-8000:]
 
 
@@ -363,8 +363,10 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
     reads the same wherever the run happened."""
     record.reason = printable(relative_paths(record.reason, copies), REASON_MAX_CHARS, one_line=False)
     record.warnings = [printable(relative_paths(str(w), copies)) for w in record.warnings]
-    if record.traceback:
+    if isinstance(record.traceback, str) and record.traceback:
         record.traceback = printable(relative_paths(record.traceback, copies), 8000, one_line=False)
+    elif record.traceback is not None:  # not text (a forged account's): none
+        record.traceback = None
     for problem in record.extra.get("problems", []):
         for key in ("file", "problem", "fix"):
             if isinstance(problem.get(key), str):

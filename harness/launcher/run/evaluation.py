@@ -27,7 +27,7 @@ from pathlib import Path
 
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import apply_evaluation, check_model_compute, check_reports, flag_run
-from harness.launcher.run.nodes import NodePaths
+from harness.launcher.run.nodes import NodePaths, account_rank, account_text
 from harness.launcher.run.phases import PREFLIGHT_TIMEOUT_S, PhaseResult, run_evaluation
 from harness.launcher.run.training import protected_paths, threads_per_rank
 from harness.ranks.jobs import EvalJob
@@ -203,7 +203,8 @@ def evaluate_run(opts, track: Track, data: PreparedData, node: NodePaths, record
         if remote is not None:  # node 0's scorers saw the echo; the cause is on another node
             ev.outcome.status = remote["status"] if remote.get("status") in ("crashed", "invalid") else "crashed"
             ev.outcome.reason = f"node {remote['node_rank']}: {remote.get('reason', '')}"
-            ev.outcome.failing_rank, ev.outcome.traceback = remote.get("failing_rank"), remote.get("traceback")
+            ev.outcome.failing_rank = account_rank(remote.get("failing_rank"))
+            ev.outcome.traceback = account_text(remote.get("traceback"))
         if remote is None and ev.outcome.cause in ("launch", "collective", "death") and not abort.is_set:
             # Failed with no cause of the team's (a node that answered and never launched, a node lost, the
             # rendezvous): the same figure comes from node 0 alone, slower.

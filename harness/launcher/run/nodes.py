@@ -65,6 +65,16 @@ class NodePaths:
         write_atomic(self.report_path, json.dumps(report, indent=2) + "\n")
 
 
+def account_text(value) -> str | None:
+    """A traceback from another node's account as the record holds one: text, or none (an account on a machine
+    without the sandbox may be forged: a dict there stopped the record from being written at all)."""
+    return value if isinstance(value, str) else None
+
+
+def account_rank(value) -> int | None:
+    return value if type(value) is int else None
+
+
 def read_node_reports(run_dir: Path) -> dict[int, dict]:
     out = {}
     for path in sorted((run_dir / "nodes").glob("node*.json")):
@@ -130,9 +140,9 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     beating = [r for r in unaccounted if r not in silent]
     if remote:
         rep = min(remote, key=lambda x: x["node_rank"])
-        record.status, record.failing_rank = rep["status"], rep.get("failing_rank")
+        record.status, record.failing_rank = rep["status"], account_rank(rep.get("failing_rank"))
         record.reason = f"node {rep['node_rank']}: {rep['reason']}"
-        record.traceback = rep.get("traceback")
+        record.traceback = account_text(rep.get("traceback"))
     elif silent:  # a node that neither answered the heartbeat nor gave an account: gone, the infrastructure's
         record.status, record.failing_rank, record.traceback = "aborted", None, None
         heard = "stopped its heartbeat and " if heartbeat is not None else ""
