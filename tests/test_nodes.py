@@ -191,3 +191,15 @@ def test_a_forged_account_with_a_traceback_that_is_not_text_never_stops_the_reco
     record.traceback = ["planted"]
     name_team_files(record, [])
     assert record.traceback is None
+
+
+def test_a_long_traceback_keeps_its_last_line_once_its_control_characters_are_escaped():
+    """Escaping control characters lengthens a traceback; cut at the start, it lost its error line, the one a team
+    reads."""
+    from harness.launcher.run.assemble import name_team_files, set_outcome
+
+    record = RunRecord(run_id="r", team="t", track_name="tiny")
+    set_outcome(record, "crashed", "boom", tb="\x1b[31m" * 3000 + '\nFile "model.py", line 9\nValueError: the real cause')
+    name_team_files(record, [])
+    assert record.traceback.endswith("ValueError: the real cause") and "\x1b" not in record.traceback
+    assert len(record.traceback) <= 8000 + 40 and record.traceback.startswith("... (")

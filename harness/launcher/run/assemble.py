@@ -354,7 +354,19 @@ def weakened_sandbox(record: RunRecord, proc_sys: str = PROC_SYS) -> str:
 def set_outcome(record: RunRecord, status: str, reason: str = "", rank: int | None = None, tb: str | None = None) -> None:
     record.status, record.reason, record.failing_rank = status, reason, rank
     if isinstance(tb, str) and tb:
-        record.traceback = tb[-8000:]
+        record.traceback = tb[-TRACEBACK_MAX_CHARS:]
+
+
+TRACEBACK_MAX_CHARS = 8000
+
+
+def traceback_tail(text: str) -> str:
+    """A traceback as a record shows it: team text escaped (printable), and its end kept where it is long, since
+    the error is its last line (escaping control characters lengthens it: a cut at the start lost that line)."""
+    shown = printable(text, max(len(text) * 6, 1), one_line=False)  # no cut: an escape is at most 6 characters
+    if len(shown) <= TRACEBACK_MAX_CHARS:
+        return shown
+    return f"... ({len(shown) - TRACEBACK_MAX_CHARS} characters before)\n{shown[-TRACEBACK_MAX_CHARS:]}"
 
 
 def name_team_files(record: RunRecord, copies: list[Path]) -> None:
@@ -364,7 +376,7 @@ def name_team_files(record: RunRecord, copies: list[Path]) -> None:
     record.reason = printable(relative_paths(record.reason, copies), REASON_MAX_CHARS, one_line=False)
     record.warnings = [printable(relative_paths(str(w), copies)) for w in record.warnings]
     if isinstance(record.traceback, str) and record.traceback:
-        record.traceback = printable(relative_paths(record.traceback, copies), 8000, one_line=False)
+        record.traceback = traceback_tail(relative_paths(record.traceback, copies))
     elif record.traceback is not None:  # not text (a forged account's): none
         record.traceback = None
     for problem in record.extra.get("problems", []):
