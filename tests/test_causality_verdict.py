@@ -129,7 +129,7 @@ def test_the_reproduction_batch_is_one_per_rank_and_never_a_checked_one():
 def test_the_verdict(worst, reproduction, verdict):
     """Agreement on the perturbed batches is causal whatever else; a deviation is non-causal only from a
     model that reproduced itself (or where nothing was reproduced: the old check)."""
-    from harness.launcher.run.assemble import causality_verdict
+    from harness.launcher.run.evaluation import causality_verdict
     from harness.scoring.plan import causality_verdict as plan_verdict
 
     assert plan_verdict(worst, reproduction, 1e-3) == verdict

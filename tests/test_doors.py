@@ -289,7 +289,7 @@ def test_a_figure_below_the_floor_by_more_than_chance_is_flagged():
     """The tripwire for any leak of the validation tokens: below the true source's own loss by more than
     five standard errors of the gap (and 0.01 nats), the run is flagged; an honest model near the floor
     is not."""
-    from harness.launcher.run.assemble import below_floor_margin, check_below_floor
+    from harness.launcher.run.evaluation import below_floor_margin, check_below_floor
     from harness.results.records import RunRecord
 
     def checked(val_loss, floor=1.6, n=131072, s_model=1.2, s_floor=1.1):

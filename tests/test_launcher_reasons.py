@@ -165,7 +165,7 @@ def test_a_node_that_still_beats_without_an_account_leaves_the_run_as_node_0_saw
 
 
 def test_a_model_that_looks_ahead_is_invalid_with_where_it_did():
-    from harness.launcher.run.assemble import apply_evaluation
+    from harness.launcher.run.evaluation import apply_evaluation
     from harness.launcher.run.phases import PhaseResult
 
     causality = {"verdict": "non-causal", "causal": False, "checked_batches": 3, "batches": 8,

@@ -41,7 +41,8 @@ REASON_KEYS = {"reason", "problem"}
 BUILDERS = {
     "harness/launcher/control/watch.py": {"_expired", "_open_hint"},
     "harness/launcher/control/heartbeat.py": {"lost_why"},
-    "harness/launcher/run/assemble.py": {"check_window", "describe_noncausal", "describe_inconclusive"},
+    "harness/launcher/run/assemble.py": {"check_window"},
+    "harness/launcher/run/evaluation.py": {"describe_noncausal", "describe_inconclusive"},
     "harness/launcher/run/takeback.py": {"cap_reason", "measure"},
     "harness/launcher/run/training.py": {"why"},  # EarlyEnd: a node that ended its run before training
     "harness/launcher/run/open_run.py": {"explain_silence", "normalize_in_own_process"},

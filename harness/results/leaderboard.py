@@ -127,20 +127,22 @@ def parse_row(path: str) -> list[bool | dict[str, Any]]:
     return [True, record_row(raw)]
 
 
-def record_paths(root: Path, track: str | None) -> Iterator[str]:
-    """<track>/<team>/<run_id>/run.json of every run folder under root, relative to it (links to folders
-    followed, as a glob does; the file itself is the reader's to refuse when it is a link)."""
-    def folders(path: str) -> list[str]:
-        try:
-            with os.scandir(path) as entries:
-                return [e.name for e in entries if e.is_dir()]
-        except OSError:
-            return []
+def subfolders(path: str) -> list[str]:
+    """The names of the folders in path (links to folders followed, as a glob does); none where it cannot be read."""
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir()]
+    except OSError:
+        return []
 
+
+def record_paths(root: Path, track: str | None) -> Iterator[str]:
+    """<track>/<team>/<run_id>/run.json of every run folder under root, relative to it, one at a time (links to
+    folders followed, as a glob does; the file itself is the reader's to refuse when it is a link)."""
     base = str(root)
-    for t in ([track] if track else folders(base)):
-        for team in folders(os.path.join(base, t)):
-            for run in folders(os.path.join(base, t, team)):
+    for t in ([track] if track else subfolders(base)):
+        for team in subfolders(os.path.join(base, t)):
+            for run in subfolders(os.path.join(base, t, team)):
                 yield f"{t}/{team}/{run}/run.json"
 
 

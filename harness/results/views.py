@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 from harness.results import stats
 from harness.results.charts.colors import team_colors
 from harness.results.charts.empty import empty_state
-from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows
+from harness.results.leaderboard import UNREADABLE, build_table, counted_runs, load_rows, record_paths, subfolders
 from harness.results.locks import leaderboard_lock
 from harness.results.records import utc_now, write_atomic
 from harness.results.row_index import index_path
@@ -176,19 +176,9 @@ def tracks_in(runs_root: Path) -> list[str]:
     """The tracks with a run record: a folder <track>/<team>/<run>/run.json that exists (as pathlib's glob of
     "*/*/*/run.json" finds them, hidden names and links to folders included), looked for until the first is
     found: that glob of every record took a third of a second at 10,000, twice per `harness leaderboard`."""
-    def folders(path: str) -> list[str]:
-        try:
-            with os.scandir(path) as entries:
-                return [e.name for e in entries if e.is_dir()]
-        except OSError:
-            return []
-
-    def has_record(track: str) -> bool:
-        return any(os.path.exists(os.path.join(track, team, run, "run.json"))
-                   for team in folders(track) for run in folders(os.path.join(track, team)))
-
     root = str(runs_root)
-    return sorted(name for name in folders(root) if has_record(os.path.join(root, name)))
+    return sorted(track for track in subfolders(root)
+                  if any(os.path.exists(os.path.join(root, rel)) for rel in record_paths(Path(root), track)))
 
 
 def records_signature(runs_root: Path, tracks: list[str]) -> tuple:

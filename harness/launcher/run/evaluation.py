@@ -21,12 +21,13 @@ run ended before evaluation) stops waiting when node 0's record is final, or at 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.data.prepare import PreparedData
-from harness.launcher.run.assemble import apply_evaluation, check_model_compute, check_reports, flag_run
+from harness.launcher.run.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.run.nodes import NodePaths, account_rank, account_text
 from harness.launcher.run.phases import PREFLIGHT_TIMEOUT_S, PhaseResult, run_evaluation
 from harness.launcher.run.training import protected_paths, threads_per_rank
@@ -236,3 +237,126 @@ def join_run(opts, track: Track, data: PreparedData, node: NodePaths, record: Ru
     scratch = RunRecord(run_id=record.run_id, team=record.team, track_name=record.track_name)
     check_model_compute(scratch, [r.get("model_compute") for r in ev.reports("eval_result").values()])
     save_account(node, ev, scratch.flagged, scratch.flag_reason)
+
+
+# ------------------------------------------------------------ what evaluation's result makes of the record
+
+
+def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = ()) -> None:
+    """The evaluation's outcome and figures into the record; `other_nodes_compute`: the model processes'
+    times of the scorers on the other nodes (harness/launcher/run/evaluation.py), checked with this node's."""
+    record.extra.setdefault("containment", {})["evaluation"] = ev.containment
+    o = ev.outcome
+    if o.status != "ok":
+        prefix = "evaluation: " if o.status != "aborted" else ""
+        set_outcome(record, o.status, prefix + o.reason, o.failing_rank, o.traceback)
+        return
+    r0 = ev.reports("eval_result").get(0, {})
+    record.eval = {k: r0.get(k) for k in ("val_tokens", "eval_world_size", "eval_time_s", "eval_tokens_per_s",
+                                          "causality", "scorer_clean", "model_processes", "model_compute",
+                                          "logits_buffer")}
+    # every scorer's model processes, not rank 0's alone
+    check_model_compute(record, [*(result.get("model_compute") for result in ev.reports("eval_result").values()),
+                                 *other_nodes_compute])
+    record.sandbox["evaluation"] = r0.get("sandbox") or {}
+    exposed = r0.get("sandbox_exposed") or []
+    if exposed:
+        record.notes.append("the evaluation sandbox would expose protected paths under folders it allows: "
+                            + ", ".join(exposed))
+    value = r0.get("val_loss")
+    if value is None or not math.isfinite(value):
+        record.eval["unscored_val_loss"] = str(value)
+        set_outcome(record, "diverged", f"evaluation: the validation loss is {value} (the trained weights produce "
+                                        "non-finite logits)")
+        return
+    causality = r0.get("causality")
+    verdict = causality_verdict(causality)
+    if verdict == "non-causal":
+        # The figure is kept for the audit, but it is not a result: a model that looks ahead is not scored.
+        record.eval["unscored_val_loss"] = value
+        set_outcome(record, "invalid", describe_noncausal(causality))
+        return
+    record.val_loss = value
+    set_outcome(record, "ok")  # the record is final only now
+    if verdict == "inconclusive":  # scored, and hidden from the ranking until a person has looked
+        flag_run(record, describe_inconclusive(causality, record.run_id))
+    if record.loss_floor is not None:
+        record.loss_gap = record.val_loss - record.loss_floor
+        check_below_floor(record, r0)
+
+
+def below_floor_margin(n_tokens: int, model_token_std: float, floor_token_std: float) -> float:
+    """How far below the floor a figure may fall by chance. The gap (model - source, per token) has an
+    expectation >= 0 (a KL divergence); the standard error of its mean is at most (s_model + s_source)
+    / sqrt(n). Five of those, and never less than 0.01 nats (neighbouring tokens of a chain are not
+    independent): an honest model is below it with a probability under 1e-4."""
+    return max(0.01, 5.0 * (model_token_std + floor_token_std) / math.sqrt(max(1, n_tokens)))
+
+
+def check_below_floor(record: RunRecord, result: dict) -> None:
+    """A figure below the true source's own loss by more than chance: no model reaches it in expectation,
+    so the validation tokens reached the model somehow. Flagged for review, whatever the cause."""
+    spread, floor_spread = result.get("val_loss_token_std"), record.extra.get("loss_floor_token_std")
+    if spread is None or floor_spread is None:
+        return
+    margin = below_floor_margin(int(result.get("val_tokens") or 0), float(spread), float(floor_spread))
+    record.extra["floor_check"] = {"floor": record.loss_floor, "margin": margin,
+                                   "below_by": record.loss_floor - record.val_loss}
+    if record.val_loss < record.loss_floor - margin:
+        flag_run(record, f"the validation loss {record.val_loss:.4f} is below the data's own floor {record.loss_floor:.4f} "
+                         f"by more than chance allows ({margin:.4f}): no model reaches it; did the validation tokens "
+                         "reach the model?")
+
+
+SLOW_BATCH_FLOOR_S, SLOW_BATCH_FACTOR = 5.0, 20.0
+
+
+def check_model_compute(record: RunRecord, computes: list) -> None:
+    """A model process answers each batch with one forward pass, so its batches take about the same time; one
+    that took far longer than the others (SLOW_BATCH_FACTOR times the median, and SLOW_BATCH_FLOOR_S at
+    least, for the first batch's warm-up) did other work there: training, off every clock, on data the
+    model carried in its checkpoint (a replay buffer of training batches, trained on for 400 steps at
+    its first forward, scored 2.92 against 3.37). Flagged for review. Work spread evenly over every
+    batch is bounded by the evaluation timeout only (docs/rules.md). One scorer's slow batch flags the run
+    once, whichever scorer it was."""
+    for compute in computes:
+        for role, times in (compute.items() if isinstance(compute, dict) else ()):
+            if not isinstance(times, dict) or not times.get("median_s") or times.get("slowest_s") is None:
+                continue
+            bound = max(SLOW_BATCH_FLOOR_S, SLOW_BATCH_FACTOR * float(times["median_s"]))
+            if float(times["slowest_s"]) > bound:
+                flag_run(record, f"evaluation: the {role} model process took {float(times['slowest_s']):.1f} s over "
+                                 f"one batch, against a median of {float(times['median_s']):.3f} s (more than "
+                                 f"{bound:.1f} s): work in evaluation that is not a forward pass?")
+                return
+
+
+def causality_verdict(c: dict | None) -> str | None:
+    """The check's verdict ("causal", "non-causal", "inconclusive"); None without a check. A record's
+    causality from before the verdict existed has only `causal`."""
+    if c is None:
+        return None
+    if c.get("verdict") in ("causal", "non-causal", "inconclusive"):
+        return c["verdict"]
+    return "causal" if c.get("causal", True) else "non-causal"
+
+
+def describe_inconclusive(c: dict, run_id: str) -> str:
+    return (f"causality inconclusive: on the scoring batches re-run with every row's tokens after a secret cut "
+            f"replaced, the log-probabilities before the cut changed by up to {c['worst_deviation']:.3g} nats (more "
+            f"than the {c['tolerance']:.3g} tolerance), but the check process also gave other log-probabilities, "
+            f"by up to {c['reproduction_deviation']:.3g} nats, for a scoring batch it re-ran unchanged: the model "
+            "does not reproduce its own output on this machine (nondeterministic kernels or atomics, kernels "
+            "autotuned differently in the two processes, noise), so the check cannot tell whether it looks ahead. "
+            f"Re-score it (`harness eval` on its record folder: a fresh secret sample) or read the model for "
+            f"look-ahead and for what makes it nondeterministic; `harness unflag {run_id}` ranks it")
+
+
+def describe_noncausal(c: dict) -> str:
+    at = c.get("worst_at") or {}
+    where = (f" (batch {at['batch']}, row {at['row']}, position {at['position']}, cut after {at['cut']})"
+             if at else "")
+    return (f"non-causal: {c['checked_batches']} of {c['batches']} scoring batches were run again with every row's "
+            f"tokens after a secret cut replaced, and the log-probabilities before the cut changed by up to "
+            f"{c['worst_deviation']:.3g} nats{where}, more than the {c['tolerance']:.3g} an honest model shows: "
+            "the model used tokens after the position it predicts")

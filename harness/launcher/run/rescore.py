@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.launcher.run.assemble import causality_verdict, describe_inconclusive, describe_noncausal
 from harness.launcher.run.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
@@ -18,7 +17,7 @@ from harness.launcher.run.phases import run_evaluation
 from harness.tracks.precision import resolve_precision
 from harness.ranks.confine.scratch import refuse_unusable
 from harness.results.records import load_record
-from harness.launcher.run.evaluation import build_eval_job
+from harness.launcher.run.evaluation import build_eval_job, causality_verdict, describe_inconclusive, describe_noncausal
 from harness.tracks.spec import track_from_record
 from harness.launcher.control.watch import abort_on_signals
 
