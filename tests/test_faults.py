@@ -501,3 +501,45 @@ def test_per_optimizer_schedules_and_gradient_clipping(cli, tmp_path):
     assert bad.code == 1
     _, record = only_record(tmp_path / "bad")
     assert record["status"] == "invalid" and "lr_schedule returned 3 multipliers for 2 optimizer(s)" in record["reason"]
+
+
+def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_never_the_launcher(cli, tmp_path):
+    """A training rank that writes memory without end (attack or accident). A job's processes hold the track's
+    `job_memory_gib` together, held by the kernel in cgroups of the job's own: the kernel ends the team's
+    process, never the launcher, which writes the record: `crashed`, the reason naming the cap."""
+    result = run_fixture(cli, "eats_memory", track=quick_track(tmp_path, job_memory_gib=1.5))
+    assert result.code == 1, result.err
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "crashed" and "memory cap of 1.50 GiB" in record["reason"], record["reason"]
+    limits = record["containment"]["training"]["limits"]
+    assert limits["refused"]["oom_kills"] >= 1 and limits["memory_max_bytes"] == 3 << 29, limits
+    assert_clean(record, tmp_path, cli)
+
+
+def test_a_fork_bomb_is_held_at_the_jobs_task_cap_and_ends_with_the_job(cli, tmp_path):
+    """A training rank whose child forks without end, each copy in a new session. The track's `job_pids_max`
+    holds the job's tasks (threads included) together: the kernel refuses the forks past it, the record counts
+    them, and nothing of the bomb outlives the run."""
+    run_fixture(cli, "forks_without_end", track=quick_track(tmp_path, job_pids_max=256))
+    _, record = only_record(tmp_path / "runs")
+    limits = record["containment"]["training"]["limits"]
+    assert limits["pids_max"] == 256 and limits["refused"]["forks_refused"] >= 1, limits
+    said = record["reason"] if record["status"] != "ok" else " ".join(record["notes"])
+    assert "cap of 256 tasks" in said, (record["status"], said)
+    assert_clean(record)
+
+
+def test_a_check_past_its_memory_cap_is_the_teams_invalid_naming_the_cap(cli, tmp_path):
+    """The same in get_model, so in the check before the run: its process holds the same cap, and the run is the
+    team's `invalid` with the cap in its reason, before any rank starts."""
+    folder = tmp_path / "team"
+    shutil.copytree(FIXTURES / "eats_memory", folder)
+    (folder / "where.txt").write_text("get_model")
+    result = cli("run", str(folder), "--track", str(quick_track(tmp_path, job_memory_gib=1.5)))
+    assert result.code == 1, result.err
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "invalid", record["reason"]
+    assert ("the check process died (killed by SIGKILL) before reporting, at the job's cap: the job's processes reached "
+            "its memory cap of 1.50 GiB") in record["reason"], record["reason"]
+    assert record["containment"]["check"]["limits"]["refused"]["oom_kills"] >= 1
+    assert_clean(record)

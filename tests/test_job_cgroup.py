@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 
-from harness.launcher.control import job_cgroup
+from harness.launcher.control import job_cgroup, job_limits
 from harness.launcher.control.job_cgroup import JobCgroup, cgroup2_mount, own_cgroup
+from harness.launcher.control.job_limits import Caps
 
 MOUNTINFO = """\
 24 30 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -100,6 +101,12 @@ def test_the_doctor_says_which_containment_the_node_offers(monkeypatch):
 
     check = containment_check()
     assert check.status == "ok" and "cgroup v2" in check.measured
+    assert "memory capped in cgroup" in check.measured and "pids capped in cgroup" in check.measured
+    real_mounts = job_limits.v1_mounts
+    monkeypatch.setattr(job_limits, "v1_mounts", lambda *a: {k: v for k, v in real_mounts(*a).items() if k != "pids"})
+    check = containment_check()
+    assert check.status == "warn" and "no pids cap" in check.measured and "Delegate" in check.fix
+    monkeypatch.setattr(job_limits, "v1_mounts", real_mounts)
     monkeypatch.setenv(job_cgroup.OFF_ENV, "off")
     check = containment_check()
     assert check.status == "fail" and "turned off (HARNESS_CGROUP=off)" in check.measured
@@ -122,3 +129,121 @@ def test_a_process_that_joins_no_cgroup_reports_nothing_and_one_that_cannot_says
     monkeypatch.setenv(cgroup.ENV, str(tmp_path / "not-a-cgroup"))
     held = cgroup.join_from_environment(oom_first=False)
     assert held["active"] is False and "could not join" in held["why"]
+
+
+# A process that joins its job's cgroups as a rank does, then either forks until a fork is refused (`forks`), or
+# writes memory page by page (`memory`) until something stops it.
+JOIN_AND_GROW = r"""
+import os, sys, time
+from harness.ranks.confine import cgroup
+print(cgroup.join_from_environment(), flush=True)
+if sys.argv[1] == "forks":
+    kids = []
+    try:
+        for _ in range(1000):
+            pid = os.fork()
+            if pid == 0:
+                os.closerange(0, 3)  # the test reads the parent's output to its end, not 30 s of children's
+                time.sleep(30)
+                os._exit(0)
+            kids.append(pid)
+    except OSError as exc:
+        print("refused after", len(kids), exc.errno, flush=True)
+    sys.exit(0)
+hoard = []
+for _ in range(16):  # 16 x 64 MiB, past the test's 128 MiB cap and far short of the machine
+    chunk = bytearray(64 << 20)
+    chunk[::4096] = b"\x01" * len(range(0, len(chunk), 4096))
+    hoard.append(chunk)
+print("survived", flush=True)
+"""
+
+
+def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_the_record_counts_it():
+    """The kernel ends the job's process that passes the cap (never the process that made the cgroup, here the
+    test as the launcher), and the report counts the kill for the run's reason."""
+    cg = JobCgroup("capped", Caps(memory_bytes=128 << 20, pids=512))
+    assert set(cg.limits.held) == {"memory", "pids"}, cg.limits.why
+    proc = subprocess.run([sys.executable, "-c", JOIN_AND_GROW, "memory"], env={**os.environ, **cg.env()},
+                          capture_output=True, text=True, timeout=120)
+    cg.close()
+    assert "'active': True" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == -9 and "survived" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-500:])
+    report = cg.report()
+    assert report["limits"]["refused"]["oom_kills"] >= 1, report
+    assert "memory cap of 0.12 GiB" in job_limits.caps_reached(report) and "ended 1 of them" in job_limits.caps_reached(report)
+    assert not any(Path(d).exists() for d in cg.limits.held.values()), "the job's cgroups are removed with it"
+
+
+def test_a_job_past_its_task_cap_cannot_fork_and_the_record_counts_it():
+    cg = JobCgroup("capped", Caps(memory_bytes=1 << 30, pids=32))
+    proc = subprocess.run([sys.executable, "-c", JOIN_AND_GROW, "forks"], env={**os.environ, **cg.env()},
+                          capture_output=True, text=True, timeout=120)
+    leftover = cg.close()
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("refused after")]
+    assert refused and int(refused[0].split()[2]) < 32 and refused[0].endswith(" 11"), proc.stdout + proc.stderr
+    assert leftover, "the sleeping children were in the job's cgroup and ended with it"
+    report = cg.report()
+    assert report["limits"]["refused"]["forks_refused"] >= 1, report
+    assert "cap of 32 tasks" in job_limits.caps_reached(report)
+
+
+def test_each_cap_is_held_in_the_v2_cgroup_where_its_controller_is_handed_down_else_in_a_v1_hierarchy(tmp_path):
+    """Where each controller's cap goes, from the files the kernel shows: a v2 job cgroup whose parent hands the
+    controller down holds it; otherwise the controller's own v1 hierarchy, below this process's place in it; where
+    neither, no cap and why."""
+    v2_parent = tmp_path / "unified" / "launcher"
+    (v2_parent / "job").mkdir(parents=True)
+    (v2_parent / "cgroup.subtree_control").write_text("cpu memory\n")
+    v1 = tmp_path / "pids-hierarchy"
+    (v1 / "slurm" / "step").mkdir(parents=True)
+    (tmp_path / "mountinfo").write_text(
+        f"35 24 0:30 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n"
+        f"40 24 0:35 / {v1} rw,nosuid - cgroup cgroup rw,pids\n")
+    (tmp_path / "cgroup").write_text("8:pids:/slurm/step\n0::/launcher\n")
+    caps = Caps(memory_bytes=3 << 30, pids=100)
+    limits = job_limits.JobLimits("job", caps, v2_parent / "job", lambda name: False,
+                                  mountinfo=str(tmp_path / "mountinfo"), proc_cgroup=str(tmp_path / "cgroup"))
+    assert (v2_parent / "job" / "memory.max").read_text() == str(3 << 30)
+    assert (v1 / "slurm" / "step" / "job" / "pids.max").read_text() == "100"
+    assert limits.held["memory"].startswith("cgroup v2") and limits.held["pids"].startswith("cgroup v1")
+    assert limits.env() == {"HARNESS_JOB_LIMITS": str(v1 / "slurm" / "step" / "job")}
+    (v2_parent / "job" / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    (v1 / "slurm" / "step" / "job" / "pids.events").write_text("max 7\n")
+    assert limits.count() == {"oom_kills": 1, "forks_refused": 7}
+    # Without the v2 cgroup, and with no memory hierarchy: the memory cap is not held, and the report says why.
+    bare = job_limits.JobLimits("job2", caps, None, lambda name: False, mountinfo=str(tmp_path / "mountinfo"),
+                                proc_cgroup=str(tmp_path / "cgroup"))
+    assert "memory" not in bare.held and "no memory controller" in bare.why["memory"] and "pids" in bare.held
+
+
+def test_a_v1_cap_cgroup_left_by_a_launcher_killed_outright_is_removed_by_the_next(tmp_path):
+    v1 = tmp_path / "pids"
+    (v1 / "harness-job-1-2-job-0").mkdir(parents=True)
+    (v1 / "someone-elses").mkdir()
+    (tmp_path / "mountinfo").write_text(f"40 24 0:35 / {v1} rw - cgroup cgroup rw,pids\n")
+    (tmp_path / "cgroup").write_text("8:pids:/\n")
+    job_limits.JobLimits("harness-job-3-4-job-0", Caps(memory_bytes=1 << 30, pids=100), None,
+                         lambda name: name.startswith("harness-job-1-"), mountinfo=str(tmp_path / "mountinfo"),
+                         proc_cgroup=str(tmp_path / "cgroup"))
+    assert sorted(p.name for p in v1.iterdir()) == ["harness-job-3-4-job-0", "someone-elses"]
+
+
+def test_the_node_offers_its_memory_or_its_own_cgroups_cap_where_lower(tmp_path):
+    (tmp_path / "meminfo").write_text("MemTotal:       24000000 kB\nMemFree: 1 kB\n")
+    memory = tmp_path / "memory"
+    (memory / "box").mkdir(parents=True)
+    (memory / "box" / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
+    (tmp_path / "mountinfo").write_text(f"36 24 0:31 / {memory} rw - cgroup cgroup rw,memory\n")
+    (tmp_path / "cgroup").write_text("4:memory:/box\n")
+    args = dict(meminfo=str(tmp_path / "meminfo"), proc_cgroup=str(tmp_path / "cgroup"),
+                mountinfo=str(tmp_path / "mountinfo"))
+    assert job_limits.node_memory_bytes(None, **args) == 8 << 30
+    (memory / "box" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert job_limits.node_memory_bytes(None, **args) == 24000000 * 1024
+    v2 = tmp_path / "v2own"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("max\n")
+    assert job_limits.node_memory_bytes(v2, **args) == 24000000 * 1024
+    (v2 / "memory.max").write_text(f"{2 << 30}\n")
+    assert job_limits.node_memory_bytes(v2, **args) == 2 << 30

@@ -51,6 +51,8 @@ def test_organiser_track_file_is_loaded_by_path(tmp_path):
     ({"budget_s": 0}, "budget_s"),
     ({"clock_start": "whenever"}, "clock_start"),
     ({"nproc_per_node": "auto"}, "counts GPUs"),
+    ({"job_pids_max": 10}, "job_pids_max.*>= 64"),
+    ({"job_memory_gib": -1}, "job_memory_gib.*>= 0"),
 ])
 def test_invalid_values_are_refused(change, message):
     raw = {**_minimal(), **change}

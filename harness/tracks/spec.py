@@ -197,6 +197,10 @@ class Track:
     log_cap_mib: float = 256.0  # what a node's training ranks may write to their logs, together
     scratch_cap_gib: float = 64.0  # what they may leave in their private folder (logs, checkpoint, caches, tmp)
     checkpoint_cap_gib: float = 8.0  # the checkpoint's size (2B parameters in float32: what the allowance holds)
+    # What one job's processes on a node may hold together, held by the kernel (harness/launcher/control/job_limits.py):
+    # memory (0: 90% of what the node offers the launcher) and tasks, threads included (a fork past it fails).
+    job_memory_gib: float = 0.0
+    job_pids_max: int = 32768
     collective_timeout_s: float = 120.0  # process-group timeout: how long a hung rank can hide
     rendezvous_timeout_s: float = 300.0
     shutdown_timeout_s: float = 5.0  # SIGTERM -> SIGKILL when tearing a job down
@@ -250,6 +254,12 @@ class Track:
             _positive(name, getattr(self, name), where)
         if self.grace_s < 0:
             raise TrackError(f"{where}: `grace_s` must be >= 0, got {self.grace_s}")
+        if not isinstance(self.job_memory_gib, (int, float)) or not 0 <= self.job_memory_gib < 1 << 20:
+            raise TrackError(f"{where}: `job_memory_gib` must be >= 0 (0: 90% of the node's memory), "
+                             f"got {self.job_memory_gib!r}")
+        if not isinstance(self.job_pids_max, int) or self.job_pids_max < 64:
+            raise TrackError(f"{where}: `job_pids_max` must be an integer >= 64 (a torch rank holds dozens of threads), "
+                             f"got {self.job_pids_max!r}")
         if not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise TrackError(f"{where}: `max_steps` must be an integer >= 0, got {self.max_steps!r}")
         if self.comm_probe_steps < 0:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.launcher.control import process_tree
+from harness.launcher.control.job_limits import Caps
 from harness.launcher.control.workarea import patched_environ, read_tail
 from harness.ranks import interpreter
 from harness.ranks.process import reap_children
@@ -49,6 +50,7 @@ class LaunchSpec:
     shutdown_timeout_s: float = 5.0
     threads_per_rank: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    caps: Caps | None = None  # the memory and tasks the job's processes may hold together (job_limits.py)
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -182,7 +184,7 @@ class ElasticJob:
         self.error: BaseException | None = None
         self.succeeded = False
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-job-"))  # torchelastic_* folders land here
-        self._scope = process_tree.ProcessScope(spec.shutdown_timeout_s, contain="job")
+        self._scope = process_tree.ProcessScope(spec.shutdown_timeout_s, contain="job", caps=spec.caps)
         self._thread = threading.Thread(target=self._run, name="harness-agent", daemon=True)
         self._handler: logging.Handler | None = None
         self._env = None

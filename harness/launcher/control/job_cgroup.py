@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from harness.launcher.control.job_limits import Caps, JobLimits, caps_for
 from harness.ranks.confine.cgroup import ENV  # read there, in the process that joins
 PREFIX = "harness-job-"
 OFF_ENV = "HARNESS_CGROUP"  # "off": no cgroup per job (a host whose cgroup v2 misbehaves; the tests of the fallback)
@@ -111,6 +112,16 @@ def end(path: Path, within_s: float = EMPTY_WITHIN_S) -> tuple[list[int], str]:
     return pids, ""
 
 
+def launcher_gone(name: str) -> bool:
+    """Whether the launcher that made a job cgroup of this name (PREFIX<pid>-<start ticks>-...) is dead: neither this
+    process nor a live process with that pid and start time. Names of another shape are never a job's."""
+    parts = name[len(PREFIX):].split("-") if name.startswith(PREFIX) else []
+    if len(parts) < 2 or not parts[0].isdigit():
+        return False
+    pid, ticks = int(parts[0]), parts[1]
+    return not (pid == os.getpid() or (psutil.pid_exists(pid) and _start_ticks(pid) == ticks))
+
+
 def sweep_orphans(parent: Path) -> list[str]:
     """End and remove the job cgroups under `parent` whose launcher is no longer alive (it was killed outright):
     nothing of an earlier run outlives it into the next. Returns the names of those it ended."""
@@ -120,23 +131,35 @@ def sweep_orphans(parent: Path) -> list[str]:
     except OSError:
         return ended
     for entry in entries:
-        parts = entry.name[len(PREFIX):].split("-") if entry.name.startswith(PREFIX) else []
-        if len(parts) < 2 or not parts[0].isdigit() or not entry.is_dir():
-            continue
-        pid, ticks = int(parts[0]), parts[1]
-        if pid == os.getpid() or (psutil.pid_exists(pid) and _start_ticks(pid) == ticks):
+        if not entry.is_dir() or not launcher_gone(entry.name):
             continue  # this launcher's, or a live launcher's (another run on this host)
         end(entry)
         ended.append(entry.name)
     return ended
 
 
-class JobCgroup:
-    """One job's cgroup: made in the constructor (`active`, else `why` not), ended in close()."""
+def track_caps(track) -> Caps:
+    """A track's `job_memory_gib` and `job_pids_max` for one job on this node (0 GiB: a share of what it offers)."""
+    mount, own = cgroup2_mount(), own_cgroup()
+    v2_own = mount / own.lstrip("/") if mount is not None and own is not None else None
+    return caps_for(track.job_memory_gib, track.job_pids_max, v2_own)
 
-    def __init__(self, label: str) -> None:
+
+class JobCgroup:
+    """One job's cgroup: made in the constructor (`active`, else `why` not), ended in close(). With `caps`, the
+    job's memory and pids caps too (job_limits.JobLimits: in this cgroup, or in v1 cgroups beside it)."""
+
+    def __init__(self, label: str, caps: Caps | None = None) -> None:
         self.path: Path | None = None
         self.active, self.why, self.swept = False, "", []
+        self.limits: JobLimits | None = None
+        self.name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{label}-{next(_serial)}"
+        self._make()
+        # The caps hold where they can, with or without the v2 cgroup (a hybrid host's v1 controllers).
+        if caps is not None and os.environ.get(OFF_ENV, "").strip().lower() != "off":
+            self.limits = JobLimits(self.name, caps, self.path if self.active else None, launcher_gone)
+
+    def _make(self) -> None:
         if os.environ.get(OFF_ENV, "").strip().lower() == "off":
             self.why = f"turned off ({OFF_ENV}=off)"
             return
@@ -150,7 +173,7 @@ class JobCgroup:
                         "subtree not delegated to it): no process could join a cgroup made there")
             return
         self.swept = sweep_orphans(parent)
-        name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{label}-{next(_serial)}"
+        name = self.name
         try:
             (parent / name).mkdir()
         except OSError as exc:
@@ -172,23 +195,31 @@ class JobCgroup:
 
     def env(self) -> dict[str, str]:
         """What a process that joins needs to find it; nothing when there is no cgroup (it then joins none)."""
-        return {ENV: str(self.path)} if self.active else {}
+        return {**({ENV: str(self.path)} if self.active else {}), **(self.limits.env() if self.limits else {})}
 
     def members(self) -> list[int]:
         return _members(self.path) if self.path is not None else []
 
     def close(self) -> list[int]:
         """End everything still in the cgroup and remove it; returns the pids that were still in it."""
-        if self.path is None:
-            return []
-        pids, why = end(self.path)
-        if why:
-            self.why = f"{self.why}; at the end: {why}"
-        self.path = None if not why else self.path
+        pids: list[int] = []
+        if self.limits is not None:  # counted before the cgroups go (their files go with them)
+            self.limits.count()
+        if self.path is not None:
+            pids, why = end(self.path)
+            if why:
+                self.why = f"{self.why}; at the end: {why}"
+            self.path = None if not why else self.path
+        if self.limits is not None:
+            why = self.limits.close()
+            if why:
+                self.why = f"{self.why}; at the end: {why}"
         return pids
 
     def report(self) -> dict:
         out = {"active": self.active, "why": self.why}
         if self.swept:  # an earlier run's processes outlived it (its launcher was killed outright): ended now
             out["swept"] = self.swept[:10]
+        if self.limits is not None:
+            out["limits"] = self.limits.report()
         return out

@@ -118,9 +118,10 @@ class ProcessScope:
 
     With `contain` (a label), the scope also makes a cgroup of its own (job_cgroup.JobCgroup): processes started
     with `env()` join it first thing, and close() ends everything in it at once, after the graceful SIGTERM round:
-    what forks faster than the process list can be read is ended all the same."""
+    what forks faster than the process list can be read is ended all the same. `caps` (job_limits.Caps): the
+    memory and tasks its processes may hold together."""
 
-    def __init__(self, grace_s: float, contain: str | None = None):
+    def __init__(self, grace_s: float, contain: str | None = None, caps=None):
         become_subreaper()  # orphans of what starts in the scope stay ours to find (idempotent)
         self.grace_s = grace_s
         self.before = {p.pid for p in descendants()}
@@ -129,7 +130,7 @@ class ProcessScope:
         if contain is not None:
             from harness.launcher.control.job_cgroup import JobCgroup
 
-            self.cgroup = JobCgroup(contain)
+            self.cgroup = JobCgroup(contain, caps)
 
     def env(self) -> dict[str, str]:
         return self.cgroup.env() if self.cgroup is not None else {}

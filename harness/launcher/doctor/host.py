@@ -149,9 +149,10 @@ def containment_check() -> Check:
     import subprocess
 
     from harness.launcher.control.job_cgroup import JobCgroup
+    from harness.launcher.control.job_limits import caps_for
     from harness.ranks import interpreter
 
-    cgroup = JobCgroup("doctor")
+    cgroup = JobCgroup("doctor", caps_for(0.0, 32768))  # the default caps: 90% of the node's memory, 32768 tasks
     made, why = cgroup.active, cgroup.why
     if made:
         joiner = "from harness.ranks.confine import cgroup; print((cgroup.join_from_environment(False) or {}).get('why'))"
@@ -163,7 +164,11 @@ def containment_check() -> Check:
                 made, why = False, f"a process could not join {why}: {said[0]}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             made, why = False, f"a process to join it could not run: {exc}"
+    limits = cgroup.limits.report() if cgroup.limits is not None else {"held": {}, "why": {"memory": "turned off",
+                                                                                             "pids": "turned off"}}
     cgroup.close()
+    caps = "; ".join([*(f"{c} capped in {where}" for c, where in limits["held"].items()),
+                      *(f"no {c} cap: {why}" for c, why in (limits.get("why") or {}).items())])
     if not made:
         return Check(name="containment", status="fail",
                      measured=f"{why}: a job is ended by listing its processes, which a process that forks fast "
@@ -171,7 +176,13 @@ def containment_check() -> Check:
                      fix="give the harness's user a writable cgroup v2 subtree: root with a writable cgroup2 mount "
                          "(a container's is often read-only), or a subtree delegated to it (systemd Delegate=yes "
                          "on the system unit that starts it, with User=)")
-    return Check(name="containment", status="ok", measured=f"a cgroup of the job's own, joined and ended: {why}")
+    if limits.get("why"):  # ended as a whole, but a job that allocates or forks without end reaches the node's limits
+        return Check(name="containment", status="warn", measured=f"a cgroup of the job's own, joined and ended: {why}; "
+                                                                f"{caps}",
+                     fix="hand the memory and pids controllers down to the harness's cgroup (cgroup.subtree_control "
+                         "of its parent, or systemd's Delegate=memory pids), or run as root where they are v1 "
+                         "hierarchies: the track's job_memory_gib and job_pids_max are then held by the kernel")
+    return Check(name="containment", status="ok", measured=f"a cgroup of the job's own, joined and ended: {why}; {caps}")
 
 
 def _user(opts: DoctorOptions) -> Check:

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.launcher.run.identity import ROSTER, RosterError, resolve_identity
 from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
 from harness.launcher.run.phases import run_preflight
@@ -76,7 +77,7 @@ def check(submission: str, track_name: str = "local", seed: int = 1, runs_dir: s
     open_division = _open_division(folder, track)
     tmp = tempfile.mkdtemp(prefix="harness-check-")  # removed as any folder team code may have touched
     try:
-        report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed,
+        report = run_preflight(folder, vocab_size=track.data.vocab_size, device="cpu", seed=seed, caps=track_caps(track),
                                log_path=Path(tmp) / "check.log", eval_seq_len=track.eval.seq_len,
                                sandbox_mode=sandbox_mode, protected=list(protected),
                                precision="float32",  # on a CPU: bf16 may be emulated there, ~45x slower

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.run.nodes import NodePaths, account_rank, account_text
@@ -186,7 +187,7 @@ def _evaluate(opts, track: Track, data: PreparedData, run_dir: Path, plan: EvalP
     multi = {"nnodes": nodes, "node_rank": node_rank, "rdzv_endpoint": opts.rdzv_endpoint, "rdzv_id": f"{run_dir.name}-eval",
              "rendezvous_timeout_s": min(track.rendezvous_timeout_s, EVAL_RENDEZVOUS_S)} if nodes > 1 else {}
     return run_evaluation(job, plan.nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
-                          log_path=log_path, abort=abort, reporter=reporter, **multi)
+                          log_path=log_path, abort=abort, reporter=reporter, caps=track_caps(track), **multi)
 
 
 def evaluate_run(opts, track: Track, data: PreparedData, node: NodePaths, record: RunRecord, plan: EvalPlan, abort,

@@ -16,6 +16,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome, team_number
 from harness.launcher.run.phases import PhaseResult, bound_report, run_preflight
@@ -80,7 +81,8 @@ def check_open(snapshot: Path, spec: OpenSpec, track: Track, record: RunRecord, 
     return run_preflight(snapshot, vocab_size=track.data.vocab_size, device=track.device, seed=seed,
                          log_path=log_path, eval_seq_len=track.eval.seq_len, precision=record.precision,
                          sandbox_mode=track.sandbox, protected=protected, open_division=extra,
-                         read_files=[str(checkpoint)] if checkpoint is not None else [], meanwhile=meanwhile)
+                         read_files=[str(checkpoint)] if checkpoint is not None else [], meanwhile=meanwhile,
+                         caps=track_caps(track))
 
 
 def open_window(w, allowance_s: float, saved_s: float | None = None) -> tuple[float | None, float | None]:

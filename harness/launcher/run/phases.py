@@ -23,6 +23,7 @@ from harness.launcher.run.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
 from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
 from harness.launcher.control.elastic import ElasticJob, LaunchSpec
+from harness.launcher.control.job_limits import caps_reached
 from harness.launcher.run.outcome import Outcome, classify, last_error_line
 from harness.launcher.control.workarea import read_tail
 from harness.submission.printable import printable
@@ -38,14 +39,14 @@ PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run: import, model build, one 
 def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: int, log_path: Path,
                   eval_seq_len: int | None = None, precision: str = "bfloat16", sandbox_mode: str = "auto",
                   protected: list[str] = (), timeout_s: float = PREFLIGHT_TIMEOUT_S, open_division: dict | None = None,
-                  read_files: list[str] = (), meanwhile: Callable[[], None] | None = None) -> dict:
+                  read_files: list[str] = (), meanwhile: Callable[[], None] | None = None, caps=None) -> dict:
     """Contract checks in a throw-away, sandboxed process; returns the report (ok, problems, params, config).
 
     `open_division` asks for the open division's checks (its keys go into the request: model_file,
     script, checkpoint); `read_files` are files outside the submission the process may read;
     `meanwhile` is the launcher's own work, done while the process runs (its import of torch: on a
     small CPU, seconds the check would otherwise wait for). Nothing the process writes is kept: it ran
-    team code."""
+    team code. `caps` (job_limits.Caps): the memory and tasks its processes may hold together."""
     tmp = scratch.private_folder("harness-preflight-")  # not in the run folder: nodes may share it
     policy = None
     if sandbox_mode != "off":
@@ -64,7 +65,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     box_read, box_write = os.pipe()
     try:
         # Nothing it starts may linger: it joins a cgroup of its own first thing, ended with the scope.
-        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0, contain="check") as scope:
+        with open(log_path, "w") as log, process_tree.ProcessScope(grace_s=2.0, contain="check", caps=caps) as scope:
             t_start = time.monotonic()
             proc = subprocess.Popen(interpreter.python_argv("harness.ranks.models.preflight", req, rep, box_write),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -88,6 +89,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         if box_write >= 0:
             os.close(box_write)
         sandbox.reset_log(log_path)
+    contained = scope.containment()  # with what the caps refused, counted as the scope closed
+    capped = caps_reached(contained)
     report = _read_report(rep)
     guessed = bool(open_division and open_division.get("config") is not None)  # only then is there an interim
     if guessed and report is not None and report.get("interim") and (timed_out or code != 0):
@@ -99,6 +102,11 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
                   "fix": "make get_model and one forward at batch 2 fast"}]}
+    elif report is None and capped:  # the team's model, too large for the node: said as such
+        report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                  f"the check process died ({ended_how(code)}) before reporting, at the job's cap: {capped}; see {log_path}",
+                  "fix": "build the model in get_model without holding more than the cap (the check builds it on "
+                         "the meta device: large buffers made in get_model itself are real)"}]}
     elif report is None:
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
@@ -122,7 +130,7 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
     else:  # nothing came (the process died or was killed first): that says nothing of the sandbox
         report["sandbox"] = {"active": False, "reported": False, "why": "the check process sent no sandbox report"}
     report["screen"] = sent.get("screen") if isinstance(sent.get("screen"), list) else []
-    report["containment"] = scope.containment()
+    report["containment"] = contained
     if policy is not None:
         report["sandbox_exposed"] = sandbox.check_protected(policy, list(protected))
     return report
@@ -289,8 +297,12 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
                                job.early_output.get(outcome.failing_rank - local[0], ""))
         if line:
             outcome.reason += f"; its log ends: {printable(line, 300)}"
+    contained = job.containment()  # with what the job's caps refused, counted as it closed
+    capped = caps_reached(contained)
+    if capped and outcome.status == "crashed":  # the team's processes passed the track's caps: said first
+        outcome.reason = f"{capped}: {outcome.reason}"
     return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
-                       list(channel.malformed), job.containment())
+                       list(channel.malformed), contained)
 
 
 def local_ranks(launch: LaunchSpec) -> list[int]:
@@ -353,13 +365,13 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
 def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeout_s: float, log_path: Path,
                    abort: AbortFlag, reporter=None, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "",
-                   rdzv_id: str = "", rendezvous_timeout_s: float = 300.0) -> PhaseResult:
+                   rdzv_id: str = "", rendezvous_timeout_s: float = 300.0, caps=None) -> PhaseResult:
     """This node's scorer ranks; with nnodes > 1, one evaluation over every node's ranks (harness/launcher/run/evaluation.py)."""
     reporter = reporter or NullReporter()
     launch = LaunchSpec(module="harness.scoring.scorer", args=[], nproc_per_node=nproc, nnodes=nnodes,
                         node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                         rendezvous_timeout_s=rendezvous_timeout_s, shutdown_timeout_s=shutdown_timeout_s,
-                        threads_per_rank=job.cpu_threads_per_rank)
+                        threads_per_rank=job.cpu_threads_per_rank, caps=caps)
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
     job_file = channel.dir / "eval_job.json"

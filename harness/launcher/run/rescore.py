@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.launcher.run.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
@@ -93,7 +94,7 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
     job.log_dir = str(run_dir / "logs" / "rescore")
     with abort_on_signals() as abort:
         ev = run_evaluation(job, nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
-                            log_path=log, abort=abort, reporter=reporter)
+                            log_path=log, abort=abort, reporter=reporter, caps=track_caps(track))
     r0 = ev.reports("eval_result").get(0, {})
     status, reason, causality = ev.outcome.status, ev.outcome.reason, r0.get("causality")
     verdict = causality_verdict(causality)

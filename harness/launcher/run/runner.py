@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.launcher.control.job_cgroup import track_caps
+from harness.launcher.control.job_limits import caps_reached
 from harness import __version__
 from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.launcher.control import process_tree
@@ -327,7 +329,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                                  seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
                                  precision=record.precision, sandbox_mode=track.sandbox,
                                  protected=protected_paths(opts.runs_dir, data),
-                                 meanwhile=lambda: _provenance(record))
+                                 meanwhile=lambda: _provenance(record), caps=track_caps(track))
         finally:
             reporter.end_progress()
 
@@ -401,6 +403,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             set_outcome(record, "timeout", late)
         if o.status == "ok" and phase.leftover_pids:
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
+        if o.status == "ok" and caps_reached(phase.containment):  # a failure says it in its reason (phases._run_job)
+            record.notes.append(f"in training, {caps_reached(phase.containment)}")
         if node.lead and track.nnodes > 1:
             merge_node_reports(record, node, o, track.nnodes, silent_after_s(track), heartbeat)
         if taker is not None:

@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.data.prepare import PreparedData
 from harness.launcher.control import process_tree
 from harness.launcher.run.assemble import flag_run
@@ -144,7 +145,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                         node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=record.run_id,
                         rendezvous_timeout_s=track.rendezvous_timeout_s,
                         shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=threads,
-                        env=area.rank_environment())
+                        env=area.rank_environment(), caps=track_caps(track))
     t_launch = time.monotonic()
     leaderboard_dir = leaderboard_root(runs=runs_root(opts.runs_dir))
     # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.

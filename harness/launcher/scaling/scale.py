@@ -22,6 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.launcher.control.job_cgroup import track_caps
 from harness.launcher.scaling import comm_model
 from harness.launcher.control import process_tree
 from harness.launcher.run.console import NullReporter
@@ -89,7 +90,7 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
     precision, _ = resolve_precision(track.dtype, track.device)
     report = run_preflight(out_dir / "submission", vocab_size=track.data.vocab_size, device=track.device,
                            seed=opts.seed, log_path=out_dir / "logs" / "preflight.log", eval_seq_len=track.eval.seq_len,
-                           precision=precision)
+                           precision=precision, caps=track_caps(track))
     if not report["ok"]:
         p = report["problems"][0]
         raise ValueError(f"the submission is invalid: {p['file']}: {p['problem']}")
@@ -111,7 +112,8 @@ def run_scale(opts: ScaleOptions, reporter=None) -> tuple[dict, Path]:
                 comm_probe_steps=opts.probe_steps, ddp=asdict(track.ddp),
             )
             launch = LaunchSpec(module="harness.ranks.training.train", args=[], nproc_per_node=n, rdzv_id=job.run_id,
-                                shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank)
+                                shutdown_timeout_s=track.shutdown_timeout_s, threads_per_rank=job.cpu_threads_per_rank,
+                                caps=track_caps(track))
             deadlines = Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
                                   hard_limit_s=3600.0, save_allowance_s=track.save_allowance_s)
             phase = run_training(job, launch, deadlines=deadlines, log_path=out_dir / "logs" / f"launcher-n{n}.log",

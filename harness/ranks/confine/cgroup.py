@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 
 ENV = "HARNESS_JOB_CGROUP"
+# The job's v1 cgroups that hold its memory and pids caps, where the v2 one cannot (harness/launcher/control/job_limits.py):
+# os.pathsep-separated folders, joined beside the v2 one.
+LIMITS_ENV = "HARNESS_JOB_LIMITS"
 OOM_SCORE_ADJ = "1000"  # the first to go when memory runs out: never the launcher, a scorer or another job's rank
 
 
@@ -29,12 +32,23 @@ def join_from_environment(oom_first: bool = True) -> dict | None:
     process that runs team code (offer_to_oom_killer)."""
     if oom_first:
         offer_to_oom_killer()
-    path = os.environ.pop(ENV, None)  # joined once: team code has no use for it
+    path = os.environ.pop(ENV, None)  # joined once: team code has no use for either
+    limits = [p for p in os.environ.pop(LIMITS_ENV, "").split(os.pathsep) if p]
+    out = None
+    for where in limits:  # first: the caps hold before anything this process starts exists
+        try:
+            _join(where)
+        except OSError as exc:
+            out = {"active": False, "why": f"this process could not join its job's capped cgroup {where}: {exc}"}
     if not path:
-        return None
+        return out
     try:
-        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
-            fh.write("0")  # "0": the writing process itself
+        _join(path)
     except OSError as exc:
         return {"active": False, "why": f"this process could not join its job's cgroup {path}: {exc}"}
-    return {"active": True, "why": f"in the job's cgroup {path}"}
+    return out or {"active": True, "why": f"in the job's cgroup {path}"}
+
+
+def _join(path: str) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+        fh.write("0")  # "0": the writing process itself (v1 and v2 alike)

@@ -1,0 +1,242 @@
+"""A job's memory and process-count caps (the track's `job_memory_gib`, `job_pids_max`), held by the kernel.
+
+A team that allocates without end, or forks without end, must end its own job, never the launcher, a scorer or
+another job on the node: the kernel charges every page and every task of the job's processes to cgroups of the
+job's own, and refuses (a fork: EAGAIN) or ends (memory: the cgroup's own out-of-memory killer) what passes the cap.
+
+Where each cap lives, per controller (`memory`, `pids`):
+- cgroup v2: the job's own cgroup (harness/launcher/control/job_cgroup.py), where its parent enables the controller
+  for its children (`cgroup.subtree_control`): `memory.max`, `pids.max`. The harness never enables a controller
+  itself: a v2 cgroup that holds processes (the launcher's) may not hand controllers down.
+- cgroup v1, where the controller is bound to a v1 hierarchy instead (a hybrid host, whose v2 tree holds no
+  controller; this machine, many container hosts): a cgroup of the job's in that hierarchy, below this process's
+  own place in it, named as the v2 one (`memory.limit_in_bytes`, `pids.max`). A process joins it as its first act,
+  as it joins the v2 one (harness/ranks/confine/cgroup.py), so everything it starts is charged there too.
+- neither (no controller, no right to write it): no cap, and `why` says so in the record and in `harness doctor`.
+
+The caps are per job on one node (each phase's: the check, training, evaluation). Memory counts what the kernel
+charges the job's processes: their pages, the page cache of files they write (reclaimed first) and /dev/shm's
+tmpfs. Pids count tasks, threads included (a torch rank holds dozens).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.ranks.confine.cgroup import LIMITS_ENV  # read there, in the process that joins
+
+CONTROLLERS = ("memory", "pids")
+MEMORY_SHARE_OF_NODE = 0.9  # job_memory_gib = 0: this share of what the node offers the launcher
+# The v1 files of each cap, and the files that count what the cap refused (v1 and v2 name them alike, but for memory).
+V1_LIMIT = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
+V2_LIMIT = {"memory": "memory.max", "pids": "pids.max"}
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one job's processes may hold together on a node."""
+
+    memory_bytes: int
+    pids: int
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 1 << 20 or self.pids < 16:
+            raise ValueError(f"a job needs at least 1 MiB and 16 tasks, got {self.memory_bytes} bytes and {self.pids}")
+
+    def value(self, controller: str) -> int:
+        return self.memory_bytes if controller == "memory" else self.pids
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def v1_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, Path]:
+    """Where each v1 controller's hierarchy is mounted (a controller belongs to one hierarchy at most)."""
+    out: dict[str, Path] = {}
+    for line in _read(Path(mountinfo)).splitlines():
+        before, _, after = line.partition(" - ")
+        fields = after.split()
+        if len(fields) >= 3 and fields[0] == "cgroup":
+            for option in fields[2].split(","):
+                if option in CONTROLLERS:
+                    out.setdefault(option, Path(before.split()[4]))
+    return out
+
+
+def v1_places(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
+    """This process's place in each v1 controller's hierarchy (`4:memory:/x` -> {"memory": "/x"})."""
+    out: dict[str, str] = {}
+    for line in _read(Path(proc_cgroup)).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1]:
+            for controller in parts[1].split(","):
+                if controller in CONTROLLERS:
+                    out[controller] = parts[2] or "/"
+    return out
+
+
+def node_memory_bytes(v2_own: Path | None, meminfo: str = "/proc/meminfo", proc_cgroup: str = "/proc/self/cgroup",
+                      mountinfo: str = "/proc/self/mountinfo") -> int:
+    """What the node offers this process: its memory, or its own cgroup's cap where that is lower (a container, a
+    SLURM step). `v2_own`: this process's own v2 cgroup folder, where there is one."""
+    total = 0
+    for line in _read(Path(meminfo)).splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) * 1024
+    caps = []
+    memory_v1 = v1_mounts(mountinfo).get("memory")
+    place = v1_places(proc_cgroup).get("memory")
+    if memory_v1 is not None and place is not None:
+        caps.append(_read(memory_v1 / place.lstrip("/") / "memory.limit_in_bytes").strip())
+    if v2_own is not None:
+        caps.append(_read(v2_own / "memory.max").strip())
+    known = [int(c) for c in caps if c.isdigit()]
+    return min([total, *known]) if total else min(known, default=0)
+
+
+def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None) -> Caps:
+    """A track's caps in bytes and tasks: `memory_gib` 0 means MEMORY_SHARE_OF_NODE of what the node offers."""
+    memory = int(memory_gib * (1 << 30)) if memory_gib > 0 else int(node_memory_bytes(v2_own) * MEMORY_SHARE_OF_NODE)
+    return Caps(memory_bytes=max(memory, 1 << 20), pids=pids_max)
+
+
+def counted(text: str, key: str) -> int:
+    """The count after `key` in a flat-keyed cgroup file (`oom_kill 2`, `max 5`); 0 where it is absent."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+class JobLimits:
+    """The caps of one job: set in the constructor (each controller's `held` or `why` not), counted and removed in
+    close(), after the job's processes are gone."""
+
+    def __init__(self, name: str, caps: Caps, v2_path: Path | None, gone: Callable[[str], bool], *,
+                 mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> None:
+        """`name`: the job cgroup's; `gone(name)`: whether the launcher that made a cgroup of that name is dead (its
+        leftovers are removed first)."""
+        self.caps = caps
+        self.held: dict[str, str] = {}  # controller -> "v2 <path>" or "v1 <path>"
+        self.why: dict[str, str] = {}  # controller -> why it holds no cap
+        self.v1_dirs: dict[str, Path] = {}  # what a joining process writes itself into, beside the v2 cgroup
+        self.cap_dirs: dict[str, Path] = {}  # controller -> the cgroup folder that holds its cap (v1 or v2)
+        self.events: dict[str, int] = {}
+        v2_enabled = set(_read(v2_path.parent / "cgroup.subtree_control").split()) if v2_path is not None else set()
+        mounts, places = v1_mounts(mountinfo), v1_places(proc_cgroup)
+        for controller in CONTROLLERS:
+            value = str(caps.value(controller))
+            if controller in v2_enabled:
+                try:
+                    (v2_path / V2_LIMIT[controller]).write_text(value)
+                    self.held[controller] = f"cgroup v2 {v2_path / V2_LIMIT[controller]}"
+                    self.cap_dirs[controller] = v2_path
+                except OSError as exc:
+                    self.why[controller] = f"{v2_path / V2_LIMIT[controller]} could not be written: {exc}"
+                continue
+            if controller not in mounts or controller not in places:
+                self.why[controller] = (f"no cgroup hierarchy here holds the {controller} controller (the v2 tree does "
+                                        "not hand it down, and no v1 hierarchy has it)" if v2_path is not None else
+                                        f"no {controller} controller here, and no cgroup v2 of the job's own")
+                continue
+            parent = mounts[controller] / places[controller].lstrip("/")
+            sweep_orphans(parent, gone)
+            made = parent / name
+            try:
+                made.mkdir()
+                (made / V1_LIMIT[controller]).write_text(value)
+            except OSError as exc:
+                self.why[controller] = (f"no cgroup v1 of the job's own could be made under {parent} "
+                                        f"({exc.strerror or exc}): the harness's user cannot write that hierarchy")
+                _remove(made)
+                continue
+            self.v1_dirs[controller] = self.cap_dirs[controller] = made
+            self.held[controller] = f"cgroup v1 {made / V1_LIMIT[controller]}"
+
+    def env(self) -> dict[str, str]:
+        return {LIMITS_ENV: os.pathsep.join(str(d) for d in self.v1_dirs.values())} if self.v1_dirs else {}
+
+    def count(self) -> dict[str, int]:
+        """What the caps refused so far: the memory cap's out-of-memory kills and the forks the pids cap refused.
+        Read before the cgroups are removed (their files go with them)."""
+        for controller, where in self.cap_dirs.items():
+            if controller == "memory":  # v1 counts its kills in memory.oom_control (Linux 4.13 or later)
+                v1 = where == self.v1_dirs.get("memory")
+                self.events["oom_kills"] = counted(_read(where / ("memory.oom_control" if v1 else "memory.events")),
+                                                   "oom_kill")
+            else:
+                self.events["forks_refused"] = counted(_read(where / "pids.events"), "max")
+        return dict(self.events)
+
+    def close(self) -> str:
+        """Remove the v1 cgroups (the v2 one is job_cgroup's): "" or why one could not be removed."""
+        problems = [why for d in self.v1_dirs.values() if (why := _remove(d))]
+        self.v1_dirs, self.cap_dirs = {}, {}
+        return "; ".join(problems)
+
+    def report(self) -> dict:
+        out: dict = {"memory_max_bytes": self.caps.memory_bytes, "pids_max": self.caps.pids,
+                     "held": dict(self.held), **({"why": dict(self.why)} if self.why else {})}
+        if self.events:
+            out["refused"] = dict(self.events)
+        return out
+
+
+def _remove(path: Path) -> str:
+    """Remove a v1 cgroup: a process still in it (only one that escaped the v2 cgroup's kill, or where there is
+    none) is killed first by the pid the kernel lists. "" or why not."""
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return ""
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            pids = [int(p) for p in _read(path / "cgroup.procs").split() if p.isdigit()]
+            if not pids:
+                return f"{path} could not be removed: {exc}"
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.02)
+    return f"{path} still held processes"
+
+
+def sweep_orphans(parent: Path, gone: Callable[[str], bool]) -> list[str]:
+    """Remove the v1 job cgroups under `parent` whose launcher is gone (`gone`: job_cgroup's rule)."""
+    ended = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return ended
+    for entry in entries:
+        if entry.is_dir() and gone(entry.name):
+            _remove(entry)
+            ended.append(entry.name)
+    return ended
+
+
+def caps_reached(containment: dict) -> str:
+    """What a job's caps refused, in a sentence for a reason ("" where nothing was): from a JobCgroup's report."""
+    limits = containment.get("limits") if isinstance(containment, dict) else None
+    refused = (limits or {}).get("refused") or {}
+    said = []
+    if refused.get("oom_kills"):
+        said.append(f"the job's processes reached its memory cap of {limits['memory_max_bytes'] / (1 << 30):.2f} GiB "
+                    f"(the track's job_memory_gib) and the kernel ended {refused['oom_kills']} of them")
+    if refused.get("forks_refused"):
+        said.append(f"the job's cap of {limits['pids_max']} tasks, threads included (the track's job_pids_max), "
+                    f"refused {refused['forks_refused']} new process(es) or thread(s)")
+    return "; ".join(said)
