@@ -102,11 +102,11 @@ def test_the_doctor_says_which_containment_the_node_offers(monkeypatch):
     check = containment_check()
     assert check.status == "ok" and "cgroup v2" in check.measured
     assert "memory capped in cgroup" in check.measured and "pids capped in cgroup" in check.measured
-    real_mounts = job_limits.v1_mounts
-    monkeypatch.setattr(job_limits, "v1_mounts", lambda *a: {k: v for k, v in real_mounts(*a).items() if k != "pids"})
+    real_dirs = job_limits.v1_dirs
+    monkeypatch.setattr(job_limits, "v1_dirs", lambda *a: {k: v for k, v in real_dirs(*a).items() if k != "pids"})
     check = containment_check()
-    assert check.status == "warn" and "no pids cap" in check.measured and "Delegate" in check.fix
-    monkeypatch.setattr(job_limits, "v1_mounts", real_mounts)
+    assert check.status == "warn" and "no pids cap" in check.measured and "subtree_control" in check.fix
+    monkeypatch.setattr(job_limits, "v1_dirs", real_dirs)
     monkeypatch.setenv(job_cgroup.OFF_ENV, "off")
     check = containment_check()
     assert check.status == "fail" and "turned off (HARNESS_CGROUP=off)" in check.measured
@@ -229,21 +229,79 @@ def test_a_v1_cap_cgroup_left_by_a_launcher_killed_outright_is_removed_by_the_ne
     assert sorted(p.name for p in v1.iterdir()) == ["harness-job-3-4-job-0", "someone-elses"]
 
 
-def test_the_node_offers_its_memory_or_its_own_cgroups_cap_where_lower(tmp_path):
+def test_the_node_offers_its_memory_or_the_lowest_cap_of_the_cgroups_above_this_process(tmp_path):
+    """SLURM caps a job's cgroup, above the step's own: the lowest cap on the way up is what the node offers."""
     (tmp_path / "meminfo").write_text("MemTotal:       24000000 kB\nMemFree: 1 kB\n")
     memory = tmp_path / "memory"
-    (memory / "box").mkdir(parents=True)
-    (memory / "box" / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
+    (memory / "job" / "step").mkdir(parents=True)
+    # v1: the kernel's own minimum over the folder and those above it, in memory.stat
+    (memory / "job" / "step" / "memory.stat").write_text(f"cache 0\nhierarchical_memory_limit {8 << 30}\n")
     (tmp_path / "mountinfo").write_text(f"36 24 0:31 / {memory} rw - cgroup cgroup rw,memory\n")
-    (tmp_path / "cgroup").write_text("4:memory:/box\n")
+    (tmp_path / "cgroup").write_text("4:memory:/job/step\n")
     args = dict(meminfo=str(tmp_path / "meminfo"), proc_cgroup=str(tmp_path / "cgroup"),
                 mountinfo=str(tmp_path / "mountinfo"))
     assert job_limits.node_memory_bytes(None, **args) == 8 << 30
-    (memory / "box" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    (memory / "job" / "step" / "memory.stat").write_text("hierarchical_memory_limit 9223372036854771712\n")  # none
     assert job_limits.node_memory_bytes(None, **args) == 24000000 * 1024
-    v2 = tmp_path / "v2own"
-    v2.mkdir()
-    (v2 / "memory.max").write_text("max\n")
-    assert job_limits.node_memory_bytes(v2, **args) == 24000000 * 1024
-    (v2 / "memory.max").write_text(f"{2 << 30}\n")
-    assert job_limits.node_memory_bytes(v2, **args) == 2 << 30
+    # v2: memory.max of the own cgroup and of every one above it, to the mount
+    v2 = tmp_path / "unified"
+    (v2 / "job" / "step").mkdir(parents=True)
+    (v2 / "job" / "step" / "memory.max").write_text("max\n")
+    assert job_limits.node_memory_bytes(v2 / "job" / "step", v2, **args) == 24000000 * 1024
+    (v2 / "job" / "memory.max").write_text(f"{2 << 30}\n")
+    assert job_limits.node_memory_bytes(v2 / "job" / "step", v2, **args) == 2 << 30
+
+
+def test_a_v1_mount_that_shows_part_of_its_hierarchy_places_this_process_within_it(tmp_path):
+    """A container on a v1 host: the mount shows /docker/<id> of the hierarchy, which /proc/self/cgroup names."""
+    (tmp_path / "mountinfo").write_text(
+        "36 24 0:31 /docker/abc /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "37 24 0:32 /docker/abc /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n")
+    (tmp_path / "cgroup").write_text("4:memory:/docker/abc\n5:pids:/docker/abc/inner\n")
+    assert job_limits.v1_dirs(str(tmp_path / "mountinfo"), str(tmp_path / "cgroup")) == {
+        "memory": Path("/sys/fs/cgroup/memory"), "pids": Path("/sys/fs/cgroup/pids/inner")}
+    (tmp_path / "cgroup").write_text("4:memory:/elsewhere\n")  # outside what the mount shows: unreachable
+    assert job_limits.v1_dirs(str(tmp_path / "mountinfo"), str(tmp_path / "cgroup")) == {}
+
+
+def test_a_kill_or_a_refusal_below_the_jobs_own_cap_is_never_blamed_on_it(tmp_path):
+    """An out-of-memory kill of the node, or a fork refused by a limit above the job (systemd's TasksMax, a
+    SLURM step's), is counted in the job's cgroup too: the cap is blamed only where the job reached it."""
+    v2_parent = tmp_path / "launcher"
+    (v2_parent / "job").mkdir(parents=True)
+    (v2_parent / "cgroup.subtree_control").write_text("memory pids\n")
+    limits = job_limits.JobLimits("job", Caps(memory_bytes=1 << 30, pids=100), v2_parent / "job", lambda n: False,
+                                  mountinfo=str(tmp_path / "none"), proc_cgroup=str(tmp_path / "none"))
+    job = v2_parent / "job"
+    (job / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 2\n")
+    (job / "pids.events").write_text("max 3\n")
+    (job / "pids.peak").write_text("40\n")
+    assert limits.count() == {"oom_kills": 0, "oom_kills_not_at_cap": 2, "forks_refused": 0,
+                              "forks_refused_not_at_cap": 3}
+    assert job_limits.caps_reached({"limits": limits.report()}) == ""
+    (job / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
+    (job / "pids.peak").write_text("100\n")
+    limits.events.clear()
+    assert limits.count() == {"oom_kills": 1, "forks_refused": 3}
+    assert "memory cap of 1.00 GiB" in job_limits.caps_reached({"limits": limits.report()})
+
+
+def test_a_run_whose_host_holds_no_cap_says_so_in_its_warnings(tmp_path):
+    """Where a cap could not be held, the record's warnings name it and why, once for every phase."""
+    from harness.launcher.run.assemble import sandbox_warnings
+    from harness.results.records import RunRecord
+
+    record = RunRecord(run_id="r", team="t", track_name="tiny")
+    why = {"pids": "no pids controller here, and no cgroup v2 of the job's own"}
+    record.extra["containment"] = {phase: {"active": True, "why": "cgroup v2 x", "limits": {"held": {"memory": "v1"},
+                                                                                           "why": why}}
+                                   for phase in ("check", "training", "evaluation")}
+    sandbox_warnings(record, proc_sys=str(tmp_path))
+    capped = [w for w in record.warnings if w.startswith("no cap of the job's own")]
+    assert capped == ["no cap of the job's own on pids (no pids controller here, and no cgroup v2 of the job's own): a "
+                      "job that allocates or forks without end can exhaust the node's (docs/rules.md, \"Signals and "
+                      "other processes\")"]
+    held = RunRecord(run_id="r", team="t", track_name="tiny")
+    held.extra["containment"] = {"training": {"active": True, "why": "x", "limits": {"held": {"memory": "v1", "pids": "v1"}}}}
+    sandbox_warnings(held, proc_sys=str(tmp_path))
+    assert not [w for w in held.warnings if w.startswith("no cap")]

@@ -142,7 +142,7 @@ def track_caps(track) -> Caps:
     """A track's `job_memory_gib` and `job_pids_max` for one job on this node (0 GiB: a share of what it offers)."""
     mount, own = cgroup2_mount(), own_cgroup()
     v2_own = mount / own.lstrip("/") if mount is not None and own is not None else None
-    return caps_for(track.job_memory_gib, track.job_pids_max, v2_own)
+    return caps_for(track.job_memory_gib, track.job_pids_max, v2_own, mount)
 
 
 class JobCgroup:

@@ -59,58 +59,84 @@ def _read(path: Path) -> str:
         return ""
 
 
-def v1_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, Path]:
-    """Where each v1 controller's hierarchy is mounted (a controller belongs to one hierarchy at most)."""
-    out: dict[str, Path] = {}
+def _int(text: str) -> int:
+    text = text.strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _try_write(path: Path, value: str) -> None:
+    """A setting that holds where the kernel offers it (swap accounting may be off): best effort."""
+    try:
+        path.write_text(value)
+    except OSError:
+        pass
+
+
+def v1_dirs(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> dict[str, Path]:
+    """This process's own cgroup folder in each v1 controller's hierarchy (a controller belongs to one at most).
+    /proc/self/cgroup names a place from the hierarchy's root; a mount may show only a part of it (a container's
+    `/docker/<id>`, mountinfo's fourth field): the place is then read from that part, and a place outside it is
+    unreachable here."""
+    mounts: dict[str, tuple[str, Path]] = {}
     for line in _read(Path(mountinfo)).splitlines():
         before, _, after = line.partition(" - ")
-        fields = after.split()
-        if len(fields) >= 3 and fields[0] == "cgroup":
+        fields, head = after.split(), before.split()
+        if len(fields) >= 3 and fields[0] == "cgroup" and len(head) >= 5:
             for option in fields[2].split(","):
                 if option in CONTROLLERS:
-                    out.setdefault(option, Path(before.split()[4]))
-    return out
-
-
-def v1_places(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
-    """This process's place in each v1 controller's hierarchy (`4:memory:/x` -> {"memory": "/x"})."""
-    out: dict[str, str] = {}
+                    mounts.setdefault(option, (head[3], Path(head[4])))
+    out: dict[str, Path] = {}
     for line in _read(Path(proc_cgroup)).splitlines():
         parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            for controller in parts[1].split(","):
-                if controller in CONTROLLERS:
-                    out[controller] = parts[2] or "/"
+        if len(parts) != 3 or not parts[1]:
+            continue
+        for controller in parts[1].split(","):
+            if controller not in mounts:
+                continue
+            root, mount = mounts[controller]
+            place = parts[2] or "/"
+            if root != "/" and place != root and not place.startswith(root.rstrip("/") + "/"):
+                continue  # outside what this mount shows
+            out[controller] = mount / place[len(root.rstrip("/")):].lstrip("/")
     return out
 
 
-def node_memory_bytes(v2_own: Path | None, meminfo: str = "/proc/meminfo", proc_cgroup: str = "/proc/self/cgroup",
-                      mountinfo: str = "/proc/self/mountinfo") -> int:
-    """What the node offers this process: its memory, or its own cgroup's cap where that is lower (a container, a
-    SLURM step). `v2_own`: this process's own v2 cgroup folder, where there is one."""
+def node_memory_bytes(v2_own: Path | None, v2_mount: Path | None = None, meminfo: str = "/proc/meminfo",
+                      proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo") -> int:
+    """What the node offers this process: its memory, or the lowest cap of its cgroups and of every cgroup above
+    them where that is lower (a container, a SLURM job or step: SLURM caps the job's cgroup, above the step's).
+    `v2_own`: this process's own v2 cgroup folder, where there is one, below `v2_mount`."""
     total = 0
     for line in _read(Path(meminfo)).splitlines():
         if line.startswith("MemTotal:"):
             total = int(line.split()[1]) * 1024
     caps = []
-    memory_v1 = v1_mounts(mountinfo).get("memory")
-    place = v1_places(proc_cgroup).get("memory")
-    if memory_v1 is not None and place is not None:
-        caps.append(_read(memory_v1 / place.lstrip("/") / "memory.limit_in_bytes").strip())
+    memory_v1 = v1_dirs(mountinfo, proc_cgroup).get("memory")
+    if memory_v1 is not None:  # the kernel's own minimum over the folder and every one above it
+        caps.append(str(counted(_read(memory_v1 / "memory.stat"), "hierarchical_memory_limit") or ""))
     if v2_own is not None:
-        caps.append(_read(v2_own / "memory.max").strip())
+        folder = v2_own
+        while True:
+            caps.append(_read(folder / "memory.max").strip())
+            if v2_mount is None or folder == v2_mount or v2_mount not in folder.parents:
+                break
+            folder = folder.parent
     known = [int(c) for c in caps if c.isdigit()]
     return min([total, *known]) if total else min(known, default=0)
 
 
-def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None) -> Caps:
+def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None, v2_mount: Path | None = None) -> Caps:
     """A track's caps in bytes and tasks: `memory_gib` 0 means MEMORY_SHARE_OF_NODE of what the node offers."""
-    memory = int(memory_gib * (1 << 30)) if memory_gib > 0 else int(node_memory_bytes(v2_own) * MEMORY_SHARE_OF_NODE)
+    memory = int(memory_gib * (1 << 30)) if memory_gib > 0 else \
+        int(node_memory_bytes(v2_own, v2_mount) * MEMORY_SHARE_OF_NODE)
     return Caps(memory_bytes=max(memory, 1 << 20), pids=pids_max)
 
 
 def counted(text: str, key: str) -> int:
-    """The count after `key` in a flat-keyed cgroup file (`oom_kill 2`, `max 5`); 0 where it is absent."""
+    """The count after `key` in a flat-keyed cgroup file (`oom_kill 2`, `max 5`); 0 where it is absent. Key "": the
+    file's one number (`memory.failcnt`)."""
+    if not key:
+        return _int(text)
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == key and value.strip().isdigit():
@@ -133,7 +159,7 @@ class JobLimits:
         self.cap_dirs: dict[str, Path] = {}  # controller -> the cgroup folder that holds its cap (v1 or v2)
         self.events: dict[str, int] = {}
         v2_enabled = set(_read(v2_path.parent / "cgroup.subtree_control").split()) if v2_path is not None else set()
-        mounts, places = v1_mounts(mountinfo), v1_places(proc_cgroup)
+        own_v1 = v1_dirs(mountinfo, proc_cgroup)
         for controller in CONTROLLERS:
             value = str(caps.value(controller))
             if controller in v2_enabled:
@@ -141,20 +167,24 @@ class JobLimits:
                     (v2_path / V2_LIMIT[controller]).write_text(value)
                     self.held[controller] = f"cgroup v2 {v2_path / V2_LIMIT[controller]}"
                     self.cap_dirs[controller] = v2_path
+                    if controller == "memory":  # nor swap past it: none at all (the file is there with swap)
+                        _try_write(v2_path / "memory.swap.max", "0")
                 except OSError as exc:
                     self.why[controller] = f"{v2_path / V2_LIMIT[controller]} could not be written: {exc}"
                 continue
-            if controller not in mounts or controller not in places:
-                self.why[controller] = (f"no cgroup hierarchy here holds the {controller} controller (the v2 tree does "
-                                        "not hand it down, and no v1 hierarchy has it)" if v2_path is not None else
-                                        f"no {controller} controller here, and no cgroup v2 of the job's own")
+            if controller not in own_v1:
+                self.why[controller] = (f"no cgroup hierarchy here holds the {controller} controller for the job (the "
+                                        "v2 tree does not hand it down, and no v1 hierarchy has it)" if v2_path is not None
+                                        else f"no {controller} controller here, and no cgroup v2 of the job's own")
                 continue
-            parent = mounts[controller] / places[controller].lstrip("/")
+            parent = own_v1[controller]
             sweep_orphans(parent, gone)
             made = parent / name
             try:
                 made.mkdir()
                 (made / V1_LIMIT[controller]).write_text(value)
+                if controller == "memory":  # memory and swap together within the cap (with swap accounting on)
+                    _try_write(made / "memory.memsw.limit_in_bytes", value)
             except OSError as exc:
                 self.why[controller] = (f"no cgroup v1 of the job's own could be made under {parent} "
                                         f"({exc.strerror or exc}): the harness's user cannot write that hierarchy")
@@ -167,15 +197,29 @@ class JobLimits:
         return {LIMITS_ENV: os.pathsep.join(str(d) for d in self.v1_dirs.values())} if self.v1_dirs else {}
 
     def count(self) -> dict[str, int]:
-        """What the caps refused so far: the memory cap's out-of-memory kills and the forks the pids cap refused.
-        Read before the cgroups are removed (their files go with them)."""
+        """What the caps refused so far: out-of-memory kills once the job reached its memory cap, and forks refused
+        once it held its task cap. Read before the cgroups are removed (their files go with them). A kill or a
+        refusal with the job below its own cap came from a limit above it (the node's, a container's, a SLURM
+        step's, systemd's TasksMax): counted apart, never blamed on the track's cap."""
         for controller, where in self.cap_dirs.items():
-            if controller == "memory":  # v1 counts its kills in memory.oom_control (Linux 4.13 or later)
-                v1 = where == self.v1_dirs.get("memory")
-                self.events["oom_kills"] = counted(_read(where / ("memory.oom_control" if v1 else "memory.events")),
-                                                   "oom_kill")
+            if controller == "memory":
+                if where == self.v1_dirs.get("memory"):  # v1: kills in memory.oom_control (Linux 4.13 or later)
+                    kills = counted(_read(where / "memory.oom_control"), "oom_kill")
+                    reached = counted(_read(where / "memory.failcnt"), "") > 0 or \
+                        _int(_read(where / "memory.max_usage_in_bytes")) >= self.caps.memory_bytes
+                else:  # v2: `oom` counts the cgroup's own limit reached with an allocation about to fail
+                    events = _read(where / "memory.events")
+                    kills, reached = counted(events, "oom_kill"), counted(events, "oom") > 0
+                self.events["oom_kills"] = kills if reached else 0
+                if kills and not reached:
+                    self.events["oom_kills_not_at_cap"] = kills
             else:
-                self.events["forks_refused"] = counted(_read(where / "pids.events"), "max")
+                refused = counted(_read(where / "pids.events"), "max")
+                peak = _read(where / "pids.peak").strip()  # Linux 6.1 or later; without it, the count as it is
+                reached = not peak.isdigit() or int(peak) >= self.caps.pids
+                self.events["forks_refused"] = refused if reached else 0
+                if refused and not reached:
+                    self.events["forks_refused_not_at_cap"] = refused
         return dict(self.events)
 
     def close(self) -> str:
@@ -194,8 +238,9 @@ class JobLimits:
 
 def _remove(path: Path) -> str:
     """Remove a v1 cgroup: a process still in it (only one that escaped the v2 cgroup's kill, or where there is
-    none) is killed first by the pid the kernel lists. "" or why not."""
-    for _ in range(50):
+    none) is killed first, pinned by a pidfd and found in the cgroup again before the signal, so that a pid the
+    kernel gave to another process meanwhile is never signalled. "" or why not."""
+    for _ in range(250):  # 5 s at most
         try:
             path.rmdir()
             return ""
@@ -206,12 +251,23 @@ def _remove(path: Path) -> str:
             if not pids:
                 return f"{path} could not be removed: {exc}"
             for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                _kill_if_still_in(pid, path)
             time.sleep(0.02)
-    return f"{path} still held processes"
+    return f"{path} still held processes 5 s after they were killed"
+
+
+def _kill_if_still_in(pid: int, path: Path) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        if str(pid) in _read(path / "cgroup.procs").split():  # still the process the cgroup holds
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def sweep_orphans(parent: Path, gone: Callable[[str], bool]) -> list[str]:

@@ -179,9 +179,13 @@ def containment_check() -> Check:
     if limits.get("why"):  # ended as a whole, but a job that allocates or forks without end reaches the node's limits
         return Check(name="containment", status="warn", measured=f"a cgroup of the job's own, joined and ended: {why}; "
                                                                 f"{caps}",
-                     fix="hand the memory and pids controllers down to the harness's cgroup (cgroup.subtree_control "
-                         "of its parent, or systemd's Delegate=memory pids), or run as root where they are v1 "
-                         "hierarchies: the track's job_memory_gib and job_pids_max are then held by the kernel")
+                     fix="cgroup v2: the cgroup the harness runs in must hand the memory and pids controllers to the "
+                         "job cgroups it makes below it (`+memory +pids` in its cgroup.subtree_control), which the "
+                         "kernel allows only to a cgroup that holds no process: start the harness in a leaf below a "
+                         "delegated one (systemd Delegate=yes, the launcher moved into a sub-cgroup of its unit's). "
+                         "cgroup v1 (a hybrid host): a memory and a pids hierarchy the harness's user may write "
+                         "where it runs (root, or a subtree chowned to it that it is started in). The track's "
+                         "job_memory_gib and job_pids_max are then held by the kernel")
     return Check(name="containment", status="ok", measured=f"a cgroup of the job's own, joined and ended: {why}; {caps}")
 
 

@@ -313,6 +313,13 @@ def sandbox_warnings(record: RunRecord, proc_sys: str = PROC_SYS) -> None:
                 f"outright) and were ended: {', '.join(swept[:5])}")
         if line not in record.warnings:
             record.warnings.append(line)
+    uncapped = sorted({f"{c} ({why})" for r in (record.extra.get("containment") or {}).values() if isinstance(r, dict)
+                       for c, why in ((r.get("limits") or {}).get("why") or {}).items()})
+    if uncapped:  # the host's, the same for every phase: a job may then exhaust the node's memory or pids
+        line = (f"no cap of the job's own on {'; '.join(uncapped)}: a job that allocates or forks without end can "
+                "exhaust the node's (docs/rules.md, \"Signals and other processes\")")
+        if line not in record.warnings:
+            record.warnings.append(line)
     if uncontained:  # one line: the cause is the host's, the same for every phase
         line = (f"no cgroup of the job's own for {', '.join(names.get(p, p) for p in uncontained)} "
                 f"({next(iter(uncontained.values()))}): a process that forks faster than the teardown lists the "

@@ -106,7 +106,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting, at the job's cap: {capped}; see {log_path}",
                   "fix": "build the model in get_model without holding more than the cap (the check builds it on "
-                         "the meta device: large buffers made in get_model itself are real)"}]}
+                         "the meta device: large buffers made in get_model itself are real)" if "memory cap" in capped
+                  else "start fewer processes or threads in get_model and the model's first steps"}]}
     elif report is None:
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
