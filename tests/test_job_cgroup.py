@@ -164,6 +164,8 @@ def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_the_record_counts_
     test as the launcher), and the report counts the kill for the run's reason."""
     cg = JobCgroup("capped", Caps(memory_bytes=128 << 20, pids=512))
     assert set(cg.limits.held) == {"memory", "pids"}, cg.limits.why
+    tcp = cg.limits.cap_dirs["memory"] / "memory.kmem.tcp.limit_in_bytes"
+    held_tcp = tcp.read_text().strip() if tcp.exists() else ""
     proc = subprocess.run([sys.executable, "-c", JOIN_AND_GROW, "memory"], env={**os.environ, **cg.env()},
                           capture_output=True, text=True, timeout=120)
     cg.close()
@@ -172,6 +174,7 @@ def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_the_record_counts_
     report = cg.report()
     assert report["limits"]["refused"]["oom_kills"] >= 1, report
     assert "memory cap of 0.12 GiB" in job_limits.caps_reached(report) and "ended 1 of them" in job_limits.caps_reached(report)
+    assert held_tcp in ("", str(128 << 20)), "socket buffers are held to the cap where v1 charges them apart"
     assert not any(Path(d).exists() for d in cg.limits.held.values()), "the job's cgroups are removed with it"
 
 
@@ -278,7 +281,10 @@ def test_a_kill_or_a_refusal_below_the_jobs_own_cap_is_never_blamed_on_it(tmp_pa
     (job / "pids.peak").write_text("40\n")
     assert limits.count() == {"oom_kills": 0, "oom_kills_not_at_cap": 2, "forks_refused": 0,
                               "forks_refused_not_at_cap": 3}
-    assert job_limits.caps_reached({"limits": limits.report()}) == ""
+    said = job_limits.caps_reached({"limits": limits.report()})
+    assert "reached its memory cap" not in said and "job_pids_max" not in said
+    assert "ended 2 of the job's processes while the job was below its own memory cap" in said
+    assert "a limit above the job (the host's or its container's) refused 3" in said
     (job / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
     (job / "pids.peak").write_text("100\n")
     limits.events.clear()
@@ -305,3 +311,21 @@ def test_a_run_whose_host_holds_no_cap_says_so_in_its_warnings(tmp_path):
     held.extra["containment"] = {"training": {"active": True, "why": "x", "limits": {"held": {"memory": "v1", "pids": "v1"}}}}
     sandbox_warnings(held, proc_sys=str(tmp_path))
     assert not [w for w in held.warnings if w.startswith("no cap")]
+
+
+def test_the_task_cap_leaves_the_host_room_to_fork_and_evaluation_room_for_its_scorers(tmp_path):
+    """A job at its task cap must leave the launcher and the scorers pids to fork: the cap is at most half of what
+    the host holds. Evaluation's scorers share the job's cgroups: the team's model processes keep the track's
+    memory cap, and the scorers have room of their own beside it."""
+    from harness.launcher.run.evaluation import eval_caps
+    from harness.scoring.scorer import KEEP_BYTES
+    from harness.tracks.spec import load_track
+
+    (tmp_path / "pid_max").write_text("32768\n")
+    (tmp_path / "threads-max").write_text("190000\n")
+    assert job_limits.caps_for(1.0, 32768, proc_sys=str(tmp_path)).pids == 16384
+    assert job_limits.caps_for(1.0, 4096, proc_sys=str(tmp_path)).pids == 4096
+    assert job_limits.caps_for(1.0, 4096, proc_sys=str(tmp_path / "nothing")).pids == 4096  # unknown: the track's
+    track = load_track("local")
+    room = eval_caps(track, 2).memory_bytes - job_cgroup.track_caps(track).memory_bytes
+    assert room == 2 * (KEEP_BYTES + (1 << 30))

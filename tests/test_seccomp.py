@@ -83,3 +83,39 @@ def test_calls_through_a_foreign_abi_are_refused():
     assert eval(filtered.stdout) == {"i386": -1, "x32": 1}  # -EPERM from int $0x80; EPERM from the x32 call
     # Without the filter the i386 call reaches the kernel (where it has IA32 emulation, as here): the door is real.
     assert bare.returncode != 0 or eval(bare.stdout)["i386"] == "pid", bare.stdout + bare.stderr
+
+
+UNCHARGED = """
+import ctypes, os, sys
+from harness.ranks.confine import seccomp
+if sys.argv[1] == "filtered":
+    assert seccomp.install() == "", "not installed"
+libc = ctypes.CDLL(None, use_errno=True)
+# perf_event_open of a software dummy event on this process (struct perf_event_attr: type 1, size 128, config 9)
+attr = (ctypes.c_uint8 * 128)()
+ctypes.c_uint32.from_buffer(attr, 0).value = 1
+ctypes.c_uint32.from_buffer(attr, 4).value = 128
+ctypes.c_uint64.from_buffer(attr, 8).value = 9
+fd = libc.syscall(298, ctypes.byref(attr), 0, -1, -1, 0)
+perf = "fd" if fd >= 0 else ctypes.get_errno()
+# bpf(BPF_MAP_CREATE) of an array map of one 4-byte value
+battr = (ctypes.c_uint32 * 8)(2, 4, 4, 1, 0, 0, 0, 0)
+bfd = libc.syscall(321, 0, ctypes.byref(battr), ctypes.sizeof(battr))
+print({"perf_event_open": perf, "bpf": "fd" if bfd >= 0 else ctypes.get_errno()})
+"""
+
+
+def test_calls_that_allocate_kernel_memory_no_cgroup_is_charged_for_are_refused():
+    """The red team held 1.2 GiB of perf ring buffers past a 0.5 GiB job memory cap, unseen: the kernel charges
+    them to no memory cgroup. perf_event_open and bpf are refused in every sandboxed process (EPERM); without the
+    filter the same perf call reaches the kernel and gives a descriptor (perf_event_paranoid 2 allows one's own)."""
+    import platform
+
+    assert platform.machine() == "x86_64", "this test makes x86-64 calls"
+    filtered = subprocess.run([sys.executable, "-c", UNCHARGED, "filtered"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+    assert filtered.returncode == 0, filtered.stderr
+    assert eval(filtered.stdout) == {"perf_event_open": 1, "bpf": 1}
+    bare = subprocess.run([sys.executable, "-c", UNCHARGED, "bare"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert bare.returncode == 0 and eval(bare.stdout)["perf_event_open"] == "fd", bare.stdout + bare.stderr

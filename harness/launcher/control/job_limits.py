@@ -1,8 +1,10 @@
 """A job's memory and process-count caps (the track's `job_memory_gib`, `job_pids_max`), held by the kernel.
 
-A team that allocates without end, or forks without end, must end its own job, never the launcher, a scorer or
-another job on the node: the kernel charges every page and every task of the job's processes to cgroups of the
-job's own, and refuses (a fork: EAGAIN) or ends (memory: the cgroup's own out-of-memory killer) what passes the cap.
+A team that allocates without end, or forks without end, must end its own job, never the launcher or a scorer:
+the kernel charges every page and every task of the job's processes to cgroups of the job's own, and refuses (a
+fork: EAGAIN) or ends (memory: the cgroup's own out-of-memory killer) what passes the cap. Each job's cap is its
+own: jobs that run at once on a node are kept apart only where their caps add up to less than it (the default,
+90% of the node, protects the launcher, not one concurrent job from another).
 
 Where each cap lives, per controller (`memory`, `pids`):
 - cgroup v2: the job's own cgroup (harness/launcher/control/job_cgroup.py), where its parent enables the controller
@@ -15,8 +17,11 @@ Where each cap lives, per controller (`memory`, `pids`):
 - neither (no controller, no right to write it): no cap, and `why` says so in the record and in `harness doctor`.
 
 The caps are per job on one node (each phase's: the check, training, evaluation). Memory counts what the kernel
-charges the job's processes: their pages, the page cache of files they write (reclaimed first) and /dev/shm's
-tmpfs. Pids count tasks, threads included (a torch rank holds dozens).
+charges the job's processes: their pages, the page cache of files they write (reclaimed first), /dev/shm's tmpfs,
+and socket buffers (v2 in memory.max; v1 apart, in memory.kmem.tcp, held to the same figure, which v1 enforces
+loosely). Kernel memory charged to no cgroup (perf ring buffers, BPF maps) is refused at its calls by the seccomp
+filter (harness/ranks/confine/seccomp.py). Pids count tasks, threads included (a torch rank holds dozens), at most
+half of what the host holds.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class Caps:
 
     def value(self, controller: str) -> int:
         return self.memory_bytes if controller == "memory" else self.pids
+
+    def with_room(self, memory_bytes: int) -> "Caps":
+        """The same caps with room for harness processes that share the job's cgroups (evaluation's scorers)."""
+        return Caps(memory_bytes=self.memory_bytes + memory_bytes, pids=self.pids)
 
 
 def _read(path: Path) -> str:
@@ -125,11 +134,20 @@ def node_memory_bytes(v2_own: Path | None, v2_mount: Path | None = None, meminfo
     return min([total, *known]) if total else min(known, default=0)
 
 
-def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None, v2_mount: Path | None = None) -> Caps:
-    """A track's caps in bytes and tasks: `memory_gib` 0 means MEMORY_SHARE_OF_NODE of what the node offers."""
+def host_tasks(proc_sys: str = "/proc/sys/kernel") -> int:
+    """How many tasks the host can hold at all: the lower of its pid_max and threads-max (0: unknown)."""
+    known = [_int(_read(Path(proc_sys) / name)) for name in ("pid_max", "threads-max")]
+    return min([k for k in known if k > 0], default=0)
+
+
+def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None, v2_mount: Path | None = None,
+             proc_sys: str = "/proc/sys/kernel") -> Caps:
+    """A track's caps in bytes and tasks: `memory_gib` 0 means MEMORY_SHARE_OF_NODE of what the node offers. The
+    task cap never exceeds half of what the host holds: a job at its cap leaves the launcher room to fork."""
     memory = int(memory_gib * (1 << 30)) if memory_gib > 0 else \
         int(node_memory_bytes(v2_own, v2_mount) * MEMORY_SHARE_OF_NODE)
-    return Caps(memory_bytes=max(memory, 1 << 20), pids=pids_max)
+    host = host_tasks(proc_sys)
+    return Caps(memory_bytes=max(memory, 1 << 20), pids=max(16, min(pids_max, host // 2)) if host else pids_max)
 
 
 def counted(text: str, key: str) -> int:
@@ -185,6 +203,9 @@ class JobLimits:
                 (made / V1_LIMIT[controller]).write_text(value)
                 if controller == "memory":  # memory and swap together within the cap (with swap accounting on)
                     _try_write(made / "memory.memsw.limit_in_bytes", value)
+                    # v1 charges socket buffers apart from memory.limit_in_bytes (v2 counts them in memory.max): a
+                    # team writing into sockets it never reads would otherwise hold the host's tcp_mem, unseen
+                    _try_write(made / "memory.kmem.tcp.limit_in_bytes", value)
             except OSError as exc:
                 self.why[controller] = (f"no cgroup v1 of the job's own could be made under {parent} "
                                         f"({exc.strerror or exc}): the harness's user cannot write that hierarchy")
@@ -295,4 +316,11 @@ def caps_reached(containment: dict) -> str:
     if refused.get("forks_refused"):
         said.append(f"the job's cap of {limits['pids_max']} tasks, threads included (the track's job_pids_max), "
                     f"refused {refused['forks_refused']} new process(es) or thread(s)")
+    if refused.get("oom_kills_not_at_cap"):  # true, and never the track's cap: the team's crash all the same
+        said.append(f"the kernel's out-of-memory killer ended {refused['oom_kills_not_at_cap']} of the job's "
+                    "processes while the job was below its own memory cap (the node's memory, or a limit above "
+                    "the job, ran out)")
+    if refused.get("forks_refused_not_at_cap"):
+        said.append(f"a limit above the job (the host's or its container's) refused "
+                    f"{refused['forks_refused_not_at_cap']} new process(es) or thread(s) below the job's own cap")
     return "; ".join(said)

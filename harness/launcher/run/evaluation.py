@@ -36,6 +36,8 @@ from harness.ranks.jobs import EvalJob
 from harness.ranks.confine.scratch import scratch_root
 from harness.results.records import FINAL_STATUSES, RunRecord, read_record_json, write_atomic
 from harness.scoring.plan import rows_to_detect
+from harness.scoring.scorer import KEEP_BYTES
+from harness.launcher.control.job_limits import Caps
 from harness.tracks.spec import Track
 
 READY_WITHIN_S = 30.0  # node 0's wait for the other nodes' answers
@@ -176,6 +178,12 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
     )
 
 
+def eval_caps(track: Track, nproc: int) -> Caps:
+    """Evaluation's caps: the track's for the team's model processes, and room for the scorers beside them in the
+    job's cgroups (harness code: the log-probabilities each keeps for the causality check, and torch)."""
+    return track_caps(track).with_room(nproc * (KEEP_BYTES + (1 << 30)))
+
+
 def _evaluate(opts, track: Track, data: PreparedData, run_dir: Path, plan: EvalPlan, nodes: int, node_rank: int,
               abort, reporter, log_path: Path) -> PhaseResult:
     """This node's part of the evaluation (all of it, with nodes == 1)."""
@@ -187,7 +195,7 @@ def _evaluate(opts, track: Track, data: PreparedData, run_dir: Path, plan: EvalP
     multi = {"nnodes": nodes, "node_rank": node_rank, "rdzv_endpoint": opts.rdzv_endpoint, "rdzv_id": f"{run_dir.name}-eval",
              "rendezvous_timeout_s": min(track.rendezvous_timeout_s, EVAL_RENDEZVOUS_S)} if nodes > 1 else {}
     return run_evaluation(job, plan.nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
-                          log_path=log_path, abort=abort, reporter=reporter, caps=track_caps(track), **multi)
+                          log_path=log_path, abort=abort, reporter=reporter, caps=eval_caps(track, plan.nproc), **multi)
 
 
 def evaluate_run(opts, track: Track, data: PreparedData, node: NodePaths, record: RunRecord, plan: EvalPlan, abort,

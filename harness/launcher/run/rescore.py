@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.launcher.control.job_cgroup import track_caps
 from harness.launcher.run.console import NullReporter
 from harness.data.prepare import prepare_data
 from harness.data.shards import DataError
@@ -18,7 +17,8 @@ from harness.launcher.run.phases import run_evaluation
 from harness.tracks.precision import resolve_precision
 from harness.ranks.confine.scratch import refuse_unusable
 from harness.results.records import load_record
-from harness.launcher.run.evaluation import build_eval_job, causality_verdict, describe_inconclusive, describe_noncausal
+from harness.launcher.run.evaluation import (build_eval_job, causality_verdict, describe_inconclusive, describe_noncausal,
+                                             eval_caps)
 from harness.tracks.spec import track_from_record
 from harness.launcher.control.watch import abort_on_signals
 
@@ -94,7 +94,7 @@ def rescore(run_dir: str | Path, nproc: int | None = None, data_root: str | None
     job.log_dir = str(run_dir / "logs" / "rescore")
     with abort_on_signals() as abort:
         ev = run_evaluation(job, nproc, timeout_s=track.eval.timeout_s, shutdown_timeout_s=track.shutdown_timeout_s,
-                            log_path=log, abort=abort, reporter=reporter, caps=track_caps(track))
+                            log_path=log, abort=abort, reporter=reporter, caps=eval_caps(track, nproc))
     r0 = ev.reports("eval_result").get(0, {})
     status, reason, causality = ev.outcome.status, ev.outcome.reason, r0.get("causality")
     verdict = causality_verdict(causality)

@@ -9,7 +9,11 @@ run is run again by a queue) or fail the teams after it. This filter refuses, wi
 - prlimit64 with a pid other than 0 and a new limit (reading another's limits stays allowed);
 - setpriority other than (PRIO_PROCESS, 0): another process, a process group, every process of the user;
 - ioprio_set other than (IOPRIO_WHO_PROCESS, 0);
-- sched_setscheduler, sched_setparam, sched_setattr with a pid other than 0.
+- sched_setscheduler, sched_setparam, sched_setattr with a pid other than 0;
+- perf_event_open and bpf, every call: the kernel memory they allocate (a perf ring buffer, a BPF map) is
+  charged to no memory cgroup, so a job could hold gigabytes past its memory cap
+  (harness/launcher/control/job_limits.py) unseen; container runtimes refuse both by default too, and no
+  harness, torch, NCCL or Triton path calls them.
 
 and every call through another ABI than the native one: on x86_64 the i386 table (`int $0x80`, open to
 64-bit processes wherever the kernel has IA32 emulation, as stock kernels do) and x32 numbers (the native
@@ -46,9 +50,9 @@ def _arg_high(i: int) -> int:
 
 ARCHES = {  # AUDIT_ARCH_*, and the syscall numbers of each
     "x86_64": (0xC000003E, {"prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setscheduler": 144,
-                            "sched_setparam": 142, "sched_setattr": 314}),
+                            "sched_setparam": 142, "sched_setattr": 314, "perf_event_open": 298, "bpf": 321}),
     "aarch64": (0xC00000B7, {"prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setscheduler": 119,
-                             "sched_setparam": 118, "sched_setattr": 274}),
+                             "sched_setparam": 118, "sched_setattr": 274, "perf_event_open": 241, "bpf": 280}),
 }
 
 
@@ -99,6 +103,8 @@ def build_filter(arch: str) -> bytes | None:
     p.jeq(nr["ioprio_set"], "ioprio")
     for name in ("sched_setscheduler", "sched_setparam", "sched_setattr"):
         p.jeq(nr[name], "own_pid")
+    for name in ("perf_event_open", "bpf"):  # kernel memory no cgroup is charged for: refused outright
+        p.jeq(nr[name], "deny")
     p.ret(RET_ALLOW)
     p.label("prlimit")  # pid 0, or no new limit (a read): allowed
     p.load(_arg_low(0))
