@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -510,7 +511,8 @@ def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_never_the_launcher
     result = run_fixture(cli, "eats_memory", track=quick_track(tmp_path, job_memory_gib=1.5))
     assert result.code == 1, result.err
     _, record = only_record(tmp_path / "runs")
-    assert record["status"] == "crashed" and "memory cap of 1.50 GiB" in record["reason"], record["reason"]
+    assert record["status"] == "crashed" and "the job's memory reached its cap of 1.50 GiB" in record["reason"], \
+        record["reason"]
     limits = record["containment"]["training"]["limits"]
     assert limits["refused"]["oom_kills"] >= 1 and limits["memory_max_bytes"] == 3 << 29, limits
     assert_clean(record, tmp_path, cli)
@@ -539,7 +541,46 @@ def test_a_check_past_its_memory_cap_is_the_teams_invalid_naming_the_cap(cli, tm
     assert result.code == 1, result.err
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "invalid", record["reason"]
-    assert ("the check process died (killed by SIGKILL) before reporting, at the job's cap: the job's processes reached "
-            "its memory cap of 1.50 GiB") in record["reason"], record["reason"]
+    assert ("the check process died (killed by SIGKILL) before reporting, at the job's cap: the job's memory reached "
+            "its cap of 1.50 GiB") in record["reason"], record["reason"]
     assert record["containment"]["check"]["limits"]["refused"]["oom_kills"] >= 1
     assert_clean(record)
+
+
+def test_an_out_of_memory_kill_from_a_limit_above_the_job_is_never_blamed_on_its_cap(cache_dir, tmp_path):
+    """The same get_model, run by a launcher whose own cgroup holds 1.5 GiB (as a SLURM step or a container would)
+    while the track lets a job hold 8: the kernel's kill comes from the limit above the job. The reason says so, and
+    never that the job reached its cap."""
+    from harness.launcher.control import job_limits
+
+    memory = job_limits.v1_dirs().get("memory")
+    assert memory is not None, "this test needs the v1 memory hierarchy this project's machines have"
+    box = memory / f"test-above-the-job-{os.getpid()}"
+    box.mkdir()
+    try:
+        (box / "memory.limit_in_bytes").write_text(str(3 << 29))
+        folder = tmp_path / "team"
+        shutil.copytree(FIXTURES / "eats_memory", folder)
+        (folder / "where.txt").write_text("get_model")
+        harness = Path(sys.executable).with_name("harness")
+        track = quick_track(tmp_path, job_memory_gib=8.0)
+        env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+        proc = subprocess.run(["sh", "-c", f'echo $$ > "{box}/cgroup.procs" && exec "$0" "$@"', str(harness), "run",
+                               str(folder), "--track", str(track), "--no-leaderboard"],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        _, record = only_record(tmp_path / "runs")
+        assert record["status"] == "invalid", record["reason"]
+        assert ("the check process died (killed by SIGKILL) before reporting, under a limit above the job's: the "
+                "kernel's out-of-memory killer ended 1 of the job's processes while the job was below its own memory "
+                "cap") in record["reason"], record["reason"]
+        assert "reached its cap" not in record["reason"]
+        assert record["containment"]["check"]["limits"]["refused"]["oom_kills"] == 0
+        assert_clean(record)
+    finally:
+        for _ in range(100):  # the launcher and all it started have left it
+            try:
+                box.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

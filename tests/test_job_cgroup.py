@@ -2,6 +2,7 @@
 starts, however fast it forks, is ended with it; a cgroup left by a launcher killed outright is ended by the next.
 Against the machine's real cgroup v2 hierarchy (root here, as in CI's container)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_the_doctor_says_which_containment_the_node_offers(monkeypatch):
     real_dirs = job_limits.v1_dirs
     monkeypatch.setattr(job_limits, "v1_dirs", lambda *a: {k: v for k, v in real_dirs(*a).items() if k != "pids"})
     check = containment_check()
-    assert check.status == "warn" and "no pids cap" in check.measured and "subtree_control" in check.fix
+    assert check.status == "warn" and "no pids cap" in check.measured and "ConstrainRAMSpace" in check.fix and "chowned" in check.fix
     monkeypatch.setattr(job_limits, "v1_dirs", real_dirs)
     monkeypatch.setenv(job_cgroup.OFF_ENV, "off")
     check = containment_check()
@@ -173,7 +174,8 @@ def test_a_job_past_its_memory_cap_is_ended_by_the_kernel_and_the_record_counts_
     assert proc.returncode == -9 and "survived" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-500:])
     report = cg.report()
     assert report["limits"]["refused"]["oom_kills"] >= 1, report
-    assert "memory cap of 0.12 GiB" in job_limits.caps_reached(report) and "ended 1 of them" in job_limits.caps_reached(report)
+    said = job_limits.caps_reached(report)
+    assert "the job's memory reached its cap of 0.12 GiB" in said and "killer ended 1 of its processes" in said
     assert held_tcp in ("", str(128 << 20)), "socket buffers are held to the cap where v1 charges them apart"
     assert not any(Path(d).exists() for d in cg.limits.held.values()), "the job's cgroups are removed with it"
 
@@ -281,15 +283,16 @@ def test_a_kill_or_a_refusal_below_the_jobs_own_cap_is_never_blamed_on_it(tmp_pa
     (job / "pids.peak").write_text("40\n")
     assert limits.count() == {"oom_kills": 0, "oom_kills_not_at_cap": 2, "forks_refused": 0,
                               "forks_refused_not_at_cap": 3}
-    said = job_limits.caps_reached({"limits": limits.report()})
-    assert "reached its memory cap" not in said and "job_pids_max" not in said
+    assert job_limits.caps_reached({"limits": limits.report()}) == ""  # never the caps' doing
+    said = job_limits.caps_reached({"limits": limits.report()}, outside=True)
     assert "ended 2 of the job's processes while the job was below its own memory cap" in said
     assert "a limit above the job (the host's or its container's) refused 3" in said
     (job / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
     (job / "pids.peak").write_text("100\n")
     limits.events.clear()
     assert limits.count() == {"oom_kills": 1, "forks_refused": 3}
-    assert "memory cap of 1.00 GiB" in job_limits.caps_reached({"limits": limits.report()})
+    assert "the job's memory reached its cap of 1.00 GiB" in job_limits.caps_reached({"limits": limits.report()})
+    assert job_limits.caps_reached({"limits": limits.report()}, outside=True) == ""
 
 
 def test_a_run_whose_host_holds_no_cap_says_so_in_its_warnings(tmp_path):
@@ -326,6 +329,10 @@ def test_the_task_cap_leaves_the_host_room_to_fork_and_evaluation_room_for_its_s
     assert job_limits.caps_for(1.0, 32768, proc_sys=str(tmp_path)).pids == 16384
     assert job_limits.caps_for(1.0, 4096, proc_sys=str(tmp_path)).pids == 4096
     assert job_limits.caps_for(1.0, 4096, proc_sys=str(tmp_path / "nothing")).pids == 4096  # unknown: the track's
-    track = load_track("local")
-    room = eval_caps(track, 2).memory_bytes - job_cgroup.track_caps(track).memory_bytes
-    assert room == 2 * (KEEP_BYTES + (1 << 30))
+    track = dataclasses.replace(load_track("local"), job_memory_gib=2.0)
+    caps = eval_caps(track, 2)
+    logits = track.eval.batch_size * track.eval.seq_len * track.data.vocab_size * 4
+    assert caps.memory_bytes == (2 << 30) + caps.room_bytes and caps.room_bytes == 2 * (KEEP_BYTES + 3 * logits + (1 << 30))
+    node = int(job_limits.node_memory_bytes(*job_cgroup.v2_own_and_mount()) * job_limits.MEMORY_SHARE_OF_NODE)
+    by_default = eval_caps(load_track("local"), 2)  # 90% of the node already: no room past it
+    assert by_default.memory_bytes == node and by_default.room_bytes == 0

@@ -118,4 +118,10 @@ def test_calls_that_allocate_kernel_memory_no_cgroup_is_charged_for_are_refused(
     assert eval(filtered.stdout) == {"perf_event_open": 1, "bpf": 1}
     bare = subprocess.run([sys.executable, "-c", UNCHARGED, "bare"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
-    assert bare.returncode == 0 and eval(bare.stdout)["perf_event_open"] == "fd", bare.stdout + bare.stderr
+    assert bare.returncode == 0, bare.stderr
+    import os
+    from pathlib import Path
+
+    paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
+    if os.geteuid() == 0 or paranoid <= 2:  # the host lets a process watch itself: the door is real without the filter
+        assert eval(bare.stdout)["perf_event_open"] == "fd", bare.stdout

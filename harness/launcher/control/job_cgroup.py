@@ -138,11 +138,15 @@ def sweep_orphans(parent: Path) -> list[str]:
     return ended
 
 
+def v2_own_and_mount() -> tuple[Path | None, Path | None]:
+    """This process's own v2 cgroup folder and the v2 mount (None where there is none)."""
+    mount, own = cgroup2_mount(), own_cgroup()
+    return (mount / own.lstrip("/") if mount is not None and own is not None else None), mount
+
+
 def track_caps(track) -> Caps:
     """A track's `job_memory_gib` and `job_pids_max` for one job on this node (0 GiB: a share of what it offers)."""
-    mount, own = cgroup2_mount(), own_cgroup()
-    v2_own = mount / own.lstrip("/") if mount is not None and own is not None else None
-    return caps_for(track.job_memory_gib, track.job_pids_max, v2_own, mount)
+    return caps_for(track.job_memory_gib, track.job_pids_max, *v2_own_and_mount())
 
 
 class JobCgroup:

@@ -18,14 +18,16 @@ Where each cap lives, per controller (`memory`, `pids`):
 
 The caps are per job on one node (each phase's: the check, training, evaluation). Memory counts what the kernel
 charges the job's processes: their pages, the page cache of files they write (reclaimed first), /dev/shm's tmpfs,
-and socket buffers (v2 in memory.max; v1 apart, in memory.kmem.tcp, held to the same figure, which v1 enforces
-loosely). Kernel memory charged to no cgroup (perf ring buffers, BPF maps) is refused at its calls by the seccomp
-filter (harness/ranks/confine/seccomp.py). Pids count tasks, threads included (a torch rank holds dozens), at most
+and socket buffers (v2 in memory.max; v1 apart, in memory.kmem.tcp, a limit of its own at the same figure, which
+v1 enforces loosely: memory and sockets together may reach twice the cap there). Kernel memory charged to no cgroup
+(perf ring buffers; BPF maps before Linux 5.11) is refused at its calls by the seccomp filter
+(harness/ranks/confine/seccomp.py). Pids count tasks, threads included (a torch rank holds dozens), at most
 half of what the host holds.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -48,6 +50,7 @@ class Caps:
 
     memory_bytes: int
     pids: int
+    room_bytes: int = 0  # of memory_bytes, what harness processes sharing the job's cgroups have (evaluation's scorers)
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 1 << 20 or self.pids < 16:
@@ -56,9 +59,11 @@ class Caps:
     def value(self, controller: str) -> int:
         return self.memory_bytes if controller == "memory" else self.pids
 
-    def with_room(self, memory_bytes: int) -> "Caps":
-        """The same caps with room for harness processes that share the job's cgroups (evaluation's scorers)."""
-        return Caps(memory_bytes=self.memory_bytes + memory_bytes, pids=self.pids)
+    def with_room(self, memory_bytes: int, at_most_bytes: int) -> "Caps":
+        """The same caps with room for harness processes that share the job's cgroups (evaluation's scorers), the
+        whole never past `at_most_bytes` (the share of the node the caps never exceed)."""
+        total = min(self.memory_bytes + memory_bytes, max(self.memory_bytes, at_most_bytes))
+        return Caps(memory_bytes=total, pids=self.pids, room_bytes=total - self.memory_bytes)
 
 
 def _read(path: Path) -> str:
@@ -226,8 +231,10 @@ class JobLimits:
             if controller == "memory":
                 if where == self.v1_dirs.get("memory"):  # v1: kills in memory.oom_control (Linux 4.13 or later)
                     kills = counted(_read(where / "memory.oom_control"), "oom_kill")
-                    reached = counted(_read(where / "memory.failcnt"), "") > 0 or \
-                        _int(_read(where / "memory.max_usage_in_bytes")) >= self.caps.memory_bytes
+                    # The cap reached: its usage at the limit the kernel holds (the figure rounded down to a page).
+                    # v1 tells no OOM of its own limit from one above it; the reason says only what both facts are.
+                    limit = _int(_read(where / "memory.limit_in_bytes")) or self.caps.memory_bytes
+                    reached = _int(_read(where / "memory.max_usage_in_bytes")) >= limit
                 else:  # v2: `oom` counts the cgroup's own limit reached with an allocation about to fail
                     events = _read(where / "memory.events")
                     kills, reached = counted(events, "oom_kill"), counted(events, "oom") > 0
@@ -237,7 +244,8 @@ class JobLimits:
             else:
                 refused = counted(_read(where / "pids.events"), "max")
                 peak = _read(where / "pids.peak").strip()  # Linux 6.1 or later; without it, the count as it is
-                reached = not peak.isdigit() or int(peak) >= self.caps.pids
+                # the kernel updates the peak without a lock: one refused at the cap may read a task or two short
+                reached = not peak.isdigit() or int(peak) >= self.caps.pids - max(2, self.caps.pids // 100)
                 self.events["forks_refused"] = refused if reached else 0
                 if refused and not reached:
                     self.events["forks_refused_not_at_cap"] = refused
@@ -251,6 +259,7 @@ class JobLimits:
 
     def report(self) -> dict:
         out: dict = {"memory_max_bytes": self.caps.memory_bytes, "pids_max": self.caps.pids,
+                     **({"room_bytes": self.caps.room_bytes} if self.caps.room_bytes else {}),
                      "held": dict(self.held), **({"why": dict(self.why)} if self.why else {})}
         if self.events:
             out["refused"] = dict(self.events)
@@ -280,8 +289,13 @@ def _remove(path: Path) -> str:
 def _kill_if_still_in(pid: int, path: Path) -> None:
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS and str(pid) in _read(path / "cgroup.procs").split():  # Linux < 5.3: no pidfd
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return  # else gone
     try:
         if str(pid) in _read(path / "cgroup.procs").split():  # still the process the cgroup holds
             signal.pidfd_send_signal(fd, signal.SIGKILL)
@@ -305,22 +319,28 @@ def sweep_orphans(parent: Path, gone: Callable[[str], bool]) -> list[str]:
     return ended
 
 
-def caps_reached(containment: dict) -> str:
-    """What a job's caps refused, in a sentence for a reason ("" where nothing was): from a JobCgroup's report."""
+def caps_reached(containment: dict, outside: bool = False) -> str:
+    """What a job's caps refused, in a sentence for a reason ("" where nothing was): from a JobCgroup's report.
+    `outside`: instead, the kills and refusals that came with the job below its own caps (a limit above it: the
+    node's memory, a container's, a SLURM step's), which are never the caps' doing."""
     limits = containment.get("limits") if isinstance(containment, dict) else None
     refused = (limits or {}).get("refused") or {}
     said = []
-    if refused.get("oom_kills"):
-        said.append(f"the job's processes reached its memory cap of {limits['memory_max_bytes'] / (1 << 30):.2f} GiB "
-                    f"(the track's job_memory_gib) and the kernel ended {refused['oom_kills']} of them")
+    if outside:
+        if refused.get("oom_kills_not_at_cap"):
+            said.append(f"the kernel's out-of-memory killer ended {refused['oom_kills_not_at_cap']} of the job's "
+                        "processes while the job was below its own memory cap (the node's memory, or a limit above "
+                        "the job, ran out)")
+        if refused.get("forks_refused_not_at_cap"):
+            said.append(f"a limit above the job (the host's or its container's) refused "
+                        f"{refused['forks_refused_not_at_cap']} new process(es) or thread(s) below the job's own cap")
+        return "; ".join(said)
+    whose = "job_memory_gib, with room for the scorers" if limits and limits.get("room_bytes") else "job_memory_gib"
+    if refused.get("oom_kills"):  # both facts hold; on v1 the page cache counts towards reaching the cap
+        said.append(f"the job's memory reached its cap of {limits['memory_max_bytes'] / (1 << 30):.2f} GiB (the "
+                    f"track's {whose}) and the kernel's out-of-memory killer ended {refused['oom_kills']} of its "
+                    "processes")
     if refused.get("forks_refused"):
         said.append(f"the job's cap of {limits['pids_max']} tasks, threads included (the track's job_pids_max), "
                     f"refused {refused['forks_refused']} new process(es) or thread(s)")
-    if refused.get("oom_kills_not_at_cap"):  # true, and never the track's cap: the team's crash all the same
-        said.append(f"the kernel's out-of-memory killer ended {refused['oom_kills_not_at_cap']} of the job's "
-                    "processes while the job was below its own memory cap (the node's memory, or a limit above "
-                    "the job, ran out)")
-    if refused.get("forks_refused_not_at_cap"):
-        said.append(f"a limit above the job (the host's or its container's) refused "
-                    f"{refused['forks_refused_not_at_cap']} new process(es) or thread(s) below the job's own cap")
     return "; ".join(said)

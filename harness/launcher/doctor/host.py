@@ -179,13 +179,12 @@ def containment_check() -> Check:
     if limits.get("why"):  # ended as a whole, but a job that allocates or forks without end reaches the node's limits
         return Check(name="containment", status="warn", measured=f"a cgroup of the job's own, joined and ended: {why}; "
                                                                 f"{caps}",
-                     fix="cgroup v2: the cgroup the harness runs in must hand the memory and pids controllers to the "
-                         "job cgroups it makes below it (`+memory +pids` in its cgroup.subtree_control), which the "
-                         "kernel allows only to a cgroup that holds no process: start the harness in a leaf below a "
-                         "delegated one (systemd Delegate=yes, the launcher moved into a sub-cgroup of its unit's). "
-                         "cgroup v1 (a hybrid host): a memory and a pids hierarchy the harness's user may write "
-                         "where it runs (root, or a subtree chowned to it that it is started in). The track's "
-                         "job_memory_gib and job_pids_max are then held by the kernel")
+                     fix="pure cgroup v2: the caps are not held (job cgroups are made below the launcher's own, which "
+                         "holds the launcher, and the kernel hands controllers down only from a cgroup without "
+                         "processes, the root excepted): bound jobs with the scheduler's per-job limits (SLURM "
+                         "ConstrainRAMSpace, systemd MemoryMax and TasksMax). A hybrid host: memory and pids v1 "
+                         "hierarchies the harness's user may write where it runs (root, or a subtree chowned to it "
+                         "that it is started in); the track's job_memory_gib and job_pids_max are then held there")
     return Check(name="containment", status="ok", measured=f"a cgroup of the job's own, joined and ended: {why}; {caps}")
 
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.launcher.control.job_cgroup import track_caps
+from harness.launcher.control.job_cgroup import track_caps, v2_own_and_mount
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.run.nodes import NodePaths, account_rank, account_text
@@ -37,7 +37,7 @@ from harness.ranks.confine.scratch import scratch_root
 from harness.results.records import FINAL_STATUSES, RunRecord, read_record_json, write_atomic
 from harness.scoring.plan import rows_to_detect
 from harness.scoring.scorer import KEEP_BYTES
-from harness.launcher.control.job_limits import Caps
+from harness.launcher.control.job_limits import MEMORY_SHARE_OF_NODE, Caps, node_memory_bytes
 from harness.tracks.spec import Track
 
 READY_WITHIN_S = 30.0  # node 0's wait for the other nodes' answers
@@ -180,8 +180,11 @@ def build_eval_job(track: Track, data: PreparedData, run_dir: Path, checkpoint_s
 
 def eval_caps(track: Track, nproc: int) -> Caps:
     """Evaluation's caps: the track's for the team's model processes, and room for the scorers beside them in the
-    job's cgroups (harness code: the log-probabilities each keeps for the causality check, and torch)."""
-    return track_caps(track).with_room(nproc * (KEEP_BYTES + (1 << 30)))
+    job's cgroups (harness code: the log-probabilities each keeps for the causality check, its logits buffer, the
+    copy it reads, a batch's losses, and torch), the whole never past the default share of the node."""
+    logits = track.eval.batch_size * track.eval.seq_len * track.data.vocab_size * 4
+    node = int(node_memory_bytes(*v2_own_and_mount()) * MEMORY_SHARE_OF_NODE)
+    return track_caps(track).with_room(nproc * (KEEP_BYTES + 3 * logits + (1 << 30)), node)
 
 
 def _evaluate(opts, track: Track, data: PreparedData, run_dir: Path, plan: EvalPlan, nodes: int, node_rank: int,

@@ -90,7 +90,8 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
             os.close(box_write)
         sandbox.reset_log(log_path)
     contained = scope.containment()  # with what the caps refused, counted as the scope closed
-    capped = caps_reached(contained)
+    capped = caps_reached(contained)  # the job's own caps; or, else, a limit above the job
+    outside = caps_reached(contained, outside=True)
     report = _read_report(rep)
     guessed = bool(open_division and open_division.get("config") is not None)  # only then is there an interim
     if guessed and report is not None and report.get("interim") and (timed_out or code != 0):
@@ -102,12 +103,18 @@ def run_preflight(submission_dir: Path, *, vocab_size: int, device: str, seed: i
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"checking the submission took more than {timeout_s:.0f} s (model build and one tiny step)",
                   "fix": "make get_model and one forward at batch 2 fast"}]}
-    elif report is None and capped:  # the team's model, too large for the node: said as such
+    elif report is None and capped:  # the team's model, too large for the job's caps: said as such
+        memory = bool(((contained.get("limits") or {}).get("refused") or {}).get("oom_kills"))
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting, at the job's cap: {capped}; see {log_path}",
                   "fix": "build the model in get_model without holding more than the cap (the check builds it on "
-                         "the meta device: large buffers made in get_model itself are real)" if "memory cap" in capped
+                         "the meta device: large buffers made in get_model itself are real)" if memory
                   else "start fewer processes or threads in get_model and the model's first steps"}]}
+    elif report is None and outside:  # not the job's caps: a limit above the job (the node's memory) ran out
+        report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
+                  f"the check process died ({ended_how(code)}) before reporting, under a limit above the job's: "
+                  f"{outside}; see {log_path}",
+                  "fix": ""}]}
     elif report is None:
         report = {"ok": False, "problems": [{"file": str(submission_dir), "problem":
                   f"the check process died ({ended_how(code)}) before reporting; see {log_path}", "fix": ""}]}
@@ -299,8 +306,8 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         if line:
             outcome.reason += f"; its log ends: {printable(line, 300)}"
     contained = job.containment()  # with what the job's caps refused, counted as it closed
-    capped = caps_reached(contained)
-    if capped and outcome.status == "crashed":  # the team's processes passed the track's caps: said first
+    capped = caps_reached(contained) or caps_reached(contained, outside=True)  # the caps', else a limit above
+    if capped and outcome.status == "crashed":  # what the kernel ended or refused: said first
         outcome.reason = f"{capped}: {outcome.reason}"
     return PhaseResult(outcome, result, messages, sorted(set(leftover) | set(result.killed_pids)), list(channel.refused),
                        list(channel.malformed), contained)

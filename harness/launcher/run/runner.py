@@ -403,8 +403,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             set_outcome(record, "timeout", late)
         if o.status == "ok" and phase.leftover_pids:
             record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
-        if o.status == "ok" and caps_reached(phase.containment):  # a failure says it in its reason (phases._run_job)
-            record.notes.append(f"in training, {caps_reached(phase.containment)}")
+        capped = caps_reached(phase.containment) or caps_reached(phase.containment, outside=True)
+        if o.status == "ok" and capped:  # a failure says it in its reason (phases._run_job)
+            record.notes.append(f"in training, {capped}")
         if node.lead and track.nnodes > 1:
             merge_node_reports(record, node, o, track.nnodes, silent_after_s(track), heartbeat)
         if taker is not None:

@@ -10,8 +10,8 @@ run is run again by a queue) or fail the teams after it. This filter refuses, wi
 - setpriority other than (PRIO_PROCESS, 0): another process, a process group, every process of the user;
 - ioprio_set other than (IOPRIO_WHO_PROCESS, 0);
 - sched_setscheduler, sched_setparam, sched_setattr with a pid other than 0;
-- perf_event_open and bpf, every call: the kernel memory they allocate (a perf ring buffer, a BPF map) is
-  charged to no memory cgroup, so a job could hold gigabytes past its memory cap
+- perf_event_open and bpf, every call: the kernel memory they allocate (a perf ring buffer; a BPF map before
+  Linux 5.11) is charged to no memory cgroup, so a job could hold gigabytes past its memory cap
   (harness/launcher/control/job_limits.py) unseen; container runtimes refuse both by default too, and no
   harness, torch, NCCL or Triton path calls them.
 
