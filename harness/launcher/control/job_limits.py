@@ -156,10 +156,7 @@ def caps_for(memory_gib: float, pids_max: int, v2_own: Path | None = None, v2_mo
 
 
 def counted(text: str, key: str) -> int:
-    """The count after `key` in a flat-keyed cgroup file (`oom_kill 2`, `max 5`); 0 where it is absent. Key "": the
-    file's one number (`memory.failcnt`)."""
-    if not key:
-        return _int(text)
+    """The count after `key` in a flat-keyed cgroup file (`oom_kill 2`, `max 5`); 0 where it is absent."""
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == key and value.strip().isdigit():
