@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.launcher.control.job_cgroup import track_caps
-from harness.launcher.control.job_limits import caps_reached
 from harness import __version__
 from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.launcher.control import process_tree
+from harness.launcher.control.job_cgroup import track_caps
+from harness.launcher.control.job_limits import caps_reached
 from harness.launcher.run.assemble import (
     apply_training,
     check_window,
