@@ -76,21 +76,26 @@ def test_a_cgroup_left_by_a_launcher_killed_outright_is_ended_by_the_next(tmp_pa
     """A launcher killed by SIGKILL runs no teardown: its job's cgroup stays populated. The next JobCgroup on the
     host ends it, and leaves alone the cgroups of launchers that are alive (this one's)."""
     live = JobCgroup("mine")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    # The "launcher" that makes the cgroup lives until the hopper is in it: a cgroup named for a launcher already
+    # dead would be swept by any other JobCgroup on the host meanwhile (the suite's other worker makes them too).
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     parent = cgroup2_mount() / own_cgroup().lstrip("/")
-    orphan = parent / f"{job_cgroup.PREFIX}{dead.pid}-1-job-0"  # a launcher's pid that is gone
+    orphan = parent / f"{job_cgroup.PREFIX}{launcher.pid}-{job_cgroup._start_ticks(launcher.pid)}-job-0"
     orphan.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", JOIN_AND_HOP], env={**os.environ, job_cgroup.ENV: str(orphan)},
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "True"
+        launcher.kill()  # killed outright: no teardown ran
+        launcher.wait()
         second = JobCgroup("next")
-        assert orphan.name in second.swept and not orphan.exists()
+        # ended by the next JobCgroup on the host: this one, or, between the two lines above, another worker's
+        assert not orphan.exists()
         assert proc.wait(timeout=10) == -9
         assert live.active and Path(live.env()[job_cgroup.ENV]).exists(), "a live launcher's cgroup is left alone"
         second.close()
     finally:
+        launcher.kill()
         if orphan.exists():
             job_cgroup.end(orphan)
         live.close()
