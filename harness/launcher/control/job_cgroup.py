@@ -158,15 +158,15 @@ class JobCgroup:
         self.active, self.why, self.swept = False, "", []
         self.limits: JobLimits | None = None
         self.name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{label}-{next(_serial)}"
+        if os.environ.get(OFF_ENV, "").strip().lower() == "off":  # neither the cgroup nor the caps
+            self.why = f"turned off ({OFF_ENV}=off)"
+            return
         self._make()
         # The caps hold where they can, with or without the v2 cgroup (a hybrid host's v1 controllers).
-        if caps is not None and os.environ.get(OFF_ENV, "").strip().lower() != "off":
+        if caps is not None:
             self.limits = JobLimits(self.name, caps, self.path if self.active else None, launcher_gone)
 
     def _make(self) -> None:
-        if os.environ.get(OFF_ENV, "").strip().lower() == "off":
-            self.why = f"turned off ({OFF_ENV}=off)"
-            return
         mount, own = cgroup2_mount(), own_cgroup()
         if mount is None or own is None:
             self.why = "no cgroup v2 hierarchy is mounted here" if mount is None else "this process is in no v2 cgroup"

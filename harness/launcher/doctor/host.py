@@ -138,21 +138,27 @@ def sandbox_host_checks(track: Track, opts: DoctorOptions, wanted: list[str]) ->
     if "namespaces" in wanted:
         checks.append(namespaces_check(track, opts.proc_sys))
     if "containment" in wanted:
-        checks.append(containment_check())
+        checks.append(containment_check(track))
     return checks
 
 
-def containment_check() -> Check:
+def containment_check(track: Track | None = None) -> Check:
     """A job's cgroup (harness/launcher/control/job_cgroup.py) made, joined by a process as a rank joins it, and
     ended, for real: with one, whatever a job starts ends with it; without one, a process that forks faster than
     the teardown lists can outlive a run."""
     import subprocess
 
-    from harness.launcher.control.job_cgroup import JobCgroup
+    import dataclasses
+
+    from harness.launcher.control.job_cgroup import JobCgroup, track_caps, v2_own_and_mount
     from harness.launcher.control.job_limits import caps_for
     from harness.ranks import interpreter
 
-    cgroup = JobCgroup("doctor", caps_for(0.0, 32768))  # the default caps: 90% of the node's memory, 32768 tasks
+    # The track's caps, as its jobs get them; without a track, a track's defaults (90% of the node's memory)
+    defaults = {f.name: f.default for f in dataclasses.fields(Track)}
+    caps = track_caps(track) if track is not None else \
+        caps_for(defaults["job_memory_gib"], defaults["job_pids_max"], *v2_own_and_mount())
+    cgroup = JobCgroup("doctor", caps)
     made, why = cgroup.active, cgroup.why
     if made:
         joiner = "from harness.ranks.confine import cgroup; print((cgroup.join_from_environment(False) or {}).get('why'))"
