@@ -86,6 +86,21 @@ def test_the_doctor_fails_a_host_whose_apparmor_refuses_user_namespaces(tmp_path
     assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in check.fix and "`userns,`" in check.fix
 
 
+def test_the_doctor_makes_the_jobs_private_tmpfs_and_warns_where_it_cannot(tmp_path, monkeypatch):
+    """The namespaces line makes a job's namespaces with its private folder a tmpfs, for real; where the tmpfs cannot
+    be had (here: its holder's root cannot be reached), it is a warning that says what stays undefended."""
+    from harness.launcher.control.job_namespace import JobNamespace
+    from harness.launcher.doctor.host import namespaces_check
+
+    track = load_track(str(TINY_TRACK))
+    check = namespaces_check(track, str(tmp_path))
+    assert check.status == "ok" and "its private folder a tmpfs of the job's own: made" in check.measured
+    monkeypatch.setattr(JobNamespace, "_open_folder", lambda self, writable: "not reachable (the test's)")
+    check = namespaces_check(track, str(tmp_path))
+    assert check.status == "warn" and "not reachable (the test's)" in check.measured, check.measured
+    assert "a file without a name is not under the track's scratch_cap_gib" in check.measured and check.fix
+
+
 def test_a_file_system_without_flock_is_a_warning_with_the_mount_option(tmp_path, monkeypatch):
     """Lustre without -o flock, NFS mounted nolock: the records run unlocked (harness/results/locks.py), and the
     doctor says how to mount them."""

@@ -450,20 +450,31 @@ def test_logs_a_team_leaves_neither_grow_the_record_nor_pass_the_cap(cli, tmp_pa
     assert any("not taken into the record" in n and "extra" in n for n in record["notes"]), record["notes"]
 
 
-def test_a_disk_filled_while_the_launcher_copies_the_checkpoint_is_never_a_free_rerun(cli, tmp_path):
-    """fills_disk_at_save fills the disk its private folder and the records share (a tmpfs here, mounted by the
-    test) with an anonymous file as its checkpoint is saved, leaving room for its own save and not for the
-    launcher's copy: the copy fails with ENOSPC. A team can cause that, so the run is `crashed`, not `aborted` (a
-    queue runs an aborted run again: a re-roll of a seed the team judged unlucky)."""
+@pytest.mark.parametrize("sandbox", ["on", "off"])
+def test_a_disk_filled_while_the_launcher_copies_the_checkpoint_is_never_a_free_rerun(cli, tmp_path, sandbox):
+    """fills_disk_at_save fills the file system of its private folder with an anonymous file as its checkpoint is
+    saved, leaving room for its own save and not for a copy. The records are on a 320 MB tmpfs mounted by the test,
+    and so is the scratch root. With the sandbox, the private folder is a file system of the job's own: the team
+    fills only that, the launcher's copy lands on the records' disk, and the run is `ok`, gaining nothing. Without
+    it (sandbox "off": the folder on the records' disk), the launcher's copy fails with ENOSPC; a team can cause
+    that, so the run is `crashed`, never `aborted` (a queue runs an aborted run again: a re-roll of a seed the team
+    judged unlucky)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320m", "tmpfs", str(disk)], check=True)
     try:
         (disk / "scratch").mkdir()
-        result = cli("run", str(FIXTURES / "fills_disk_at_save"), "--track", str(quick_track(tmp_path)),
+        track = quick_track(tmp_path)
+        if sandbox == "off":  # the track's own key, beside its name (not a key tiny.toml writes down)
+            track.write_text(track.read_text().replace('name = "tiny"\n', 'name = "tiny"\nsandbox = "off"\n', 1))
+        result = cli("run", str(FIXTURES / "fills_disk_at_save"), "--track", str(track),
                      env={"HARNESS_SCRATCH_DIR": str(disk / "scratch")}, runs_dir=disk / "runs")
-        assert result.code == 1, result.out + result.err
         _, record = _record(disk / "runs", "fills_disk_at_save")
+        if sandbox == "on":
+            assert result.code == 0 and record["status"] == "ok", record["reason"]
+            assert record["job_namespace"]["scratch"] == "tmpfs"
+            return
+        assert result.code == 1, result.out + result.err
         assert record["status"] == "crashed", record["reason"]
         assert "the checkpoint could not be taken" in record["reason"] and "No space left" in record["reason"]
         assert "the team's processes could cause this" in record["reason"]
@@ -472,12 +483,17 @@ def test_a_disk_filled_while_the_launcher_copies_the_checkpoint_is_never_a_free_
 
 
 def test_a_run_that_fills_its_private_folder_is_ended(cli, tmp_path):
-    """fills_scratch writes 64 MiB a forward into its working folder: past the track's scratch cap (0.25 GiB on
-    tiny) the job is ended, invalid, and its folder is gone."""
+    """fills_scratch writes 64 MiB a forward into its working folder, a file system of the job's own of the track's
+    scratch cap (0.25 GiB on tiny): the write past it fails, the rank dies of it, and the reason says first which
+    cap it met. (Where the folder is on the launcher's disk, a walk of it ends the job past the cap, `invalid`:
+    tests/test_launcher_reasons.py.)"""
     result = cli("run", str(FIXTURES / "fills_scratch"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
     assert result.code == 1
     _, record = _record(tmp_path / "runs", "fills_scratch")
-    assert record["status"] == "invalid" and "private folder holds more than 0.25 GiB" in record["reason"], record["reason"]
+    assert record["status"] == "crashed", record["reason"]
+    assert record["reason"].startswith("the ranks' private folder is full (the private folder and /dev/shm are each a "
+                                       "file system of the track's scratch_cap_gib, 0.25 GiB): rank 0: "), record["reason"]
+    assert "No space left on device" in record["reason"]
 
 
 def test_a_model_process_that_floods_its_log_dies_at_the_cap(cli, tmp_path):
@@ -639,3 +655,20 @@ def test_team_code_cannot_change_the_limits_or_priority_of_the_process_that_star
     _, record = only_record(tmp_path / "runs")
     assert result.code == 0 and record["status"] == "ok", record["reason"]
     assert record["sandbox"]["training"]["seccomp"] == "on" and record["sandbox"]["check"]["seccomp"] == "on"
+
+
+def test_a_file_without_a_name_is_held_to_the_private_folders_cap_and_never_reaches_the_disk(cli, tmp_path):
+    """hides_scratch writes an anonymous file (O_TMPFILE) of up to three times the scratch cap into its private
+    folder, and appends a forged line to where the launcher's log used to be. The folder is a tmpfs of the job's
+    own, of the cap's size (harness/launcher/control/job_namespace.py): the kernel refuses the write past it, so
+    the file never held more than the cap, named or not, and nothing of it reached a disk; the team lets it go and
+    trains on, `ok`. The record's launcher log is the launcher's alone."""
+    result = cli("run", str(FIXTURES / "hides_scratch"), "--track", str(quick_track(tmp_path)), timeout=180)
+    assert result.code == 0, result.out + result.err
+    run_dir, record = _record(tmp_path / "runs", "hides_scratch")
+    assert record["job_namespace"]["scratch"] == "tmpfs", record["job_namespace"]
+    assert record["status"] == "ok", record["reason"]
+    said = (run_dir / "logs" / "rank0.log").read_text()
+    held = re.search(r"HIDDEN held (\d+) MiB, then refused: No space left on device", said)
+    assert held and int(held.group(1)) <= 256, said[-2000:]  # tiny's scratch_cap_gib, 0.25 GiB
+    assert "FORGED" not in (run_dir / "logs" / "launcher.log").read_text()

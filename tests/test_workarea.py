@@ -138,3 +138,52 @@ def test_every_log_of_a_record_is_held_to_one_budget_without_following_a_link(tm
     assert (logs / "rank0.log").read_text() == "r" * 50
     assert (logs / "eval-model-rank0.log").read_text().startswith("m" * 500) and "cut here" in (logs / "eval-model-rank0.log").read_text()
     assert outside.read_text() == "o" * 5000
+
+
+def test_a_private_folder_that_cannot_be_a_tmpfs_stays_on_disk_and_the_record_says_so(tmp_path, monkeypatch):
+    """The training ranks' folder is a tmpfs of the job's own (harness/launcher/control/job_namespace.py): it holds a
+    copy of what the launcher put there, what the ranks write there is on no disk, the launcher reaches it by its
+    descriptor and, while the job lives, by name, and its size is the cap. Where the tmpfs cannot be had (here its
+    holder's root cannot be reached), the job still gets its namespaces, the folder stays the launcher's own, and the
+    record warns that files without a name there are not under the cap."""
+    from types import SimpleNamespace
+
+    from harness.launcher.control.job_namespace import JobNamespace
+    from harness.launcher.run.training import job_namespace
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "submission.py").write_text("CONFIG = {}\n")
+    track = SimpleNamespace(sandbox="auto")
+    record = SimpleNamespace(warnings=[])
+    area = WorkArea(snapshot)
+    try:
+        holder = job_namespace(track, area, 1 << 24, record)
+        try:
+            assert holder.active and holder.report()["scratch"] == "tmpfs" and record.warnings == []
+            assert (area.live(area.submission) / "submission.py").read_text() == "CONFIG = {}\n"
+            (area.live(area.logs) / "rank0.log").write_text("step 1\n")  # as a rank writes it, in the job's folder
+            assert not (area.logs / "rank0.log").exists()  # on no disk
+            free = area.free_bytes()
+            assert free is not None and free <= 1 << 24
+        finally:
+            holder.close()
+        dest = tmp_path / "record_logs"
+        area.collect_logs(dest, names=["rank0.log"])  # after the holder is gone, through the area's descriptor
+        assert (dest / "rank0.log").read_text() == "step 1\n"
+    finally:
+        assert area.cleanup()
+
+    monkeypatch.setattr(JobNamespace, "_open_folder", lambda self, writable: "not reachable (the test's)")
+    area = WorkArea(snapshot)
+    try:
+        holder = job_namespace(track, area, 1 << 24, record)
+        try:
+            assert holder.active and holder.report()["scratch"] == "disk"
+            assert area.live_dir == area.dir
+            assert len(record.warnings) == 1 and "the ranks' private folder is on the launcher's disk" in record.warnings[0]
+            assert "not reachable (the test's)" in record.warnings[0]
+        finally:
+            holder.close()
+    finally:
+        assert area.cleanup()

@@ -6,9 +6,9 @@ multiprocessing): whatever one run left there, the next could read (weights left
 were loaded by the team's second). Each training job therefore gets, for its ranks on this node:
 
 - a user namespace (the launcher's uid mapped to itself: files keep their owner);
-- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs and everything but that
-  tmpfs, the ranks' private folder and /proc is read-only (device files and sockets stay usable on a
-  read-only mount), made in a first user namespace and
+- a mount namespace, a copy of the host's where /dev/shm is a fresh tmpfs, the ranks' private folder is
+  another (sized by the track's scratch_cap_gib, below), and everything but those two and /proc is
+  read-only (device files and sockets stay usable on a read-only mount), made in a first user namespace and
   entered through a second one, so the kernel locks it: a rank cannot unmount the tmpfs to find the
   host's /dev/shm beneath, nor make a mount writable again. Read-only mounts refuse what Landlock does
   not govern: extended attributes, modes and times of files the user owns (a run kept its weights in
@@ -16,6 +16,16 @@ were loaded by the team's second). Each training job therefore gets, for its ran
 - an IPC namespace: System V objects and POSIX message queues of the job's own.
 
 The network is the host's (NCCL, InfiniBand). Everything goes away with the last process of the job.
+
+The private folder as a file system of the job's own: a tmpfs of scratch_cap_gib mounted over the launcher's
+folder, into which the holder copies what the launcher put there (the submission's copy, the empty logs/ and
+staging/ folders, the open division's data links) before any rank exists. The kernel counts every page of
+it, named or not (a file opened with O_TMPFILE, a deleted file held open, a sparse file filled later): the
+cap is its size, held by the kernel (a write past it fails, ENOSPC: the team's own error), not a figure a walk
+of the folder's names estimates, and nothing a team writes there reaches the disk that holds the records. Its pages are memory, charged to the job's memory cap (job_limits.py). The
+launcher reaches it through the holder's root (`/proc/<holder>/root/<folder>`), opened once, before any rank
+exists (`folder_fd`): the descriptor keeps the file system alive after the namespace ends, so the logs and
+the checkpoint are taken after the job as before, and it goes away when the launcher closes it.
 
 A small process of harness code (this module, run as `python -m harness.launcher.control.job_namespace`)
 makes the namespaces before the ranks exist and hands them out: each rank connects to its Unix
@@ -30,7 +40,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,6 +50,7 @@ from pathlib import Path
 
 from harness.launcher.control.channel import peer_pid
 from harness.launcher.control.process_tree import descends_from, first_line
+from harness.launcher.control.workarea import MAX_ENTRIES
 from harness.ranks import interpreter
 from harness.ranks.confine.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity, refused
 from harness.ranks.confine.rootfs import MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc, Refused
@@ -50,14 +63,20 @@ class JobNamespace:
     """The launcher's handle on the holder process. `socket_path` goes into the job file; `active` and
     `why` into the record."""
 
-    def __init__(self, shm_bytes: int = 0, writable: str = "") -> None:
+    def __init__(self, shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0) -> None:
+        """scratch_bytes > 0 (with `writable`): the ranks' private folder becomes a tmpfs of that size (module
+        docstring); `folder_fd` then opens it in this process and `live_dir` is where this process reaches it by
+        name while the holder lives. Otherwise the folder is the launcher's own, bound onto itself."""
         self.dir = Path(tempfile.mkdtemp(prefix="harness-ns-"))  # 0700: the launcher's user only
         self.socket_path = str(self.dir / "ns.sock")
         self.active, self.why = False, ""
+        self.folder_fd: int | None = None
+        self.live_dir: Path | None = None
+        self.scratch_refused = ""  # why the private folder could not be a tmpfs (the caller tries again without)
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.job_namespace", self.socket_path, os.getpid(),
-                                                                  int(shm_bytes), writable),
+                                                                  int(shm_bytes), writable, int(scratch_bytes)),
                                          env=interpreter.child_environment(), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = first_line(self.proc, READY_WITHIN_S)
@@ -65,17 +84,39 @@ class JobNamespace:
                 line = f"not ready within {READY_WITHIN_S:.0f} s"
         except OSError as exc:
             line = f"could not start: {exc}"
+        if line == "ready" and writable and scratch_bytes > 0:
+            line = self._open_folder(writable)
+            self.scratch_refused = "" if line == "ready" else line
+        elif line.startswith(SCRATCH_REFUSED):
+            self.scratch_refused = line = line[len(SCRATCH_REFUSED):]
         if line == "ready":
-            self.active, self.why = True, ("user, mount (a private /dev/shm; read-only but it, the private folder and "
+            folder = (f"the private folder a tmpfs of {scratch_bytes / 2**30:.4g} GiB" if self.folder_fd is not None
+                      else "the private folder the launcher's, on its disk")
+            self.active, self.why = True, (f"user, mount (a private /dev/shm; {folder}; read-only but those and "
                                            "/proc; locked) and IPC namespaces of the job's own")
         else:
             self.why = f"no namespace of the job's own: {line or 'the holder said nothing'}"
             self.close()
 
+    def _open_folder(self, writable: str) -> str:
+        """The tmpfs, opened through the holder's root before any rank exists: nothing of the job can have moved
+        a mount or left a link yet, and the holder's namespaces are locked. "ready", else why it cannot be reached."""
+        live = Path(f"/proc/{self.proc.pid}/root") / os.path.abspath(writable).lstrip("/")
+        try:
+            fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            return f"the job's private folder could not be reached through its holder: {exc.strerror}"
+        if os.fstat(fd).st_dev == os.stat(writable).st_dev:  # the launcher's own folder: no tmpfs over it
+            os.close(fd)
+            return "the job's private folder is not the tmpfs its holder mounted"
+        self.folder_fd, self.live_dir = fd, live
+        return "ready"
+
     def report(self) -> dict:
-        return {"active": self.active, "why": self.why}
+        return {"active": self.active, "why": self.why, "scratch": "tmpfs" if self.live_dir is not None else "disk"}
 
     def close(self) -> None:
+        """Ends the holder. `folder_fd` stays open (the taker's): the caller closes it (WorkArea.cleanup)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
         if self.proc is not None:
@@ -158,9 +199,47 @@ class ShmSweep:
 SHM_INODES = 1_000_000  # files the job's /dev/shm may hold (NCCL's segments and semaphores: a few per rank)
 
 
-def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
+class ScratchRefused(OSError):
+    """The private folder could not be made a tmpfs: the holder says so apart (SCRATCH_REFUSED), and the launcher
+    starts another without it."""
+
+
+SCRATCH_REFUSED = "private folder refused: "
+
+
+SCRATCH_INODES = MAX_ENTRIES + 1  # the private folder's files and folders, and its root
+
+
+def copy_launcher_tree(src_fd: int, dest: str) -> None:
+    """What the launcher put in the private folder (open as src_fd, beneath the tmpfs now mounted on dest), copied
+    into the tmpfs: folders, regular files and links (the open division's data links), modes kept. Before any rank
+    exists: everything here is the harness's (the submission's copy holds regular files only)."""
+    pending = [("", src_fd)]
+    while pending:
+        rel, fd = pending.pop()
+        try:
+            for entry in os.scandir(fd):
+                st = entry.stat(follow_symlinks=False)
+                target = os.path.join(dest, rel, entry.name)
+                if stat.S_ISDIR(st.st_mode):
+                    os.mkdir(target, stat.S_IMODE(st.st_mode))
+                    pending.append((os.path.join(rel, entry.name),
+                                    os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)))
+                elif stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(entry.name, dir_fd=fd), target)
+                elif stat.S_ISREG(st.st_mode):
+                    with os.fdopen(os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as inp, \
+                            open(target, "xb") as out:
+                        shutil.copyfileobj(inp, out, 1 << 20)
+                    os.chmod(target, stat.S_IMODE(st.st_mode))
+        finally:
+            os.close(fd)
+
+
+def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0) -> None:
     """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
-    job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files.
+    job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files;
+    with scratch_bytes, `writable` becomes a tmpfs of that size holding a copy of what it held (module docstring).
     Mounts are slaves of the host's, not private: what the host mounts later (autofs, a late NFS) still
     reaches the ranks (writable: a mount made after the job started is not in its read-only set);
     nothing they mount goes back. Everything is then read-only but three mounts, each cleared alone
@@ -177,7 +256,15 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "") -> None:
     libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves of the host's")
     options = f"mode=1777,nr_inodes={SHM_INODES}" + (f",size={shm_bytes}" if shm_bytes > 0 else "")
     libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "a tmpfs on /dev/shm", options)
-    if writable:  # its own mount, so that it can stay writable under a read-only root
+    if writable and scratch_bytes > 0:  # a file system of the job's own: every page counted, named or not
+        try:
+            below = os.open(writable, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # before the tmpfs hides it
+            libc.mount("tmpfs", writable, "tmpfs", MS_NOSUID | MS_NODEV, f"a tmpfs on {writable}",
+                       f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES}")
+            copy_launcher_tree(below, writable)
+        except (OSError, Refused) as exc:
+            raise ScratchRefused(errno.EPERM, str(getattr(exc, "strerror", None) or exc)) from exc
+    elif writable:  # its own mount, so that it can stay writable under a read-only root
         libc.mount(writable, writable, None, MS_BIND, f"binding {writable}")
     libc.set_attr("/", MOUNT_ATTR_RDONLY, 0, True, "mount_setattr on /")
     for path in ("/dev/shm", writable, "/proc"):
@@ -208,6 +295,7 @@ def serve(server: socket.socket, launcher: int) -> None:
 def main(argv: list[str]) -> None:
     socket_path, launcher = argv[1], int(argv[2])
     shm_bytes, writable = (int(argv[3]) if len(argv) > 3 else 0), (argv[4] if len(argv) > 4 else "")
+    scratch_bytes = int(argv[5]) if len(argv) > 5 else 0
     Libc().c.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
     if os.getppid() != launcher:
         sys.exit(1)
@@ -215,7 +303,10 @@ def main(argv: list[str]) -> None:
     server.bind(socket_path)  # before the namespaces: in them, the launcher's folder is read-only
     server.listen(64)
     try:
-        make_namespaces(shm_bytes, writable)
+        make_namespaces(shm_bytes, writable, scratch_bytes)
+    except ScratchRefused as exc:
+        print(SCRATCH_REFUSED + " ".join(str(exc.strerror).split()), flush=True)
+        sys.exit(1)
     except (OSError, Refused) as exc:
         print(refused(str(getattr(exc, "strerror", None) or exc)), flush=True)  # one line: the record's why
         sys.exit(1)

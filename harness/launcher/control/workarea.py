@@ -220,6 +220,7 @@ def tree_usage(dir_fd: int, max_entries: int | None = None) -> tuple[int, int, i
     return apparent, on_disk, entries
 
 
+MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
 HIDDEN_ENV = ("HARNESS_RUNS_DIR", "HARNESS_LEADERBOARD_DIR", "HARNESS_PLOTS_DIR", "HARNESS_DATA_ROOT",
               "HARNESS_CACHE_DIR")
 
@@ -238,6 +239,20 @@ class WorkArea:
         # ranks may write inside it, not in /tmp), and everything taken back is reached through this fd,
         # one component at a time, never following a link the ranks left (`logs` or `staging` included).
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        self.live_dir = self.dir  # where this process reaches the folder the ranks write by name (enter_job_folder)
+
+    def enter_job_folder(self, dir_fd: int, live_dir: Path) -> None:
+        """The ranks' folder is a file system of the job's own (harness/launcher/control/job_namespace.py: a tmpfs
+        over self.dir, seen only in the job's mount namespace): everything taken back is reached through dir_fd
+        (opened before any rank existed; this area closes it), and by name, while the job lives, at live_dir (its
+        holder's root). self.dir stays the ranks' name for it, and the disk folder beneath is removed at cleanup."""
+        os.close(self._dir_fd)
+        self._dir_fd, self.live_dir = dir_fd, live_dir
+
+    def live(self, path: Path) -> Path:
+        """Where this process reaches a path of the ranks' folder by name (a log the record links to while the job
+        runs)."""
+        return self.live_dir / Path(path).relative_to(self.dir)
 
     def hidden_environment(self):
         return patched_environ(unset=HIDDEN_ENV)
@@ -262,7 +277,7 @@ class WorkArea:
         for name in names:
             link = dest / name
             if not link.exists() and not link.is_symlink():
-                link.symlink_to(self.logs / name)
+                link.symlink_to(self.live(self.logs / name))
 
     def same_disk(self, path: Path) -> bool:
         """Whether `path` (a folder of the records) is on the file system the ranks' private folder is on: a disk
@@ -280,7 +295,8 @@ class WorkArea:
 
     def usage(self, max_entries: int | None = None) -> tuple[int, int, int]:
         """(bytes of the logs, bytes the whole private folder holds on disk, its entries): what the track's
-        caps bound."""
+        caps bound. On a file system of the job's own (enter_job_folder), the file system's own count of its blocks
+        and files, where it is more than the walk finds: files without a name (O_TMPFILE, deleted but open) too."""
         logs = self._subfolder_fd("logs")
         try:
             log_bytes = tree_usage(logs)[0] if logs is not None else 0
@@ -288,7 +304,19 @@ class WorkArea:
             if logs is not None:
                 os.close(logs)
         _, disk, entries = tree_usage(self._dir_fd, max_entries)
+        if self.live_dir != self.dir:  # a file system of the job's own: what it holds, named or not, is its count
+            st = os.fstatvfs(self._dir_fd)
+            disk = max(disk, (st.f_blocks - st.f_bfree) * st.f_frsize)
+            entries = max(entries, st.f_files - st.f_ffree - 1)  # its root is no entry
         return log_bytes, disk, entries
+
+    def free_bytes(self) -> int | None:
+        """What the ranks' folder's file system has left for them; None where it cannot be read."""
+        try:
+            st = os.fstatvfs(self._dir_fd)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
 
     def collect_logs(self, dest: Path, budget_bytes: int | None = None, names: list[str] | None = None) -> list[str]:
         """The logs the harness names (`names`, else those given to link_logs: the node's ranks' and its launcher's),
@@ -324,7 +352,8 @@ class WorkArea:
                 where = os.readlink(link)
             except OSError:  # not a link, or gone: nodes on one machine share this folder, and another
                 continue     # node's launcher may be replacing its own links with copies right now
-            if Path(os.path.abspath(os.path.join(link.parent, where))).is_relative_to(self.dir):
+            target = Path(os.path.abspath(os.path.join(link.parent, where)))
+            if target.is_relative_to(self.dir) or target.is_relative_to(self.live_dir):
                 try:
                     link.unlink()
                 except FileNotFoundError:

@@ -219,10 +219,21 @@ def namespaces_check(track: Track, proc_sys: str) -> Check:
         return Check(name="namespaces", status="skipped", measured=f"track {track.name} turns the sandbox off")
     from harness.launcher.control.job_namespace import JobNamespace
 
+    import tempfile
+
     what, fix = userns_restriction_parts(proc_sys)
-    holder = JobNamespace(writable="")
-    made, why = holder.active, holder.why
-    holder.close()
+    folder = tempfile.mkdtemp(prefix="harness-doctor-")  # as a job's private folder: a tmpfs over it, 1 MiB
+    try:
+        holder = JobNamespace(writable=folder, scratch_bytes=1 << 20)
+        scratch_refused = holder.scratch_refused
+        if scratch_refused:  # as a job does: the namespaces again, the folder on disk
+            holder = JobNamespace(writable=folder)
+        made, why = holder.active, holder.why
+        if holder.folder_fd is not None:
+            os.close(holder.folder_fd)
+        holder.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     weakened = "the sandbox would be Landlock alone (a shared /dev/shm and IPC; no PID, IPC or network namespace " \
                "for evaluation's model processes)"
     if what:
@@ -232,7 +243,16 @@ def namespaces_check(track: Track, proc_sys: str) -> Check:
     if not made:
         return Check(name="namespaces", status="fail", measured=f"{why}: {weakened}",
                      fix=f"allow unprivileged user namespaces for the harness's user ({USERNS_OTHER_CAUSES})")
-    return Check(name="namespaces", status="ok", measured="user, mount and IPC namespaces of the job's own: made")
+    if scratch_refused:
+        return Check(name="namespaces", status="warn",
+                     measured=f"user, mount and IPC namespaces of the job's own: made; the ranks' private folder "
+                              f"cannot be a file system of the job's own ({scratch_refused}): it stays on the "
+                              "launcher's disk, where a file without a name is not under the track's scratch_cap_gib",
+                     fix="let the harness's user mount a tmpfs in a user namespace of its own (a container's "
+                         "seccomp or AppArmor profile may refuse mount), and read /proc/<pid>/root of its own "
+                         "children (no hidepid mount of /proc that hides them)")
+    return Check(name="namespaces", status="ok", measured="user, mount and IPC namespaces of the job's own, its private "
+                                                          "folder a tmpfs of the job's own: made")
 
 
 # --------------------------------------------------------------------------- the files

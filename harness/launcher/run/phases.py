@@ -319,12 +319,14 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
                  reporter=None, poll: Callable[[WatchResult], None] | None = None,
-                 on_exit: Callable[[], None] | None = None, gate=None) -> PhaseResult:
+                 on_exit: Callable[[], None] | None = None, gate=None, logs_at: Path | None = None) -> PhaseResult:
     """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
     refresh, taking the checkpoint when rank 0 says it is saved); `on_exit` once the watch is over, before
     the job is closed. `gate` (harness/launcher/control/gate.py): the ranks start while their submission is
-    checked, and wait for its word."""
+    checked, and wait for its word. `logs_at`: where this process reaches the ranks' logs folder (job.log_dir is the
+    ranks' name for it, which may be a file system of the job's own: workarea.py enter_job_folder)."""
     reporter = reporter or NullReporter()
+    logs_at = Path(logs_at or job.log_dir)
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
     job.gated = gate is not None
@@ -365,7 +367,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
-                        lambda rank: Path(job.log_dir) / f"rank{rank}.log", on_exit, gate)
+                        lambda rank: logs_at / f"rank{rank}.log", on_exit, gate)
     finally:
         reporter.end_progress()
         channel.close()

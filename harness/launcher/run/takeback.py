@@ -12,7 +12,9 @@
 - `ScratchCaps`: what the ranks write, capped by the track (log_cap_mib, scratch_cap_gib, and a
   number of entries): their private folder is measured on a thread of its own about once a second
   (a walk of millions of files takes seconds); past a cap, the watchdog ends the job, invalid. A run
-  that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone.
+  that printed without pause left a 598 MB record; one that fills /tmp fills it for everyone. Where the
+  folder is a file system of the job's own (harness/launcher/control/job_namespace.py), the kernel holds
+  scratch_cap_gib as its size, and the walk stays for the logs and the number of entries.
 
 Both only read the ranks' private folder through harness/launcher/control/workarea.py, which follows no link.
 """
@@ -23,9 +25,7 @@ import errno
 import threading
 from pathlib import Path
 
-from harness.launcher.control.workarea import Unmeasurable, WorkArea
-
-MAX_ENTRIES = 1_000_000  # files and folders in the ranks' private folder: a compiler's cache is thousands
+from harness.launcher.control.workarea import MAX_ENTRIES, Unmeasurable, WorkArea
 
 
 # What the launcher's own writes can meet because of what a team's processes did: the disk they write filled (an

@@ -151,7 +151,6 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     # Node 0 guards the (shared) records; the other nodes' ranks are covered by the same guard.
     guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
-    area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks] + [node.log("launcher.log").name])
     caps = ScratchCaps(area, track)
 
     early = EarlyEnd(node, track.nnodes, stale_before_s=stale_before_s(record, track)) if track.nnodes > 1 else None
@@ -174,7 +173,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     # job leaves in /dev/shm and System V IPC is removed after it.
     namespace, sweep = None, None
     try:
-        namespace = JobNamespace(shm_bytes=caps.scratch_cap, writable=str(area.dir)) if track.sandbox != "off" else None
+        namespace = job_namespace(track, area, caps.scratch_cap, record)
         record.extra["job_namespace"] = namespace.report() if namespace is not None else {"active": False, "why": "off"}
         if namespace is not None and namespace.active:
             job.job_namespace = namespace.socket_path
@@ -184,11 +183,15 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                 raise JobNamespaceMissing(namespace.why if namespace is not None else "")
             if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
                 reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
+        # Live logs in the record: links to where this process reaches the ranks' folder (a tmpfs of the job's: its
+        # holder's root). The launcher's own log is the record's file, never in a folder the ranks write.
+        area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks])
         # The ranks' environment is the agent's patch (elastic.py: only what team code may see, no HARNESS_*
         # variable); this process's own is never changed here (the check may read it meanwhile: check_phase.py).
         with guard or contextlib.nullcontext(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
-                                 log_path=area.logs / node.log("launcher.log").name, abort=abort, reporter=reporter,
+                                 log_path=node.log("launcher.log"), abort=abort, reporter=reporter,
+                                 logs_at=area.live(area.logs),
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None,
                                  gate=gate)
             report = guard.check_and_restore() if guard else GuardReport()
@@ -196,6 +199,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
             record.timings["launch_to_go_s"] = gate.opened_s - t_launch
             if phase.watch.train_start_s is not None:  # what launch_to_train_s was before the check ran beside
                 record.timings["go_to_train_s"] = phase.watch.train_start_s - gate.opened_s
+        if phase.outcome.status == "crashed" and area.live_dir != area.dir:
+            phase.outcome.reason = scratch_full_reason(track, area, phase.outcome.reason)
         if caps.violation and phase.outcome.status == "ok":  # broken after the last look during the job
             phase.outcome.status, phase.outcome.reason, phase.outcome.cause = "invalid", caps.violation, "kill"
         if heartbeat is not None:  # in this node's account: whether its own beat writes stalled (nodes.py)
@@ -210,6 +215,38 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     if swept:
         record.notes.append(f"removed what the job left in /dev/shm and System V IPC: {', '.join(swept[:10])}")
     return _after_training(opts, track, node, record, area, phase, report, t_launch, leaderboard_dir)
+
+
+def job_namespace(track: Track, area: WorkArea, scratch_bytes: int, record: RunRecord) -> JobNamespace | None:
+    """The job's namespaces (job_namespace.py), its private folder a tmpfs of scratch_bytes; where that tmpfs cannot
+    be had (a holder refused the mount, or its root cannot be reached), the namespaces without it, the folder on
+    the launcher's disk, and the record says so. None where the track's sandbox is off."""
+    if track.sandbox == "off":
+        return None
+    namespace = JobNamespace(shm_bytes=scratch_bytes, writable=str(area.dir), scratch_bytes=scratch_bytes)
+    if namespace.scratch_refused:
+        refused = namespace.scratch_refused
+        namespace = JobNamespace(shm_bytes=scratch_bytes, writable=str(area.dir))
+        if namespace.active:
+            record.warnings.append(f"the ranks' private folder is on the launcher's disk, not a file system of the "
+                                   f"job's own ({refused}): files without a name there are not under the track's "
+                                   "scratch_cap_gib (docs/rules.md, \"Disk\")")
+    if namespace.folder_fd is not None:
+        area.enter_job_folder(namespace.folder_fd, namespace.live_dir)
+        namespace.folder_fd = None  # the area's now: closed at its cleanup
+    return namespace
+
+
+def scratch_full_reason(track: Track, area: WorkArea, reason: str) -> str:
+    """A crash where the ranks' folder is a file system of the job's own: a write that failed for want of room
+    (ENOSPC in the team's error, or the folder full when the job ended) is said first, with the cap that held it,
+    so that a team reads why its write failed (the folder and /dev/shm are each of the track's scratch_cap_gib)."""
+    full = area.free_bytes() is not None and area.free_bytes() < 1 << 20
+    if not full and "No space left on device" not in reason:
+        return reason
+    where = "the ranks' private folder is full" if full else "a write failed for want of room"
+    return (f"{where} (the private folder and /dev/shm are each a file system of the track's scratch_cap_gib, "
+            f"{track.scratch_cap_gib:g} GiB): {reason}")
 
 
 def build_train_job(opts, track: Track, data: PreparedData, record: RunRecord, area: WorkArea, threads: int,
