@@ -400,6 +400,45 @@ class WorkArea:
             return None
         return time.monotonic() - (time.time() - st.st_ctime), int(st.st_size)
 
+    def staged_key(self, name: str) -> tuple[int, int, int, int] | None:
+        """What identifies a version of a file rank 0 left in staging/ (its device, inode, size and ctime in ns):
+        every write, rename or change of it moves one of them, but a write through a shared mapping does not (the
+        kernel sets the ctime on the mapping's first write at most; tmpfs never does). None: no regular file."""
+        fd = self._subfolder_fd("staging")
+        if fd is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) else None
+
+    def staged_digest(self, name: str, max_bytes: int) -> tuple[tuple[int, int, int, int], str] | None:
+        """(staged_key, sha256 of the bytes) of a regular file rank 0 left in staging/, read through a descriptor
+        opened without following a link; None for anything else, or a file past max_bytes."""
+        import hashlib
+
+        fd = self._subfolder_fd("staging")
+        if fd is None:
+            return None
+        try:
+            file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        with os.fdopen(file_fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+                return None
+            digest, left = hashlib.sha256(), st.st_size
+            while left > 0 and (chunk := fh.read(min(1 << 22, left))):
+                digest.update(chunk)
+                left -= len(chunk)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns), digest.hexdigest()
+
     def take_checkpoint(self, dest: Path) -> bool:
         return self.take_staged("checkpoint.pt", dest) is True
 

@@ -46,7 +46,7 @@ from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.check_phase import JobBeside, accept_check, check_then_say
 from harness.launcher.run.phases import run_preflight
 from harness.tracks.precision import resolve_precision
-from harness.launcher.run.takeback import CheckpointTaker, io_failure_outcome
+from harness.launcher.run.takeback import CheckpointTaker, StagedWatch, io_failure_outcome
 from harness.launcher.run.training import JobNamespaceMissing, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
 from harness.launcher.control.workarea import WorkArea, patched_environ, trim_logs
@@ -310,8 +310,10 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
     area = WorkArea(node.snapshot)
     copies.append(area.submission)
     checkpoint = run_dir / "checkpoint.pt"
-    taker = CheckpointTaker(area, checkpoint, int(track.checkpoint_cap_gib * 2**30)) if node.lead and spec is None \
-        else None
+    # The fixed loop's checkpoint is taken the moment rank 0 says it is saved; a script's is watched while it runs
+    cap_bytes = int(track.checkpoint_cap_gib * 2**30)
+    taker = (CheckpointTaker(area, checkpoint, cap_bytes) if spec is None else StagedWatch(area, cap_bytes)) \
+        if node.lead else None
     # Decided from the files, by harness code, never from the check's report (team code wrote it there).
     compiles = mentions_compile(node.snapshot)
 
@@ -368,7 +370,13 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if spec is not None:
             staged = area.staged_changed("checkpoint.pt")
             record.extra["staged_checkpoint_bytes"] = staged[1] if staged else None
-            apply_open_training(record, phase, spec, track.startup_allowance_s, staged[0] if staged else None)
+            saved_s = staged[0] if staged else None
+            if saved_s is not None and taker is not None and taker.changed_unseen():
+                saved_s = None  # its bytes changed after the last change the kernel recorded: up to the job's end
+                record.notes.append("the checkpoint's bytes changed after the last change of the file the kernel "
+                                    "recorded (written through a shared mapping?): the training window runs to the "
+                                    "job's end, not to the save")
+            apply_open_training(record, phase, spec, track.startup_allowance_s, saved_s)
         else:
             apply_training(record, phase)
             if record.extra.get("compile_skipped") is True:  # what the rank saw: it asked to compile, and did not

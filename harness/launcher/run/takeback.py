@@ -108,6 +108,56 @@ def _announced(watch) -> bool:
         and watch.checkpoint_saved_s >= watch.train_end_s
 
 
+class StagedWatch:
+    """The open division's checkpoint, watched while its job runs. A script's window ends at the last change of
+    the file (its ctime, open_run.py open_window); a script that maps the file (shared mmap) can write weights into
+    it after that without moving the ctime. So whenever a version of the file (WorkArea.staged_key) has stood
+    still for a tick, its bytes are hashed on a thread of their own (one at a time); after the job, the file is
+    hashed again: where it is the same version with other bytes, they changed after the last change the kernel
+    recorded, and the window cannot end before the job did (`changed_unseen`). An honest torch.save writes
+    through write(), which moves the ctime every time."""
+
+    def __init__(self, area: WorkArea, max_bytes: int):
+        self.area, self.max_bytes = area, max_bytes
+        self.seen: tuple | None = None  # the version seen at the last tick
+        self.hashed: tuple[tuple, str] | None = None  # (version, sha256) of the last version hashed whole
+        self._thread: threading.Thread | None = None
+
+    def poll(self, watch=None) -> None:
+        key = self.area.staged_key("checkpoint.pt")
+        if key is None or key != self.seen:
+            self.seen = key
+            return
+        if (self.hashed is not None and self.hashed[0] == key) or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._thread = threading.Thread(target=self._hash, args=(key,), name="harness-staged", daemon=True)
+        self._thread.start()
+
+    def _hash(self, key: tuple) -> None:
+        try:
+            found = self.area.staged_digest("checkpoint.pt", self.max_bytes)
+        except OSError:
+            return
+        if found is not None and found[0] == key:  # the same version when opened; its bytes as read
+            self.hashed = found
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def changed_unseen(self) -> bool:
+        """After the job (nothing of it runs): whether the file is a version hashed during the job, with other
+        bytes."""
+        self.wait()
+        if self.hashed is None:
+            return False
+        try:
+            now = self.area.staged_digest("checkpoint.pt", self.max_bytes)
+        except OSError:
+            return False
+        return now is not None and now[0] == self.hashed[0] and now[1] != self.hashed[1]
+
+
 MAX_FAILED_MEASURES = 5  # in a row, a second apart
 
 

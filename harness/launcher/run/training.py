@@ -27,7 +27,7 @@ from harness.launcher.control.job_namespace import JobNamespace, ShmSweep
 from harness.launcher.run.nodes import NodePaths, read_node_reports
 from harness.launcher.run.open_run import build_open_job, open_deadlines
 from harness.launcher.run.phases import PhaseResult, run_training
-from harness.launcher.run.takeback import CheckpointTaker, ScratchCaps
+from harness.launcher.run.takeback import CheckpointTaker, ScratchCaps, StagedWatch
 from harness.launcher.control.watch import AbortFlag, Deadlines
 from harness.launcher.control.workarea import WorkArea
 from harness.ranks.confine import sandbox
@@ -125,7 +125,7 @@ def stale_before_s(record: RunRecord, track: Track) -> float | None:
 
 def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, record: RunRecord,
           area: WorkArea, abort: AbortFlag, reporter, spec: OpenSpec | None = None,
-          taker: CheckpointTaker | None = None, heartbeat: NodeHeartbeat | None = None,
+          taker: CheckpointTaker | StagedWatch | None = None, heartbeat: NodeHeartbeat | None = None,
           compiles: bool = False, gate=None) -> PhaseResult:
     """The ranks (the fixed loop, or an open-division script), in their private folder, with the
     track's finished records guarded meanwhile, and rank 0's checkpoint taken the moment it is saved."""
