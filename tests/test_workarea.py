@@ -166,13 +166,24 @@ def test_a_private_folder_that_cannot_be_a_tmpfs_stays_on_disk_and_the_record_sa
             assert not (area.logs / "rank0.log").exists()  # on no disk
             free = area.free_bytes()
             assert free is not None and free <= 1 << 24
+            dest = tmp_path / "record_logs"
+            area.link_logs(dest, ["rank0.log"], ["launcher.log"])
+            (area.own / "launcher.log").write_text("agent\n")  # the launcher's own, beside the ranks' folder
+            assert (dest / "rank0.log").read_text() == "step 1\n" and (dest / "launcher.log").read_text() == "agent\n"
+            (area.live(area.staging)).rmdir()  # the ranks took their staging folder away: nothing was saved
+            assert area.take_staged("checkpoint.pt", tmp_path / "taken.pt") is None
         finally:
             holder.close()
-        dest = tmp_path / "record_logs"
-        area.collect_logs(dest, names=["rank0.log"])  # after the holder is gone, through the area's descriptor
-        assert (dest / "rank0.log").read_text() == "step 1\n"
+        # after the holder is gone, through the area's descriptor
+        assert area.log_tail("rank0.log") == "step 1\n"
+        area.collect_logs(dest)
+        assert not (dest / "rank0.log").is_symlink() and (dest / "rank0.log").read_text() == "step 1\n"
+        assert not (dest / "launcher.log").is_symlink() and (dest / "launcher.log").read_text() == "agent\n"
+        area.release_job_folder()  # before evaluation: the job's memory back; later takes find the empty folder
+        assert area.live_dir == area.dir and area.free_bytes() > 1 << 24 and area.log_tail("rank0.log") == ""
     finally:
         assert area.cleanup()
+    assert not area.own.exists()
 
     monkeypatch.setattr(JobNamespace, "_open_folder", lambda self, writable: "not reachable (the test's)")
     area = WorkArea(snapshot)

@@ -106,9 +106,13 @@ class JobNamespace:
             fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             return f"the job's private folder could not be reached through its holder: {exc.strerror}"
-        if os.fstat(fd).st_dev == os.stat(writable).st_dev:  # the launcher's own folder: no tmpfs over it
+        try:
+            same = os.fstat(fd).st_dev == os.stat(writable).st_dev  # the launcher's own folder: no tmpfs over it
+        except OSError as exc:
+            same = exc
+        if same is not False:
             os.close(fd)
-            return "the job's private folder is not the tmpfs its holder mounted"
+            return f"the job's private folder is not the tmpfs its holder mounted{'' if same is True else f' ({same})'}"
         self.folder_fd, self.live_dir = fd, live
         return "ready"
 
@@ -213,7 +217,7 @@ SCRATCH_INODES = MAX_ENTRIES + 1  # the private folder's files and folders, and 
 def copy_launcher_tree(src_fd: int, dest: str) -> None:
     """What the launcher put in the private folder (open as src_fd, beneath the tmpfs now mounted on dest), copied
     into the tmpfs: folders, regular files and links (the open division's data links), modes kept. Before any rank
-    exists: everything here is the harness's (the submission's copy holds regular files only)."""
+    exists: everything here is the harness's (the submission's copy holds regular files only). Times are not kept."""
     pending = [("", src_fd)]
     while pending:
         rel, fd = pending.pop()
@@ -222,7 +226,8 @@ def copy_launcher_tree(src_fd: int, dest: str) -> None:
                 st = entry.stat(follow_symlinks=False)
                 target = os.path.join(dest, rel, entry.name)
                 if stat.S_ISDIR(st.st_mode):
-                    os.mkdir(target, stat.S_IMODE(st.st_mode))
+                    os.mkdir(target)
+                    os.chmod(target, stat.S_IMODE(st.st_mode))  # as it was, whatever the umask
                     pending.append((os.path.join(rel, entry.name),
                                     os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)))
                 elif stat.S_ISLNK(st.st_mode):
@@ -232,6 +237,9 @@ def copy_launcher_tree(src_fd: int, dest: str) -> None:
                             open(target, "xb") as out:
                         shutil.copyfileobj(inp, out, 1 << 20)
                     os.chmod(target, stat.S_IMODE(st.st_mode))
+                else:  # the launcher makes folders, files and links only: anything else is no copy of its folder
+                    raise ScratchRefused(errno.EINVAL, f"{os.path.join(rel, entry.name)} is neither a folder, a file "
+                                                       "nor a link")
         finally:
             os.close(fd)
 

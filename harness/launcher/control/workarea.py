@@ -128,20 +128,25 @@ def trim_logs(folder: Path, budget_bytes: int) -> list[str]:
     return cut
 
 
-def read_tail(path: str | Path, max_bytes: int = 64 << 10) -> str:
+def read_tail(path: str | Path, max_bytes: int = 64 << 10, dir_fd: int | None = None) -> str:
     """The last `max_bytes` of a log team code could have written: its folder and the file are opened
-    without following a link, only a regular file is read, and never more than that; "" otherwise."""
+    without following a link, only a regular file is read, and never more than that; "" otherwise. With
+    dir_fd, `path` is a name in the folder open as dir_fd."""
     path = Path(path)
+    if dir_fd is None:
+        try:
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return ""
+    else:
+        folder = dir_fd
     try:
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return ""
-    try:
-        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:
         return ""
     finally:
-        os.close(dir_fd)
+        if dir_fd is None:
+            os.close(folder)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -232,6 +237,10 @@ class WorkArea:
         self.logs = self.dir / "logs"
         self.staging = self.dir / "staging"
         self.named_logs: list[str] = []  # the logs the record takes (link_logs)
+        self.own_logs: list[str] = []  # the launcher's own, in self.own
+        # The launcher's own logs (torch elastic's agent): on the scratch root's local disk, beside the ranks' folder
+        # and never in it (a rank could append to a log the record says is the harness's)
+        self.own = scratch.private_folder("harness-launcher-")
         shutil.copytree(snapshot, self.submission)
         self.logs.mkdir()
         self.staging.mkdir()
@@ -269,15 +278,15 @@ class WorkArea:
         return sandbox.build_policy(submission_dir=str(self.submission), private_dir=str(self.dir),
                                     read_files=train_files, gpu=gpu, training=True, protected=protected)
 
-    def link_logs(self, dest: Path, names: list[str]) -> None:
-        """Live logs in the record while the job runs: links into the private folder (the ranks see no path). These
-        are the logs the record takes after the job (collect_logs)."""
-        self.named_logs = list(names)
+    def link_logs(self, dest: Path, names: list[str], own: list[str] = ()) -> None:
+        """Live logs in the record while the job runs: links into the private folder (the ranks see no path), and
+        to the launcher's `own` logs in self.own. These are the logs the record takes after the job (collect_logs)."""
+        self.named_logs, self.own_logs = list(names), list(own)
         dest.mkdir(parents=True, exist_ok=True)
-        for name in names:
+        for name, target in [*((n, self.live(self.logs / n)) for n in names), *((n, self.own / n) for n in own)]:
             link = dest / name
             if not link.exists() and not link.is_symlink():
-                link.symlink_to(self.live(self.logs / name))
+                link.symlink_to(target)
 
     def same_disk(self, path: Path) -> bool:
         """Whether `path` (a folder of the records) is on the file system the ranks' private folder is on: a disk
@@ -296,19 +305,38 @@ class WorkArea:
     def usage(self, max_entries: int | None = None) -> tuple[int, int, int]:
         """(bytes of the logs, bytes the whole private folder holds on disk, its entries): what the track's
         caps bound. On a file system of the job's own (enter_job_folder), the file system's own count of its blocks
-        and files, where it is more than the walk finds: files without a name (O_TMPFILE, deleted but open) too."""
+        and files: files without a name (O_TMPFILE, deleted but open) too, and a file of several names once."""
         logs = self._subfolder_fd("logs")
         try:
             log_bytes = tree_usage(logs)[0] if logs is not None else 0
         finally:
             if logs is not None:
                 os.close(logs)
-        _, disk, entries = tree_usage(self._dir_fd, max_entries)
-        if self.live_dir != self.dir:  # a file system of the job's own: what it holds, named or not, is its count
+        if self.live_dir != self.dir:  # a file system of the job's own: what it holds, named or not (a hard link once)
             st = os.fstatvfs(self._dir_fd)
-            disk = max(disk, (st.f_blocks - st.f_bfree) * st.f_frsize)
-            entries = max(entries, st.f_files - st.f_ffree - 1)  # its root is no entry
+            return log_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_files - st.f_ffree - 1  # the root: no entry
+        _, disk, entries = tree_usage(self._dir_fd, max_entries)
         return log_bytes, disk, entries
+
+    def log_tail(self, name: str, max_bytes: int = 64 << 10) -> str:
+        """The end of a log the ranks wrote at the top of logs/, read through this area's descriptor (read_tail's
+        rules: no link followed, a regular file only)."""
+        logs = self._subfolder_fd("logs")
+        if logs is None:
+            return ""
+        try:
+            return read_tail(name, max_bytes, dir_fd=logs)
+        finally:
+            os.close(logs)
+
+    def release_job_folder(self) -> None:
+        """Let the job's file system go (its pages are memory, up to scratch_cap_gib) once the logs and the checkpoint
+        are taken: before evaluation, or another node's part of it, runs beside it. What is taken after this finds
+        the launcher's empty folder."""
+        if self.live_dir != self.dir:
+            os.close(self._dir_fd)
+            self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            self.live_dir = self.dir
 
     def free_bytes(self) -> int | None:
         """What the ranks' folder's file system has left for them; None where it cannot be read."""
@@ -319,9 +347,8 @@ class WorkArea:
         return st.f_bavail * st.f_frsize
 
     def collect_logs(self, dest: Path, budget_bytes: int | None = None, names: list[str] | None = None) -> list[str]:
-        """The logs the harness names (`names`, else those given to link_logs: the node's ranks' and its launcher's),
-        at the top of logs/, become plain files
-        of the record, within one budget for all of them (links replaced by copies). Only regular files are
+        """The logs the harness names (`names`, else those given to link_logs: the node's ranks', at the top of logs/,
+        and the launcher's own, in self.own) become plain files of the record, within one budget for all of them (links replaced by copies). Only regular files are
         copied, reached without following any link: the ranks wrote this folder, and a link they left (a file, or
         the logs folder itself) could otherwise make the launcher copy any file it can read (the validation
         shards) into the record. Nothing else the ranks left there is taken, and nothing is walked: a run's
@@ -347,13 +374,23 @@ class WorkArea:
                 pass  # the folder changed under the copy: what was copied stays
             finally:
                 os.close(logs)
+        if self.own_logs:  # the launcher's own: harness-written, each cut at the same budget
+            own = os.open(self.own, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                for name in self.own_logs:
+                    target = dest / name
+                    if target.is_symlink():
+                        target.unlink()
+                    copy_regular_file(name, target, own, budget_bytes)
+            finally:
+                os.close(own)
         for link in dest.iterdir():  # a link whose file was never written (a rank that never started)
             try:
                 where = os.readlink(link)
             except OSError:  # not a link, or gone: nodes on one machine share this folder, and another
                 continue     # node's launcher may be replacing its own links with copies right now
             target = Path(os.path.abspath(os.path.join(link.parent, where)))
-            if target.is_relative_to(self.dir) or target.is_relative_to(self.live_dir):
+            if any(target.is_relative_to(mine) for mine in (self.dir, self.live_dir, self.own)):
                 try:
                     link.unlink()
                 except FileNotFoundError:
@@ -366,7 +403,11 @@ class WorkArea:
         size (an int, nothing copied) when it is larger than max_bytes."""
         fd = self._subfolder_fd("staging")
         if fd is None:
-            return False if os.path.lexists(self.staging) else None
+            try:  # in the folder the ranks wrote (a file system of the job's own may hide one of that name)
+                os.stat("staging", dir_fd=self._dir_fd, follow_symlinks=False)
+            except OSError:
+                return None
+            return False
         try:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -449,4 +490,5 @@ class WorkArea:
             os.close(self._dir_fd)
         except OSError:
             pass
+        shutil.rmtree(self.own, ignore_errors=True)  # the launcher's own logs: no team code wrote there
         return scratch.remove_tree(self.dir)

@@ -219,10 +219,14 @@ def namespaces_check(track: Track, proc_sys: str) -> Check:
         return Check(name="namespaces", status="skipped", measured=f"track {track.name} turns the sandbox off")
     from harness.launcher.control.job_namespace import JobNamespace
 
-    import tempfile
+    from harness.ranks.confine.scratch import private_folder
 
     what, fix = userns_restriction_parts(proc_sys)
-    folder = tempfile.mkdtemp(prefix="harness-doctor-")  # as a job's private folder: a tmpfs over it, 1 MiB
+    try:  # as a job's private folder, in the scratch root jobs use: a tmpfs over it, 1 MiB
+        folder = str(private_folder("harness-doctor-"))
+    except OSError as exc:
+        return Check(name="namespaces", status="fail", measured=f"no private folder in the scratch root: {exc}",
+                     fix="set HARNESS_SCRATCH_DIR to a writable folder on a local disk (docs/organizer.md)")
     try:
         holder = JobNamespace(writable=folder, scratch_bytes=1 << 20)
         scratch_refused = holder.scratch_refused

@@ -273,7 +273,7 @@ class PhaseResult:
 
 
 def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlines: Deadlines, abort: AbortFlag,
-             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_log: Callable[[int], Path],
+             done_kind: str, on_tick: Callable[[WatchResult], None] | None, rank_tail: Callable[[int], str],
              on_exit: Callable[[], None] | None = None, gate=None) -> PhaseResult:
     job = ElasticJob(launch, log_path)
     try:
@@ -301,7 +301,7 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         # through the process group, this node's ran harness code only, so what they said of the kill is not the run's
         outcome = Outcome(*result.ended_by, traceback=result.ended_traceback, cause="kill")
     if outcome.cause == "death" and outcome.failing_rank in local:  # what its logs say, not only that it died
-        line = last_error_line(read_tail(rank_log(outcome.failing_rank)),
+        line = last_error_line(rank_tail(outcome.failing_rank),
                                job.early_output.get(outcome.failing_rank - local[0], ""))
         if line:
             outcome.reason += f"; its log ends: {printable(line, 300)}"
@@ -319,14 +319,15 @@ def local_ranks(launch: LaunchSpec) -> list[int]:
 
 def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log_path: Path, abort: AbortFlag,
                  reporter=None, poll: Callable[[WatchResult], None] | None = None,
-                 on_exit: Callable[[], None] | None = None, gate=None, logs_at: Path | None = None) -> PhaseResult:
+                 on_exit: Callable[[], None] | None = None, gate=None,
+                 rank_tail: Callable[[int], str] | None = None) -> PhaseResult:
     """Train; `poll` is called on every tick of the watchdog with what it has seen (the record guard's
     refresh, taking the checkpoint when rank 0 says it is saved); `on_exit` once the watch is over, before
     the job is closed. `gate` (harness/launcher/control/gate.py): the ranks start while their submission is
-    checked, and wait for its word. `logs_at`: where this process reaches the ranks' logs folder (job.log_dir is the
-    ranks' name for it, which may be a file system of the job's own: workarea.py enter_job_folder)."""
+    checked, and wait for its word. `rank_tail`: the end of a rank's log, as this process reads it (job.log_dir is
+    the ranks' name for their folder, which may be a file system of the job's own: workarea.py enter_job_folder)."""
     reporter = reporter or NullReporter()
-    logs_at = Path(logs_at or job.log_dir)
+    rank_tail = rank_tail or (lambda rank: read_tail(Path(job.log_dir) / f"rank{rank}.log"))
     channel = ChannelServer(expected_ranks=local_ranks(launch))
     job.channel_path = channel.path
     job.gated = gate is not None
@@ -367,7 +368,7 @@ def run_training(job: TrainJob, launch: LaunchSpec, *, deadlines: Deadlines, log
 
     try:
         return _run_job(launch, channel, log_path, deadlines, abort, "result", on_tick,
-                        lambda rank: logs_at / f"rank{rank}.log", on_exit, gate)
+                        rank_tail, on_exit, gate)
     finally:
         reporter.end_progress()
         channel.close()
@@ -395,7 +396,7 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
 
     try:
         return _run_job(launch, channel, log_path, Deadlines(startup_timeout_s=timeout_s, total_s=timeout_s),
-                        abort, "eval_result", on_tick, lambda rank: Path(job.log_dir) / f"eval-rank{rank}.log")
+                        abort, "eval_result", on_tick, lambda rank: read_tail(Path(job.log_dir) / f"eval-rank{rank}.log"))
     finally:
         reporter.end_progress()
         channel.close()

@@ -419,6 +419,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if taker is not None:
             taker.wait()  # a copy started on rank 0's report has ended before anything reads or removes it
         if record.status != "ok" or not node.lead:
+            area.release_job_folder()  # the logs are taken, and this node takes no checkpoint: its memory back
             if record.status != "ok":  # taken when rank 0 saved it, but nothing is scored: the record holds no weights
                 checkpoint.unlink(missing_ok=True)
             elif track.nnodes > 1:

@@ -152,6 +152,7 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     guard = RecordGuard(runs_root(opts.runs_dir), track.name, node.run_dir, leaderboard_dir) if node.lead else None
     ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
     caps = ScratchCaps(area, track)
+    launcher_log = node.log("launcher.log").name
 
     early = EarlyEnd(node, track.nnodes, stale_before_s=stale_before_s(record, track)) if track.nnodes > 1 else None
 
@@ -184,14 +185,14 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
             if namespace is not None:  # said now, and again in the summary's warnings (assemble.weakened_sandbox)
                 reporter.info(f"WARNING: the sandbox is weakened to Landlock alone: {namespace.why}")
         # Live logs in the record: links to where this process reaches the ranks' folder (a tmpfs of the job's: its
-        # holder's root). The launcher's own log is the record's file, never in a folder the ranks write.
-        area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks])
+        # holder's root), and to the launcher's own log, kept in a folder of its own that no rank writes.
+        area.link_logs(node.run_dir / "logs", [f"rank{r}.log" for r in ranks], [launcher_log])
         # The ranks' environment is the agent's patch (elastic.py: only what team code may see, no HARNESS_*
         # variable); this process's own is never changed here (the check may read it meanwhile: check_phase.py).
         with guard or contextlib.nullcontext(), caps:
             phase = run_training(job, launch, deadlines=deadlines,
-                                 log_path=node.log("launcher.log"), abort=abort, reporter=reporter,
-                                 logs_at=area.live(area.logs),
+                                 log_path=area.own / launcher_log, abort=abort, reporter=reporter,
+                                 rank_tail=lambda rank: area.log_tail(f"rank{rank}.log"),
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None,
                                  gate=gate)
             report = guard.check_and_restore() if guard else GuardReport()
@@ -230,7 +231,7 @@ def job_namespace(track: Track, area: WorkArea, scratch_bytes: int, record: RunR
         if namespace.active:
             record.warnings.append(f"the ranks' private folder is on the launcher's disk, not a file system of the "
                                    f"job's own ({refused}): files without a name there are not under the track's "
-                                   "scratch_cap_gib (docs/rules.md, \"Disk\")")
+                                   "scratch_cap_gib (docs/rules.md, \"Logs and disk\")")
     if namespace.folder_fd is not None:
         area.enter_job_folder(namespace.folder_fd, namespace.live_dir)
         namespace.folder_fd = None  # the area's now: closed at its cleanup
