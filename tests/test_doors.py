@@ -5,6 +5,7 @@ tests/fixtures/ through the real CLI and asserts that it is caught or gains noth
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -482,18 +483,56 @@ def test_a_disk_filled_while_the_launcher_copies_the_checkpoint_is_never_a_free_
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_a_run_that_fills_its_private_folder_is_ended(cli, tmp_path):
-    """fills_scratch writes 64 MiB a forward into its working folder, a file system of the job's own of the track's
-    scratch cap (0.25 GiB on tiny): the write past it fails, the rank dies of it, and the reason says first which
-    cap it met. (Where the folder is on the launcher's disk, a walk of it ends the job past the cap, `invalid`:
-    tests/test_launcher_reasons.py.)"""
-    result = cli("run", str(FIXTURES / "fills_scratch"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
+@pytest.mark.parametrize("sandbox", ["on", "off"])
+def test_a_run_that_fills_its_private_folder_is_ended(cli, tmp_path, sandbox):
+    """fills_scratch writes 64 MiB a forward into its working folder. With the sandbox, that folder is a file system
+    of the job's own of the track's scratch cap (0.25 GiB on tiny): the write past it fails, the rank dies of it, and
+    the reason says first which cap it met. Without it (sandbox "off": the folder on the launcher's disk), the caps'
+    walk ends the job past the cap, `invalid`."""
+    track = one_rank(tmp_path, grace_s=20.0)
+    if sandbox == "off":
+        track.write_text(track.read_text().replace('name = "tiny"\n', 'name = "tiny"\nsandbox = "off"\n', 1))
+    result = cli("run", str(FIXTURES / "fills_scratch"), "--track", str(track), timeout=180)
     assert result.code == 1
     _, record = _record(tmp_path / "runs", "fills_scratch")
+    if sandbox == "off":
+        assert record["status"] == "invalid", record["reason"]
+        assert record["reason"] == "the ranks' private folder holds more than 0.25 GiB (the track's scratch_cap_gib)"
+        return
     assert record["status"] == "crashed", record["reason"]
     assert record["reason"].startswith("the ranks' private folder is full (the private folder and /dev/shm are each a "
                                        "file system of the track's scratch_cap_gib, 0.25 GiB): rank 0: "), record["reason"]
     assert "No space left on device" in record["reason"]
+
+
+def test_a_submission_of_too_many_files_or_too_many_bytes_for_the_folder_is_refused_before_any_rank(cli, tmp_path):
+    """The red team's: a submission of 450,000 empty files slowed the copy into the ranks' tmpfs past its holder's
+    ready time (no namespace for the job), and 67,000 small files broke the folder's cap with the copy alone. A
+    submission holds at most 10,000 files and folders, and what its copy takes is measured against the track's
+    scratch cap before any rank starts: both `invalid`, with the fix."""
+    many = tmp_path / "many"
+    shutil.copytree(FIXTURES / "ok_bigram", many)
+    (many / "empty").mkdir()
+    for i in range(10_001):
+        (many / "empty" / f"{i}").touch()
+    result = cli("run", str(many), "--track", str(quick_track(tmp_path)))
+    assert result.code == 1
+    _, record = _record(tmp_path / "runs", "many")
+    assert record["status"] == "invalid" and "past the 10,000th file or folder" in record["reason"], record["reason"]
+    assert "keep at most 10,000 files and folders in the submission" in record["reason"]
+
+    large = tmp_path / "large"
+    shutil.copytree(FIXTURES / "ok_bigram", large)
+    (large / "notes.txt").write_bytes(os.urandom(40 << 20))
+    (tmp_path / "small").mkdir()
+    result = cli("run", str(large), "--track", str(quick_track(tmp_path / "small", scratch_cap_gib=0.03)))
+    assert result.code == 1
+    _, record = _record(tmp_path / "runs", "large")
+    assert record["status"] == "invalid", record["reason"]
+    assert record["reason"].startswith("the submission's files take 40.0 MiB in the ranks' folder, more than the "
+                                       "track's scratch_cap_gib (0.03 GiB): keep code and small config files"), \
+        record["reason"]
+    assert record["val_loss"] is None and not record["sandbox"].get("training")
 
 
 def test_a_model_process_that_floods_its_log_dies_at_the_cap(cli, tmp_path):

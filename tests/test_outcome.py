@@ -112,3 +112,22 @@ def test_an_nccl_error_without_a_gpu_is_the_teams_line_not_a_collective_failure(
                                                                              else "exception")
         assert report["cause"] == cause, (gpu, call, report)
         assert report["reason"].startswith(f"{script}:") == (cause == "exception"), report["reason"]
+
+
+def test_a_rank_started_after_the_launcher_ended_the_job_before_team_code_never_turns_the_kill_around():
+    """The red team's race: the launcher ended a job while torch elastic's agent was still in its rendezvous (a cap
+    broken by the submission's own copy); the agent then started a rank anyway, which found its job's cgroup gone
+    and said so. That came after the kill and before any team code: the kill's status stands, never `crashed` (which
+    the runner turns `aborted` for a rank that could not join its cgroup: a free re-run)."""
+    late = msg("error", 5.0, rank=0, status="crashed", reason="this process could not join its job's cgroup",
+               cause="sandbox")
+    o = decide([late], world=1, kill_status="invalid", kill_reason="the ranks' private folder holds more",
+               kill_at_s=4.0, started=False)
+    assert (o.status, o.reason) == ("invalid", "the ranks' private folder holds more")
+    # Once a rank got through the process group, its own error still explains the run, as before
+    o = decide([late], world=1, kill_status="invalid", kill_reason="cap", kill_at_s=4.0, started=True)
+    assert o.status == "crashed" and "could not join" in o.reason
+    # And an error said before the kill is the rank's own
+    early = msg("error", 3.0, rank=0, status="crashed", reason="boom", cause="exception")
+    assert decide([early], world=1, kill_status="invalid", kill_reason="cap", kill_at_s=4.0, started=False).reason \
+        == "rank 0: boom"

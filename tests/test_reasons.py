@@ -31,7 +31,7 @@ REASON_ARGS = {
 # Exceptions whose message is a rank's reason ("rank N: ...") or the run's own (str(exc)): their constructor's
 # first argument and, inside the class, what it passes to super().__init__.
 REASON_EXCEPTIONS = {"Diverged", "NodesDisagree", "SandboxMissing", "ScriptExit", "CheckpointError",
-                     "JobNamespaceMissing"}
+                     "JobNamespaceMissing", "ScratchTooSmall"}
 # Attributes that hold a reason on its way to the record (`record.reason`, the watchdog's kill reason, a broken
 # cap, an infrastructure failure seen by a tick) and the keys of the dicts that carry one (a rank's error report,
 # a check's problem; a builder's dict says it under "error" too: the open division's checkpoint reader).
@@ -44,7 +44,7 @@ BUILDERS = {
     "harness/launcher/run/assemble.py": {"check_window"},
     "harness/launcher/run/evaluation.py": {"describe_noncausal", "describe_inconclusive"},
     "harness/launcher/run/takeback.py": {"cap_reason", "measure"},
-    "harness/launcher/run/training.py": {"why"},  # EarlyEnd: a node that ended its run before training
+    "harness/launcher/run/training.py": {"why", "scratch_full_reason"},  # EarlyEnd's; a crash for want of room
     "harness/launcher/run/open_run.py": {"explain_silence", "normalize_in_own_process"},
     "harness/ranks/confine/scratch.py": {"short_of_space"},
     "harness/ranks/models/causality.py": {"describe"},  # the check's causality probe: a contract problem

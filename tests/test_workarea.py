@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from harness.launcher.control.workarea import WorkArea
 
 
@@ -196,5 +198,15 @@ def test_a_private_folder_that_cannot_be_a_tmpfs_stays_on_disk_and_the_record_sa
             assert "not reachable (the test's)" in record.warnings[0]
         finally:
             holder.close()
+    finally:
+        assert area.cleanup()
+
+    from harness.launcher.run.training import JobNamespaceMissing
+
+    area = WorkArea(snapshot)  # a track that requires the sandbox: the machine's, and no team code runs
+    try:
+        with pytest.raises(JobNamespaceMissing, match=r"the ranks' private folder cannot be a file system of the "
+                                                      r"job's own \(not reachable \(the test's\)\)"):
+            job_namespace(SimpleNamespace(sandbox="required"), area, 1 << 24, record)
     finally:
         assert area.cleanup()

@@ -30,6 +30,10 @@ from typing import Iterator
 IGNORED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"}
 IGNORED_SUFFIXES = (".pyc",)
 MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
+# Files and folders in a submission: every run copies them into the ranks' folder (a tmpfs of the track's scratch
+# cap) before any rank starts, and into its record; a team's hundreds of thousands of empty files slowed that copy
+# past its holder's ready time (no namespace for the job) and broke the folder's cap with the copy alone.
+MAX_SUBMISSION_ENTRIES = 10_000
 CHUNK = 1 << 20
 
 
@@ -74,7 +78,8 @@ class Entry:
 
 def walk(folder: str | Path) -> Iterator[Entry]:
     """Every regular file of the folder, in sorted order, without following any link; raises
-    UnsafeEntry at the first entry that is not a regular file or a folder."""
+    UnsafeEntry at the first entry that is not a regular file or a folder, or past MAX_SUBMISSION_ENTRIES."""
+    entries = 0
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(folder, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, folder)
         prefix = "" if rel_dir == "." else rel_dir + "/"
@@ -82,6 +87,12 @@ def walk(folder: str | Path) -> Iterator[Entry]:
         for name in [*dirnames, *sorted(filenames)]:
             if name.endswith(IGNORED_SUFFIXES) and name not in dirnames:
                 continue
+            entries += 1
+            if entries > MAX_SUBMISSION_ENTRIES:
+                raise UnsafeEntry(prefix + name, f"past the {MAX_SUBMISSION_ENTRIES:,}th file or folder",
+                                  f"keep at most {MAX_SUBMISSION_ENTRIES:,} files and folders in the submission "
+                                  "(code and small config files)",
+                                  why="every run copies the submission into the ranks' folder and its record.")
             if len((prefix + name).encode(errors="surrogateescape")) > MAX_REL_PATH_BYTES:
                 # Whether a copy fits PATH_MAX would depend on where it is copied: a node's copy lies deeper than
                 # node 0's, so one node would refuse what another accepts. Refused wherever it is read.

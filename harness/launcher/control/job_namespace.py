@@ -216,30 +216,32 @@ SCRATCH_INODES = MAX_ENTRIES + 1  # the private folder's files and folders, and 
 
 def copy_launcher_tree(src_fd: int, dest: str) -> None:
     """What the launcher put in the private folder (open as src_fd, beneath the tmpfs now mounted on dest), copied
-    into the tmpfs: folders, regular files and links (the open division's data links), modes kept. Before any rank
-    exists: everything here is the harness's (the submission's copy holds regular files only). Times are not kept."""
-    pending = [("", src_fd)]
+    into the tmpfs: folders, regular files and links (the open division's data links), modes kept, times not. Before
+    any rank exists: everything here is the harness's (the submission's copy holds regular files only, at most
+    files.MAX_SUBMISSION_ENTRIES). One folder open at a time, however wide or deep the tree."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    pending = [""]
     while pending:
-        rel, fd = pending.pop()
+        rel = pending.pop()
+        fd = os.open(rel or ".", flags, dir_fd=src_fd)
         try:
-            for entry in os.scandir(fd):
-                st = entry.stat(follow_symlinks=False)
-                target = os.path.join(dest, rel, entry.name)
+            with os.scandir(fd) as it:
+                found = [(e.name, e.stat(follow_symlinks=False)) for e in it]
+            for name, st in found:
+                inner, target = os.path.join(rel, name), os.path.join(dest, rel, name)
                 if stat.S_ISDIR(st.st_mode):
                     os.mkdir(target)
                     os.chmod(target, stat.S_IMODE(st.st_mode))  # as it was, whatever the umask
-                    pending.append((os.path.join(rel, entry.name),
-                                    os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)))
+                    pending.append(inner)
                 elif stat.S_ISLNK(st.st_mode):
-                    os.symlink(os.readlink(entry.name, dir_fd=fd), target)
+                    os.symlink(os.readlink(name, dir_fd=fd), target)
                 elif stat.S_ISREG(st.st_mode):
-                    with os.fdopen(os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as inp, \
+                    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), "rb") as inp, \
                             open(target, "xb") as out:
                         shutil.copyfileobj(inp, out, 1 << 20)
                     os.chmod(target, stat.S_IMODE(st.st_mode))
                 else:  # the launcher makes folders, files and links only: anything else is no copy of its folder
-                    raise ScratchRefused(errno.EINVAL, f"{os.path.join(rel, entry.name)} is neither a folder, a file "
-                                                       "nor a link")
+                    raise ScratchRefused(errno.EINVAL, f"{inner} is neither a folder, a file nor a link")
         finally:
             os.close(fd)
 
@@ -269,7 +271,10 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
             below = os.open(writable, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # before the tmpfs hides it
             libc.mount("tmpfs", writable, "tmpfs", MS_NOSUID | MS_NODEV, f"a tmpfs on {writable}",
                        f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES}")
-            copy_launcher_tree(below, writable)
+            try:
+                copy_launcher_tree(below, writable)
+            finally:
+                os.close(below)
         except (OSError, Refused) as exc:
             raise ScratchRefused(errno.EPERM, str(getattr(exc, "strerror", None) or exc)) from exc
     elif writable:  # its own mount, so that it can stay writable under a read-only root

@@ -338,6 +338,17 @@ class WorkArea:
             self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             self.live_dir = self.dir
 
+    def page_bytes(self) -> int:
+        """What the launcher's own tree in the folder (the submission's copy, the open division's data links; before
+        any rank exists) takes in a tmpfs: every file and link in whole pages, whatever a disk's blocks say (a file
+        of a few bytes may take no block on btrfs, and a page of memory there)."""
+        page, total = os.sysconf("SC_PAGE_SIZE"), 0
+        for folder, dirs, files in os.walk(self.dir, followlinks=False):
+            for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+                st = os.lstat(os.path.join(folder, name))
+                total += page if stat.S_ISLNK(st.st_mode) else -(-st.st_size // page) * page
+        return total
+
     def free_bytes(self) -> int | None:
         """What the ranks' folder's file system has left for them; None where it cannot be read."""
         try:

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from harness.launcher.control.gate import StartGate
-from harness.launcher.run.training import JobNamespaceMissing
+from harness.launcher.run.training import RunRefused
 from harness.launcher.run.assemble import flag_run, set_outcome, team_count, team_number
 from harness.submission.contract import relative_paths
 from harness.submission.portability import split_screen, warning_lines as portability_warnings
@@ -141,8 +141,8 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
             phase = None
             try:
                 phase = beside.result()
-            except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
-                set_outcome(record, "aborted", str(exc))
+            except RunRefused as exc:  # before any rank: the machine lacks what the track requires, or the files
+                set_outcome(record, exc.status, str(exc))
                 return False, None
             except BaseException:  # noqa: BLE001  (started again below, where what failed fails again and is recorded)
                 pass

@@ -55,8 +55,14 @@ def classify(
     kill_status: str | None,
     kill_reason: str,
     local_ranks: list[int] | None = None,
+    kill_at_s: float | None = None,  # when the launcher ended the job (its monotonic clock, as received_s)
+    started: bool = True,  # whether any rank got through the process group (the team's start-up began)
 ) -> Outcome:
     errors = [m for m in messages if m.kind == "error"]
+    if kill_status and kill_at_s is not None and not started:
+        # Ended before any rank got past the harness's start-up: no team code ran, and what a rank says after the kill
+        # (the agent may still start one, which then finds its job's cgroup gone) is the kill's echo.
+        errors = [m for m in errors if m.received_s <= kill_at_s]
     if kill_status == "aborted":
         return Outcome("aborted", kill_reason)
 

@@ -47,7 +47,7 @@ from harness.launcher.run.check_phase import JobBeside, accept_check, check_then
 from harness.launcher.run.phases import run_preflight
 from harness.tracks.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, StagedWatch, io_failure_outcome
-from harness.launcher.run.training import JobNamespaceMissing, protected_paths, train
+from harness.launcher.run.training import RunRefused, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
 from harness.launcher.control.workarea import WorkArea, patched_environ, trim_logs
 from harness.ranks.checkpoint import file_sha256
@@ -363,8 +363,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             return
         try:
             phase = beside.result() if beside is not None else start_training()
-        except JobNamespaceMissing as exc:  # the machine lacks what the track requires: said before team code ran
-            set_outcome(record, "aborted", str(exc))
+        except RunRefused as exc:  # before any rank: the machine lacks what the track requires, or the files are too many
+            set_outcome(record, exc.status, str(exc))
             return
         metrics.extend(metrics_rows(phase))
         if spec is not None:
@@ -403,7 +403,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if o.status == "crashed" and not remote and record.extra.get("job_namespace", {}).get("active") and joined is False:
             record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
         held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
-        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False:
+        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False \
+                and not phase.watch.kill_status:  # a rank the agent started after the launcher ended the job
             record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
         record.extra["cause"] = o.cause
         late = check_window(record, track) if record.status == "ok" else ""

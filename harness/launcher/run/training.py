@@ -39,12 +39,24 @@ from harness.submission.printable import printable
 from harness.tracks.spec import Track
 
 
-class JobNamespaceMissing(RuntimeError):
-    """The track requires the sandbox, and the host refuses the training ranks' namespace."""
+class RunRefused(RuntimeError):
+    """Training does not start, before any rank exists: the run's `status`, and why (the message)."""
+
+    status = "aborted"
+
+
+class JobNamespaceMissing(RunRefused):
+    """The track requires the sandbox, and the host refuses the training ranks' namespace (or its private tmpfs)."""
 
     def __init__(self, why: str):
         super().__init__(f"the track requires the sandbox, and the training ranks cannot have a namespace of "
                          f"their job's own here: {why}; no team code ran")
+
+
+class ScratchTooSmall(RunRefused):
+    """The submission's own copy takes more than the ranks' folder may hold: the team's, never a re-run."""
+
+    status = "invalid"
 
 
 def protected_paths(runs_dir: str | None, data: PreparedData) -> list[str]:
@@ -173,6 +185,14 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
     # A /dev/shm and System V IPC of the job's own (harness/launcher/control/job_namespace.py); without one, what the
     # job leaves in /dev/shm and System V IPC is removed after it.
     namespace, sweep = None, None
+    # What the launcher put there (the submission's copy), measured before any rank exists: past the cap it would
+    # break the folder's size with the copy alone (the job's tmpfs could not hold it; on disk the caps' walk would
+    # end the job at its first look, racing the ranks' start).
+    held = area.page_bytes()
+    if held > caps.scratch_cap:
+        raise ScratchTooSmall(f"the submission's files take {held / 2**20:.1f} MiB in the ranks' folder, more than the "
+                              f"track's scratch_cap_gib ({track.scratch_cap_gib:g} GiB): keep code and small config "
+                              "files in the submission")
     try:
         namespace = job_namespace(track, area, caps.scratch_cap, record)
         record.extra["job_namespace"] = namespace.report() if namespace is not None else {"active": False, "why": "off"}
@@ -221,12 +241,15 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
 def job_namespace(track: Track, area: WorkArea, scratch_bytes: int, record: RunRecord) -> JobNamespace | None:
     """The job's namespaces (job_namespace.py), its private folder a tmpfs of scratch_bytes; where that tmpfs cannot
     be had (a holder refused the mount, or its root cannot be reached), the namespaces without it, the folder on
-    the launcher's disk, and the record says so. None where the track's sandbox is off."""
+    the launcher's disk, and the record says so (a track whose sandbox is "required" refuses the run, the
+    machine's: JobNamespaceMissing). None where the track's sandbox is off."""
     if track.sandbox == "off":
         return None
     namespace = JobNamespace(shm_bytes=scratch_bytes, writable=str(area.dir), scratch_bytes=scratch_bytes)
     if namespace.scratch_refused:
         refused = namespace.scratch_refused
+        if track.sandbox == "required":  # the machine's: the track requires every defence of the sandbox
+            raise JobNamespaceMissing(f"the ranks' private folder cannot be a file system of the job's own ({refused})")
         namespace = JobNamespace(shm_bytes=scratch_bytes, writable=str(area.dir))
         if namespace.active:
             record.warnings.append(f"the ranks' private folder is on the launcher's disk, not a file system of the "
