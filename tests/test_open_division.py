@@ -199,18 +199,22 @@ def test_a_script_that_trains_past_its_budget_and_saves_before_the_hard_limit_is
     assert record["val_loss"] is None
 
 
-def test_weights_written_through_a_mapping_after_the_save_hold_the_window_open_to_the_jobs_end(cli, tmp_path):
+@pytest.mark.parametrize("mode", ["maps_checkpoint", "hides_checkpoint"])
+def test_weights_written_through_a_mapping_after_the_save_hold_the_window_open_to_the_jobs_end(cli, tmp_path, mode):
     """A script that saves on time, then trains 6 s more and writes its weights into the saved file through a
     shared mapping: the file's ctime stays at the save (tmpfs never moves it for such writes), so its window
     ended there and the later weights were scored, `ok`. The launcher hashes each version of the file that
     stands still while the job runs, and again after it: the same version with other bytes holds the window open
-    to the job's end, past the budget: `timeout`."""
+    to the job's end, past the budget: `timeout`. The second red team's variant (hides_checkpoint) renamed its
+    staging folder away while it saved and wrote, and asked for a write lease so that the launcher's reads would
+    fail: the launcher watches the staging folder it held before the ranks started, and leases are refused."""
     track = one_rank(tmp_path, base=ROOMY_TRACK, startup_allowance_s=30.0, checkpoint_allowance_s=1.0,
                      overrun_allowance_s=1.0)
-    result = cli("run", str(open_submission(tmp_path, "maps_checkpoint")), "--track", str(track))
+    result = cli("run", str(open_submission(tmp_path, mode)), "--track", str(track))
     assert result.code == 1, result.text
     run_dir, record = only_record(tmp_path / "runs")
-    assert "MAPPED at " in (run_dir / "logs" / "rank0.log").read_text()
+    said = (run_dir / "logs" / "rank0.log").read_text()
+    assert "MAPPED at " in said and (mode == "maps_checkpoint" or "LEASE refused: Operation not permitted" in said)
     assert record["status"] == "timeout", record["reason"]
     assert any("changed after the last change of the file the kernel recorded" in n for n in record["notes"])
     assert record["window_check"]["launcher_window_s"] > 4.0 + 6.0 - 1.0 and record["val_loss"] is None

@@ -101,24 +101,34 @@ perf = "fd" if fd >= 0 else ctypes.get_errno()
 # bpf(BPF_MAP_CREATE) of an array map of one 4-byte value
 battr = (ctypes.c_uint32 * 8)(2, 4, 4, 1, 0, 0, 0, 0)
 bfd = libc.syscall(321, 0, ctypes.byref(battr), ctypes.sizeof(battr))
-print({"perf_event_open": perf, "bpf": "fd" if bfd >= 0 else ctypes.get_errno()})
+import fcntl, tempfile
+with tempfile.TemporaryFile() as fh:
+    try:
+        fcntl.fcntl(fh.fileno(), 1024, fcntl.F_WRLCK)  # F_SETLEASE
+        lease = "taken"
+    except OSError as exc:
+        lease = exc.errno
+print({"perf_event_open": perf, "bpf": "fd" if bfd >= 0 else ctypes.get_errno(), "lease": lease})
 """
 
 
 def test_calls_that_allocate_kernel_memory_no_cgroup_is_charged_for_are_refused():
     """The red team held 1.2 GiB of perf ring buffers past a 0.5 GiB job memory cap, unseen: the kernel charges
     them to no memory cgroup. perf_event_open and bpf are refused in every sandboxed process (EPERM); without the
-    filter the same perf call reaches the kernel and gives a descriptor (perf_event_paranoid 2 allows one's own)."""
+    filter the same perf call reaches the kernel and gives a descriptor (perf_event_paranoid 2 allows one's own).
+    A lease on a file (fcntl F_SETLEASE) is refused too: the second red team kept its checkpoint from the
+    launcher's reads under one; without the filter the same lease is taken."""
     import platform
 
     assert platform.machine() == "x86_64", "this test makes x86-64 calls"
     filtered = subprocess.run([sys.executable, "-c", UNCHARGED, "filtered"], capture_output=True, text=True,
                               timeout=60, cwd=ROOT)
     assert filtered.returncode == 0, filtered.stderr
-    assert eval(filtered.stdout) == {"perf_event_open": 1, "bpf": 1}
+    assert eval(filtered.stdout) == {"perf_event_open": 1, "bpf": 1, "lease": 1}
     bare = subprocess.run([sys.executable, "-c", UNCHARGED, "bare"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert bare.returncode == 0, bare.stderr
+    assert eval(bare.stdout)["lease"] == "taken", bare.stdout  # leases-enable: the door is real without the filter
     import os
     from pathlib import Path
 

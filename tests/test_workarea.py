@@ -210,3 +210,64 @@ def test_a_private_folder_that_cannot_be_a_tmpfs_stays_on_disk_and_the_record_sa
             job_namespace(SimpleNamespace(sandbox="required"), area, 1 << 24, record)
     finally:
         assert area.cleanup()
+
+
+def test_the_open_divisions_checkpoint_is_hashed_once_still_and_bytes_changed_unrecorded_or_refused_are_seen(
+        tmp_path, monkeypatch):
+    """takeback.StagedWatch, on the job's tmpfs: a version of staging/checkpoint.pt is hashed only once it stood
+    still for STILL_S (two honest saves of one size within a coarse ctime's second share a version); a write through
+    a shared mapping after that (no ctime moved) is seen after the job, and so is a file the launcher was refused
+    while the job ran. A version that changed honestly (write(): ctime and size move) is never taken for one."""
+    import errno
+    import mmap
+    from types import SimpleNamespace
+
+    from harness.launcher.run.takeback import StagedWatch
+    from harness.launcher.run.training import job_namespace
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    area = WorkArea(snapshot)
+    try:
+        holder = job_namespace(SimpleNamespace(sandbox="auto"), area, 1 << 24, SimpleNamespace(warnings=[]))
+        try:
+            saved = area.live(area.staging) / "checkpoint.pt"
+            saved.write_bytes(b"A" * 8192)
+            watch = StagedWatch(area, 1 << 20)
+            watch.poll(), watch.poll()
+            assert watch._thread is None  # not still for STILL_S yet
+            watch.seen_since -= StagedWatch.STILL_S
+            watch.poll()
+            watch.wait()
+            assert watch.hashed is not None and watch.hashed[0] == area.staged_key("checkpoint.pt")
+            saved.write_bytes(b"C" * 4096)  # an honest save: a new version, whatever its bytes
+            assert not watch.changed_unseen()
+            with open(saved, "r+b") as fh:
+                mapped = mmap.mmap(fh.fileno(), 0)
+            mapped[0:1] = b"B"  # the first write through the mapping may move the ctime; the next ones do not
+            watch.seen, watch.hashed = None, None
+            watch.poll()
+            watch.seen_since -= StagedWatch.STILL_S
+            watch.poll()
+            watch.wait()
+            assert watch.hashed is not None and not watch.changed_unseen()
+            mapped[1:2] = b"B"  # training on after the save, unrecorded
+            mapped.close()
+            assert area.staged_key("checkpoint.pt") == watch.hashed[0] and watch.changed_unseen()
+
+            refused = StagedWatch(area, 1 << 20)  # the file kept from the launcher's reads while the job ran
+
+            def kept(*_args):
+                raise PermissionError(errno.EACCES, "Permission denied")
+
+            monkeypatch.setattr(area, "staged_digest", kept)
+            refused.poll()
+            refused.seen_since -= StagedWatch.STILL_S
+            refused.poll()
+            refused.wait()
+            monkeypatch.undo()
+            assert refused.refused == "checkpoint.pt: Permission denied" and refused.changed_unseen()
+        finally:
+            holder.close()
+    finally:
+        assert area.cleanup()

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-IGNORED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"}
+IGNORED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache", ".ruff_cache", "wandb",
+                "lightning_logs"}  # caches and run logs: never code the run imports
 IGNORED_SUFFIXES = (".pyc",)
 MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
 # Files and folders in a submission: every run copies them into the ranks' folder (a tmpfs of the track's scratch

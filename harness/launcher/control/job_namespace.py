@@ -270,7 +270,7 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
         try:
             below = os.open(writable, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # before the tmpfs hides it
             libc.mount("tmpfs", writable, "tmpfs", MS_NOSUID | MS_NODEV, f"a tmpfs on {writable}",
-                       f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES}")
+                       f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES},huge=never")  # 4 KiB pages, as page_bytes counts
             try:
                 copy_launcher_tree(below, writable)
             finally:

@@ -10,6 +10,7 @@ over.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -249,6 +250,9 @@ class WorkArea:
         # one component at a time, never following a link the ranks left (`logs` or `staging` included).
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self.live_dir = self.dir  # where this process reaches the folder the ranks write by name (enter_job_folder)
+        # staging/ itself, held before any rank exists: the open division's file is watched and taken there, however
+        # the ranks rename folders (one renamed its staging away while it wrote its checkpoint unseen, then back)
+        self._staging_fd = self._subfolder_fd("staging")
 
     def enter_job_folder(self, dir_fd: int, live_dir: Path) -> None:
         """The ranks' folder is a file system of the job's own (harness/launcher/control/job_namespace.py: a tmpfs
@@ -257,6 +261,19 @@ class WorkArea:
         holder's root). self.dir stays the ranks' name for it, and the disk folder beneath is removed at cleanup."""
         os.close(self._dir_fd)
         self._dir_fd, self.live_dir = dir_fd, live_dir
+        self._hold_staging()
+
+    def _hold_staging(self) -> None:
+        if self._staging_fd is not None:
+            os.close(self._staging_fd)
+        self._staging_fd = self._subfolder_fd("staging")
+
+    def _staging(self, held: bool) -> int | None:
+        """A descriptor of staging/ for the caller to close: the one held since before the ranks started (`held`),
+        else the folder the name leads to now."""
+        if not held:
+            return self._subfolder_fd("staging")
+        return os.dup(self._staging_fd) if self._staging_fd is not None else None
 
     def live(self, path: Path) -> Path:
         """Where this process reaches a path of the ranks' folder by name (a log the record links to while the job
@@ -337,6 +354,7 @@ class WorkArea:
             os.close(self._dir_fd)
             self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             self.live_dir = self.dir
+            self._hold_staging()
 
     def page_bytes(self) -> int:
         """What the launcher's own tree in the folder (the submission's copy, the open division's data links; before
@@ -408,11 +426,12 @@ class WorkArea:
                     pass
         return others
 
-    def take_staged(self, name: str, dest: Path, max_bytes: int | None = None) -> bool | None | int:
+    def take_staged(self, name: str, dest: Path, max_bytes: int | None = None, held: bool = False) -> bool | None | int:
         """A file rank 0 left in staging/, copied to dest if it is a regular file reached without following
         a link; None when there is nothing there, False when what is there is not a regular file, and its
-        size (an int, nothing copied) when it is larger than max_bytes."""
-        fd = self._subfolder_fd("staging")
+        size (an int, nothing copied) when it is larger than max_bytes. `held`: in the staging/ held since before
+        the ranks started (_staging), not the one its name leads to now."""
+        fd = self._staging(held)
         if fd is None:
             try:  # in the folder the ranks wrote (a file system of the job's own may hide one of that name)
                 os.stat("staging", dir_fd=self._dir_fd, follow_symlinks=False)
@@ -436,10 +455,10 @@ class WorkArea:
         finally:
             os.close(fd)
 
-    def staged_changed(self, name: str) -> tuple[float, int] | None:
+    def staged_changed(self, name: str, held: bool = False) -> tuple[float, int] | None:
         """When a file rank 0 left in staging/ last changed (its ctime: content, rename or metadata; the kernel sets
         it, and no call sets it back), on the monotonic clock, and its size; None if there is no regular file."""
-        fd = self._subfolder_fd("staging")
+        fd = self._staging(held)
         if fd is None:
             return None
         try:
@@ -455,12 +474,15 @@ class WorkArea:
     def staged_key(self, name: str) -> tuple[int, int, int, int] | None:
         """What identifies a version of a file rank 0 left in staging/ (its device, inode, size and ctime in ns):
         every write, rename or change of it moves one of them, but a write through a shared mapping does not (the
-        kernel sets the ctime on the mapping's first write at most; tmpfs never does). None: no regular file."""
-        fd = self._subfolder_fd("staging")
+        kernel moves the ctime on a mapping's first write at most). None: no regular file; PermissionError where the
+        folder is kept from this reader. In the staging/ held since before the ranks started."""
+        fd = self._staging(True)
         if fd is None:
             return None
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except PermissionError:  # the folder kept from this reader (its rights taken away): said, not hidden
+            raise
         except OSError:
             return None
         finally:
@@ -469,16 +491,19 @@ class WorkArea:
 
     def staged_digest(self, name: str, max_bytes: int) -> tuple[tuple[int, int, int, int], str] | None:
         """(staged_key, sha256 of the bytes) of a regular file rank 0 left in staging/, read through a descriptor
-        opened without following a link; None for anything else, or a file past max_bytes."""
+        opened without following a link, in the staging/ held since before the ranks started; None for anything else,
+        or a file past max_bytes. Raises OSError where the file is there and cannot be read."""
         import hashlib
 
-        fd = self._subfolder_fd("staging")
+        fd = self._staging(True)
         if fd is None:
             return None
         try:
             file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        except OSError:
-            return None
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP):  # nothing there, or a link: no file to read
+                return None
+            raise
         finally:
             os.close(fd)
         with os.fdopen(file_fd, "rb") as fh:
@@ -497,9 +522,10 @@ class WorkArea:
     def cleanup(self) -> bool:
         """Remove the private folder, whatever the ranks made in it; False when something of it is left
         (the runner flags the run: what a team leaves fills the scratch root for the runs after)."""
-        try:
-            os.close(self._dir_fd)
-        except OSError:
-            pass
+        for fd in (self._dir_fd, self._staging_fd):
+            try:
+                os.close(fd)
+            except (OSError, TypeError):
+                pass
         shutil.rmtree(self.own, ignore_errors=True)  # the launcher's own logs: no team code wrote there
         return scratch.remove_tree(self.dir)

@@ -253,7 +253,7 @@ def finish_open_training(record: RunRecord, snapshot: Path, spec: OpenSpec, trac
     regular file only (a link could point at the validation data), normalised by harness code alone,
     hashed, then its model checked in a sandbox that may only read it. False (outcome set) if not."""
     taken = checkpoint.with_name("team-checkpoint.pt")
-    got = area.take_staged("checkpoint.pt", taken)
+    got = area.take_staged("checkpoint.pt", taken, held=True)  # where the launcher watched it (takeback.StagedWatch)
     area.release_job_folder()  # the job's file system (memory) goes before the processes that read the file start
     if got is None:
         set_outcome(record, "crashed", "the script finished without saving a checkpoint at --checkpoint_path "

@@ -296,7 +296,7 @@ def _run_job(launch: LaunchSpec, channel: ChannelServer, log_path: Path, deadlin
         agent_succeeded=job.succeeded, agent_failures=job.failures,
         agent_error=f"{type(job.error).__name__}: {job.error}" if job.error else None,
         kill_status=result.kill_status, kill_reason=result.kill_reason, local_ranks=local,
-        kill_at_s=result.kill_at_s, started=result.setup_start_s is not None,
+        kill_at_s=result.kill_at_s, started=result.setup_start_s is not None or done_kind != "result",  # scorers say none
     )
     if result.ended_by:  # another node ended the run before training (training.py's EarlyEnd): before its ranks got
         # through the process group, this node's ran harness code only, so what they said of the kill is not the run's

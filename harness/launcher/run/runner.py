@@ -368,14 +368,14 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             return
         metrics.extend(metrics_rows(phase))
         if spec is not None:
-            staged = area.staged_changed("checkpoint.pt")
+            staged = area.staged_changed("checkpoint.pt", held=True)
             record.extra["staged_checkpoint_bytes"] = staged[1] if staged else None
             saved_s = staged[0] if staged else None
             if saved_s is not None and taker is not None and taker.changed_unseen():
                 saved_s = None  # its bytes changed after the last change the kernel recorded: up to the job's end
                 record.notes.append("the checkpoint's bytes changed after the last change of the file the kernel "
-                                    "recorded (written through a shared mapping?): the training window runs to the "
-                                    "job's end, not to the save")
+                                    "recorded, or were kept from the launcher while the job ran (a shared mapping, a "
+                                    "lease): the training window runs to the job's end, not to the save")
             apply_open_training(record, phase, spec, track.startup_allowance_s, saved_s)
         else:
             apply_training(record, phase)
@@ -403,8 +403,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         if o.status == "crashed" and not remote and record.extra.get("job_namespace", {}).get("active") and joined is False:
             record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
         held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
-        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False \
-                and not phase.watch.kill_status:  # a rank the agent started after the launcher ended the job
+        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False:
             record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
         record.extra["cause"] = o.cause
         late = check_window(record, track) if record.status == "ok" else ""
@@ -443,6 +442,8 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 set_outcome(record, "crashed", "rank 0 reported success but never said its checkpoint was saved")
             return
     finally:
+        if taker is not None:  # its thread reads the ranks' folder: done before the folder goes
+            taker.wait()
         if not area.cleanup():  # a team that leaves what cannot be removed would fill the scratch for the runs after
             flag_run(record, f"the ranks' private folder {area.dir} could not be removed after the job: what is left "
                              "there (read it before removing it by hand) fills the scratch root for the runs after")

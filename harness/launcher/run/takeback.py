@@ -22,7 +22,9 @@ Both only read the ranks' private folder through harness/launcher/control/workar
 from __future__ import annotations
 
 import errno
+import os
 import threading
+import time
 from pathlib import Path
 
 from harness.launcher.control.workarea import MAX_ENTRIES, Unmeasurable, WorkArea
@@ -111,32 +113,51 @@ def _announced(watch) -> bool:
 class StagedWatch:
     """The open division's checkpoint, watched while its job runs. A script's window ends at the last change of
     the file (its ctime, open_run.py open_window); a script that maps the file (shared mmap) can write weights into
-    it after that without moving the ctime. So whenever a version of the file (WorkArea.staged_key) has stood
-    still for a tick, its bytes are hashed on a thread of their own (one at a time); after the job, the file is
-    hashed again: where it is the same version with other bytes, they changed after the last change the kernel
-    recorded, and the window cannot end before the job did (`changed_unseen`). An honest torch.save writes
-    through write(), which moves the ctime every time."""
+    it after that without moving the ctime. So whenever a version of the file (WorkArea.staged_key, in the staging/
+    held since before the ranks started) has stood still for STILL_S, its bytes are hashed on a thread of their own
+    (one at a time, at the lowest priority); after the job, the file is hashed again where it is the version hashed
+    (`changed_unseen`): the window cannot end before the job did where its bytes changed after they were hashed, or
+    where the launcher was refused the file or its folder while the job ran (its rights taken away; leases are
+    refused in every sandboxed process). An honest torch.save writes through write(), which moves the ctime or the
+    size every time, and leaves its file readable. STILL_S is past a second: where the folder is on a disk whose
+    ctime counts whole seconds (ext4 with small inodes, Lustre), two honest saves of one size in one second share a
+    version, and only one that stood still past the second is hashed."""
+
+    STILL_S = 1.1
 
     def __init__(self, area: WorkArea, max_bytes: int):
         self.area, self.max_bytes = area, max_bytes
-        self.seen: tuple | None = None  # the version seen at the last tick
+        self.seen: tuple | None = None  # the version seen at the last tick, and since when (monotonic)
+        self.seen_since = 0.0
         self.hashed: tuple[tuple, str] | None = None  # (version, sha256) of the last version hashed whole
+        self.refused = ""  # why the launcher could not read the file or its folder during the job, once it could not
         self._thread: threading.Thread | None = None
 
     def poll(self, watch=None) -> None:
-        key = self.area.staged_key("checkpoint.pt")
-        if key is None or key != self.seen:
-            self.seen = key
+        try:
+            key = self.area.staged_key("checkpoint.pt")
+        except PermissionError as exc:
+            self.refused = self.refused or f"staging/: {exc.strerror}"
             return
-        if (self.hashed is not None and self.hashed[0] == key) or (self._thread is not None and self._thread.is_alive()):
+        if key is None or key != self.seen:
+            self.seen, self.seen_since = key, time.monotonic()
+            return
+        if (self.hashed is not None and self.hashed[0] == key) or (self._thread is not None and self._thread.is_alive()) \
+                or time.monotonic() - self.seen_since < self.STILL_S:
             return
         self._thread = threading.Thread(target=self._hash, args=(key,), name="harness-staged", daemon=True)
         self._thread.start()
 
     def _hash(self, key: tuple) -> None:
+        try:  # beside the ranks: the launcher's own work waits, theirs does not
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
         try:
             found = self.area.staged_digest("checkpoint.pt", self.max_bytes)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EAGAIN):  # kept from this reader (never an honest file)
+                self.refused = self.refused or f"checkpoint.pt: {exc.strerror}"
             return
         if found is not None and found[0] == key:  # the same version when opened; its bytes as read
             self.hashed = found
@@ -146,14 +167,17 @@ class StagedWatch:
             self._thread.join()
 
     def changed_unseen(self) -> bool:
-        """After the job (nothing of it runs): whether the file is a version hashed during the job, with other
-        bytes."""
+        """After the job (nothing of it runs): whether the file's bytes may have changed after its last recorded
+        change, unseen by the launcher."""
         self.wait()
-        if self.hashed is None:
-            return False
+        if self.refused:
+            return True
         try:
+            key = self.area.staged_key("checkpoint.pt")
+            if self.hashed is None or key != self.hashed[0]:  # another version, or none: its ctime says when
+                return False
             now = self.area.staged_digest("checkpoint.pt", self.max_bytes)
-        except OSError:
+        except OSError:  # unreadable now: the take fails, and says so
             return False
         return now is not None and now[0] == self.hashed[0] and now[1] != self.hashed[1]
 

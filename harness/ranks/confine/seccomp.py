@@ -14,6 +14,10 @@ run is run again by a queue) or fail the teams after it. This filter refuses, wi
   Linux 5.11) is charged to no memory cgroup, so a job could hold gigabytes past its memory cap
   (harness/launcher/control/job_limits.py) unseen; container runtimes refuse both by default too, and no
   harness, torch, NCCL or Triton path calls them.
+- fcntl(F_SETLEASE): a lease on a file makes the launcher's open of it fail (O_NONBLOCK) or wait until the
+  kernel breaks it (45 s by default): a script held its checkpoint under a write lease so that the launcher
+  could not read it while the job ran (harness/launcher/run/takeback.py StagedWatch). Samba takes leases;
+  no harness, torch or training code does.
 
 and every call through another ABI than the native one: on x86_64 the i386 table (`int $0x80`, open to
 64-bit processes wherever the kernel has IA32 emulation, as stock kernels do) and x32 numbers (the native
@@ -34,6 +38,7 @@ import platform
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+F_SETLEASE = 1024
 LD_W_ABS, JEQ_K, JSET_K, RET_K = 0x20, 0x15, 0x45, 0x06
 X32_SYSCALL_BIT = 0x40000000  # x86_64: a call numbered with this bit goes to the x32 table
 # seccomp_data: nr (u32) at 0, arch (u32) at 4, instruction pointer (u64) at 8, args (6 x u64) from 16.
@@ -50,9 +55,11 @@ def _arg_high(i: int) -> int:
 
 ARCHES = {  # AUDIT_ARCH_*, and the syscall numbers of each
     "x86_64": (0xC000003E, {"prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setscheduler": 144,
-                            "sched_setparam": 142, "sched_setattr": 314, "perf_event_open": 298, "bpf": 321}),
+                            "sched_setparam": 142, "sched_setattr": 314, "perf_event_open": 298, "bpf": 321,
+                            "fcntl": 72}),
     "aarch64": (0xC00000B7, {"prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setscheduler": 119,
-                             "sched_setparam": 118, "sched_setattr": 274, "perf_event_open": 241, "bpf": 280}),
+                             "sched_setparam": 118, "sched_setattr": 274, "perf_event_open": 241, "bpf": 280,
+                             "fcntl": 25}),
 }
 
 
@@ -105,7 +112,11 @@ def build_filter(arch: str) -> bytes | None:
         p.jeq(nr[name], "own_pid")
     for name in ("perf_event_open", "bpf"):  # kernel memory no cgroup is charged for: refused outright
         p.jeq(nr[name], "deny")
+    p.jeq(nr["fcntl"], "fcntl")
     p.ret(RET_ALLOW)
+    p.label("fcntl")  # a lease: the launcher's reads of the file would fail (EWOULDBLOCK) or wait for it
+    p.load(_arg_low(1))
+    p.jeq(F_SETLEASE, "deny", "allow")
     p.label("prlimit")  # pid 0, or no new limit (a read): allowed
     p.load(_arg_low(0))
     p.jeq(0, "allow")
