@@ -518,7 +518,8 @@ def test_a_submission_of_too_many_files_or_too_many_bytes_for_the_folder_is_refu
     result = cli("run", str(many), "--track", str(quick_track(tmp_path)))
     assert result.code == 1
     _, record = _record(tmp_path / "runs", "many")
-    assert record["status"] == "invalid" and "past the 10,000th file or folder" in record["reason"], record["reason"]
+    assert record["status"] == "invalid", record["reason"]
+    assert "past the 10,000th file or folder (9,999 of them under empty/)" in record["reason"], record["reason"]
     assert "keep at most 10,000 files and folders in the submission" in record["reason"]
 
     large = tmp_path / "large"

@@ -80,7 +80,7 @@ class Entry:
 def walk(folder: str | Path) -> Iterator[Entry]:
     """Every regular file of the folder, in sorted order, without following any link; raises
     UnsafeEntry at the first entry that is not a regular file or a folder, or past MAX_SUBMISSION_ENTRIES."""
-    entries = 0
+    entries, tops = 0, {}  # how many entries under each top-level folder: the error names the largest
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(folder, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, folder)
         prefix = "" if rel_dir == "." else rel_dir + "/"
@@ -89,8 +89,13 @@ def walk(folder: str | Path) -> Iterator[Entry]:
             if name.endswith(IGNORED_SUFFIXES) and name not in dirnames:
                 continue
             entries += 1
+            top = (prefix + name).split("/", 1)[0] if prefix else None
+            if top is not None:
+                tops[top] = tops.get(top, 0) + 1
             if entries > MAX_SUBMISSION_ENTRIES:
-                raise UnsafeEntry(prefix + name, f"past the {MAX_SUBMISSION_ENTRIES:,}th file or folder",
+                largest = max(tops, key=tops.get) if tops else None
+                where = f" ({tops[largest]:,} of them under {largest}/)" if largest else ""
+                raise UnsafeEntry(prefix + name, f"past the {MAX_SUBMISSION_ENTRIES:,}th file or folder{where}",
                                   f"keep at most {MAX_SUBMISSION_ENTRIES:,} files and folders in the submission "
                                   "(code and small config files)",
                                   why="every run copies the submission into the ranks' folder and its record.")
