@@ -292,7 +292,7 @@ def test_a_run_lost_twice_is_left_to_the_organiser(tmp_path):
 def test_a_copy_never_reads_past_what_the_file_held_when_it_was_opened(tmp_path, monkeypatch):
     # A rank could grow a sparse checkpoint to a terabyte while the launcher copied it: the copy filled the
     # records' disk. It takes the size seen at open, and no more (here the file "grew" after that moment).
-    from harness.launcher.control import workarea
+    from harness.launcher.control import team_files
 
     (tmp_path / "src").write_bytes(b"a" * 100 + b"b" * 900)
     real_fstat = os.fstat
@@ -302,10 +302,10 @@ def test_a_copy_never_reads_past_what_the_file_held_when_it_was_opened(tmp_path,
         return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 100,
                                st.st_atime, st.st_mtime, st.st_ctime))
 
-    monkeypatch.setattr(workarea.os, "fstat", seen_at_open)
+    monkeypatch.setattr(team_files.os, "fstat", seen_at_open)
     folder = os.open(tmp_path, os.O_RDONLY)
     try:
-        assert workarea.copy_regular_file("src", tmp_path / "dest", folder) is True
+        assert team_files.copy_regular_file("src", tmp_path / "dest", folder) is True
     finally:
         os.close(folder)
     assert (tmp_path / "dest").read_bytes() == b"a" * 100

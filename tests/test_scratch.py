@@ -154,7 +154,7 @@ def test_a_tree_a_team_leaves_is_removed_whatever_its_depth_or_rights(short_root
     script = (
         "import os, sys\n"
         "from harness.ranks.confine.scratch import remove_tree\n"
-        "from harness.launcher.control.workarea import Unmeasurable, tree_usage\n"
+        "from harness.launcher.control.team_files import Unmeasurable, tree_usage\n"
         "base = sys.argv[1]\n"
         "here = os.open(base, os.O_RDONLY)\n"
         "for _ in range(1500):\n"

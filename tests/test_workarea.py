@@ -97,7 +97,7 @@ def test_a_link_another_node_replaces_meanwhile_is_left_alone(tmp_path, monkeypa
 def test_the_record_takes_the_named_logs_within_one_budget_and_nothing_else(tmp_path):
     """One budget for all the named logs, shared so that a flooded log never crowds out a small one; files the
     ranks added (any number of them, any tree) are listed, never copied or walked."""
-    from harness.launcher.control.workarea import fair_shares
+    from harness.launcher.control.team_files import fair_shares
 
     assert fair_shares({"a": 10, "b": 1000, "c": 1000}, 100) == {"a": 10, "b": 45, "c": 45}
     assert fair_shares({"a": 10}, None) == {"a": None}
@@ -125,7 +125,7 @@ def test_the_record_takes_the_named_logs_within_one_budget_and_nothing_else(tmp_
 def test_every_log_of_a_record_is_held_to_one_budget_without_following_a_link(tmp_path):
     """Evaluation's model processes and the check write their own logs into the record, each bounded alone (64 MiB):
     together they are cut to the run's one budget, fairly; a link is never followed or cut through."""
-    from harness.launcher.control.workarea import trim_logs
+    from harness.launcher.control.team_files import trim_logs
 
     logs = tmp_path / "logs"
     (logs / "eval-node1").mkdir(parents=True)

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from harness.launcher.control import process_tree
 from harness.launcher.control.job_limits import Caps
-from harness.launcher.control.workarea import patched_environ, read_tail
+from harness.launcher.control.team_files import read_tail
+from harness.launcher.control.workarea import patched_environ
 from harness.ranks import interpreter
 from harness.ranks.process import reap_children
 

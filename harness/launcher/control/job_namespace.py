@@ -22,10 +22,11 @@ folder, into which the holder copies what the launcher put there (the submission
 staging/ folders, the open division's data links) before any rank exists. The kernel counts every page of
 it, named or not (a file opened with O_TMPFILE, a deleted file held open, a sparse file filled later): the
 cap is its size, held by the kernel (a write past it fails, ENOSPC: the team's own error), not a figure a walk
-of the folder's names estimates, and nothing a team writes there reaches the disk that holds the records. Its pages are memory, charged to the job's memory cap (job_limits.py). The
-launcher reaches it through the holder's root (`/proc/<holder>/root/<folder>`), opened once, before any rank
-exists (`folder_fd`): the descriptor keeps the file system alive after the namespace ends, so the logs and
-the checkpoint are taken after the job as before, and it goes away when the launcher closes it.
+of the folder's names estimates, and nothing a team writes there reaches the disk that holds the records. Its
+pages are memory, charged to the job's memory cap (job_limits.py). The launcher reaches it through the
+holder's root (`/proc/<holder>/root/<folder>`), opened once, before any rank exists (`folder_fd`): the
+descriptor keeps the file system alive after the namespace ends, so the logs and the checkpoint are taken
+after the job as before, and it goes away when the launcher closes it.
 
 A small process of harness code (this module, run as `python -m harness.launcher.control.job_namespace`)
 makes the namespaces before the ranks exist and hands them out: each rank connects to its Unix
@@ -269,8 +270,9 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
     if writable and scratch_bytes > 0:  # a file system of the job's own: every page counted, named or not
         try:
             below = os.open(writable, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # before the tmpfs hides it
+            # huge=never: 4 KiB pages, as WorkArea.page_bytes counts the copy before any rank starts
             libc.mount("tmpfs", writable, "tmpfs", MS_NOSUID | MS_NODEV, f"a tmpfs on {writable}",
-                       f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES},huge=never")  # 4 KiB pages, as page_bytes counts
+                       f"mode=0700,size={scratch_bytes},nr_inodes={SCRATCH_INODES},huge=never")
             try:
                 copy_launcher_tree(below, writable)
             finally:

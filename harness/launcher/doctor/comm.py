@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.launcher.scaling import comm_model
 from harness.launcher.doctor.table import Check, DoctorOptions
-from harness.launcher.control.workarea import read_tail
+from harness.launcher.control.team_files import read_tail
 from harness.results.records import read_record_json
 from harness.tracks.spec import Track
 

@@ -21,7 +21,8 @@ from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome, team_number
 from harness.launcher.run.phases import PhaseResult, bound_report, run_preflight
 from harness.launcher.control.watch import NO_REPORT_HINT, Deadlines
-from harness.launcher.control.workarea import WorkArea, read_tail
+from harness.launcher.control.team_files import read_tail
+from harness.launcher.control.workarea import WorkArea
 from harness.ranks import interpreter
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.jobs import OpenJob

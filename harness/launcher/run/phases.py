@@ -25,7 +25,7 @@ from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
 from harness.launcher.control.elastic import ElasticJob, LaunchSpec
 from harness.launcher.control.job_limits import caps_reached
 from harness.launcher.run.outcome import Outcome, classify, last_error_line
-from harness.launcher.control.workarea import read_tail
+from harness.launcher.control.team_files import read_tail
 from harness.submission.printable import printable
 from harness.launcher.control.watch import AbortFlag, Deadlines, WatchResult, watch
 

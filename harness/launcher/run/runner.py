@@ -49,7 +49,8 @@ from harness.tracks.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, StagedWatch, io_failure_outcome
 from harness.launcher.run.training import RunRefused, protected_paths, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
-from harness.launcher.control.workarea import WorkArea, patched_environ, trim_logs
+from harness.launcher.control.team_files import trim_logs
+from harness.launcher.control.workarea import WorkArea, patched_environ
 from harness.ranks.checkpoint import file_sha256
 from harness.ranks.confine.scratch import refuse_unusable, short_of_space
 from harness.results.records import (FINAL_STATUSES, RunRecord, leaderboard_root, new_run_id, runs_root, save_metrics,

@@ -27,7 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness.launcher.control.workarea import MAX_ENTRIES, Unmeasurable, WorkArea
+from harness.launcher.control.team_files import Unmeasurable
+from harness.launcher.control.workarea import MAX_ENTRIES, WorkArea
 
 
 # What the launcher's own writes can meet because of what a team's processes did: the disk they write filled (an

@@ -265,7 +265,8 @@ def scratch_full_reason(track: Track, area: WorkArea, reason: str) -> str:
     """A crash where the ranks' folder is a file system of the job's own: a write that failed for want of room
     (ENOSPC in the team's error, or the folder full when the job ended) is said first, with the cap that held it,
     so that a team reads why its write failed (the folder and /dev/shm are each of the track's scratch_cap_gib)."""
-    full = area.free_bytes() is not None and area.free_bytes() < 1 << 20
+    free = area.free_bytes()
+    full = free is not None and free < 1 << 20
     if not full and "No space left on device" not in reason:
         return reason
     where = "the ranks' private folder is full" if full else "a write failed for want of room"
