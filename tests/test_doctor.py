@@ -95,6 +95,18 @@ def test_the_doctor_makes_the_jobs_private_tmpfs_and_warns_where_it_cannot(tmp_p
     track = load_track(str(TINY_TRACK))
     check = namespaces_check(track, str(tmp_path))
     assert check.status == "ok" and "its private folder a tmpfs of the job's own: made" in check.measured
+    assert "PID namespaces of the job's own (a /proc of its own)" in check.measured
+    made = JobNamespace.__init__
+
+    def without_pids(self, *args, **kwargs):  # as the holder says where the kernel refuses the PID namespace
+        made(self, *args, **kwargs)
+        self.pid_why = "unshare of the ranks' namespaces: Operation not permitted (the test's)"
+
+    with monkeypatch.context() as patched:
+        patched.setattr(JobNamespace, "__init__", without_pids)
+        check = namespaces_check(track, str(tmp_path))
+    assert check.status == "warn" and "no PID namespace of the job's own (unshare" in check.measured, check.measured
+    assert "can outlive its job" in check.measured and check.fix
     monkeypatch.setattr(JobNamespace, "_open_folder", lambda self, writable: "not reachable (the test's)")
     check = namespaces_check(track, str(tmp_path))
     assert check.status == "warn" and "not reachable (the test's)" in check.measured, check.measured

@@ -260,13 +260,16 @@ def _heard(udp, within_s: float) -> list[bytes]:
     return got
 
 
-def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(cli, tmp_path):
+@pytest.mark.parametrize("cgroups", ["on", "off"])
+def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(cli, tmp_path, cgroups):
     """Attack: a process, started in the check, in the training rank and in evaluation's model processes, that
     leaves its session and forks a fresh copy of itself every few milliseconds (and on every SIGTERM): no list of
     the job's processes is still true when it is used, so a teardown that lists and kills misses it, and alive
     after the run it could carry the weights into the team's next run. It says it is alive on a UDP port. Each of
     those processes is born in a cgroup of its job's own (harness/launcher/control/job_cgroup.py), ended at once
-    by the kernel: nothing is heard once `harness run` has returned."""
+    by the kernel: nothing is heard once `harness run` has returned. [off]: a host where no cgroup can be had
+    (HARNESS_CGROUP=off stands for it): the training job's PID namespace (job_namespace.py), and the check's and
+    model processes' own, end them all the same."""
     import socket
 
     folder = tmp_path / "team"
@@ -276,7 +279,8 @@ def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(
     stop = tmp_path / "stop"
     (folder / "mark.txt").write_text(json.dumps({"port": udp.getsockname()[1], "stop": str(stop)}))
     try:
-        result = cli("run", str(folder), "--track", str(quick_track(tmp_path)))
+        result = cli("run", str(folder), "--track", str(quick_track(tmp_path)),
+                     env={"HARNESS_CGROUP": "off"} if cgroups == "off" else None)
         assert result.code == 0, result.err
         during = _heard(udp, 0.2)  # what it said while the run lasted, and whatever was on its way
         assert during, "the process never said it was alive: the attack did not run, and the test shows nothing"
@@ -284,22 +288,32 @@ def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(
         assert after == [], f"a process the submission started outlived the run: {after[:3]}"
         _, record = only_record(tmp_path / "runs")
         assert record["status"] == "ok" and not record["flagged"], record.get("flag_reason")
+        assert record["job_namespace"]["pid_namespace"] is True, record["job_namespace"]
         held = record["containment"]
-        assert set(held) == {"check", "training", "evaluation"} and all(h["active"] for h in held.values()), held
-        assert record["killed_pids"], "the processes it ended are named in the record"
+        assert set(held) == {"check", "training", "evaluation"}, held
+        if cgroups == "on":
+            assert all(h["active"] for h in held.values()), held
+            assert record["killed_pids"], "the processes it ended are named in the record"
+        else:
+            assert not any(h["active"] for h in held.values()), held
+            assert any("the training job's processes were ended with its PID namespace" in w for w in record["warnings"]), \
+                record["warnings"]
     finally:
         stop.write_text("")  # whatever is left sees it and exits
         udp.close()
 
 
 def _ranks_of(launcher_pid: int) -> list:
-    """The rank processes under a launcher, found by what they run, not by the variable under test."""
+    """The rank processes under a launcher that torch elastic's agent started, found by what they run, not by the
+    variable under test. Each has forked into the job's PID namespace (harness/ranks/confine/namespaces.py
+    join_job), where its child runs the rank's code: the child, running the same, is not counted twice."""
     import psutil
 
     found = []
     for p in psutil.Process(launcher_pid).children(recursive=True):
         try:
-            if "harness.ranks.training.train" in p.cmdline():
+            if "harness.ranks.training.train" in p.cmdline() and \
+                    "harness.ranks.training.train" not in p.parent().cmdline():
                 found.append(p)
         except psutil.Error:
             continue

@@ -87,12 +87,13 @@ def enter_job(socket_path: str | None, work_dir: str | None = None) -> dict:
         return {"active": False, "why": "the launcher made no namespace for the job (sandbox off, or refused here)"}
     from harness.ranks.confine import namespaces, rootfs
 
-    why = namespaces.join_job(socket_path, work_dir)
+    why, pids = namespaces.join_job(socket_path, work_dir)
     dropped = rootfs.drop_capabilities()
     if why or dropped:
         return {"active": False, "why": why or f"its capabilities could not be dropped ({dropped})"}
-    return {"active": True, "why": "the job's own user, mount (a private /dev/shm, read-only but its private folder) "
-                                   "and IPC namespaces; no capabilities"}
+    return {"active": True, "pid_namespace": pids,
+            "why": "the job's own user, mount (a private /dev/shm, read-only but its private folder) and IPC namespaces"
+                   + (", and its PID namespace (a /proc of its own)" if pids else "") + "; no capabilities"}
 
 
 def redirect_output(log_path: str) -> None:

@@ -13,7 +13,15 @@ were loaded by the team's second). Each training job therefore gets, for its ran
   host's /dev/shm beneath, nor make a mount writable again. Read-only mounts refuse what Landlock does
   not govern: extended attributes, modes and times of files the user owns (a run kept its weights in
   the extended attributes of the harness's own files and loaded them in the next);
-- an IPC namespace: System V objects and POSIX message queues of the job's own.
+- an IPC namespace: System V objects and POSIX message queues of the job's own;
+- a PID namespace, whose first process (`job_init`, PID 1 in it) mounts a /proc of the namespace in a mount
+  namespace of its own, a copy of the above with its mounts still locked, which is the one the ranks enter. Each rank
+  enters it and forks once (harness/ranks/confine/namespaces.py `join_job`): the rank's code runs in the child,
+  and everything it starts, however fast it forks or whatever session it leaves for, stays in the namespace.
+  When the job ends the holder kills PID 1, and the kernel ends every process in the namespace before the
+  holder's wait for it returns: the job's processes cannot outlive it, with or without a cgroup of the job's own
+  (job_cgroup.py, which caps them and ends them first where it can be made). Where the kernel refuses the PID
+  namespace or its /proc, the job runs without it and the record says why (`pid_why`).
 
 The network is the host's (NCCL, InfiniBand). Everything goes away with the last process of the job.
 
@@ -30,8 +38,8 @@ after the job as before, and it goes away when the launcher closes it.
 
 A small process of harness code (this module, run as `python -m harness.launcher.control.job_namespace`)
 makes the namespaces before the ranks exist and hands them out: each rank connects to its Unix
-socket as its very first act (single-threaded, before the sandbox), receives the three namespace
-descriptors (SCM_RIGHTS) and enters them (harness/ranks/confine/namespaces.py `join_job`). The holder
+socket as its very first act (single-threaded, before the sandbox), receives the namespace descriptors
+(SCM_RIGHTS: user, mount, IPC, and PID where there is one) and enters them (harness/ranks/confine/namespaces.py `join_job`). The holder
 accepts only processes that descend from its launcher (the kernel's SO_PEERCRED pid), as the control
 channel does. Where the host forbids user namespaces, the job runs without one, the record says so,
 and the launcher removes what the job left in /dev/shm afterwards (`ShmSweep`).
@@ -41,7 +49,9 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -53,11 +63,15 @@ from harness.launcher.control.channel import peer_pid
 from harness.launcher.control.process_tree import descends_from, first_line
 from harness.launcher.control.workarea import MAX_ENTRIES
 from harness.ranks import interpreter
-from harness.ranks.confine.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWUSER, map_identity, refused
-from harness.ranks.confine.rootfs import MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc, Refused
+from harness.ranks.confine.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, map_identity, refused
+from harness.ranks.confine.rootfs import (MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC, MS_SLAVE, Libc,
+                                          Refused)
 
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 READY_WITHIN_S = 20.0
+READY = "ready"
+NO_PID_NAMESPACE = "ready without a PID namespace: "  # the holder's line where the kernel refused one
+END_WITHIN_S = 10.0  # the holder's kill of PID 1, and the kernel's end of every process in the namespace
 
 
 class JobNamespace:
@@ -74,6 +88,7 @@ class JobNamespace:
         self.folder_fd: int | None = None
         self.live_dir: Path | None = None
         self.scratch_refused = ""  # why the private folder could not be a tmpfs (the caller tries again without)
+        self.pid_why = ""  # why the job has no PID namespace of its own ("" where it has one)
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.job_namespace", self.socket_path, os.getpid(),
@@ -85,6 +100,8 @@ class JobNamespace:
                 line = f"not ready within {READY_WITHIN_S:.0f} s"
         except OSError as exc:
             line = f"could not start: {exc}"
+        if line.startswith(NO_PID_NAMESPACE):
+            self.pid_why, line = line[len(NO_PID_NAMESPACE):] or "refused", READY
         if line == "ready" and writable and scratch_bytes > 0:
             line = self._open_folder(writable)
             self.scratch_refused = "" if line == "ready" else line
@@ -93,8 +110,9 @@ class JobNamespace:
         if line == "ready":
             folder = (f"the private folder a tmpfs of {scratch_bytes / 2**30:.4g} GiB" if self.folder_fd is not None
                       else "the private folder the launcher's, on its disk")
+            pids = "no PID namespace" if self.pid_why else "PID (a /proc of its own)"
             self.active, self.why = True, (f"user, mount (a private /dev/shm; {folder}; read-only but those and "
-                                           "/proc; locked) and IPC namespaces of the job's own")
+                                           f"/proc; locked), IPC and {pids} namespaces of the job's own")
         else:
             self.why = f"no namespace of the job's own: {line or 'the holder said nothing'}"
             self.close()
@@ -118,12 +136,24 @@ class JobNamespace:
         return "ready"
 
     def report(self) -> dict:
-        return {"active": self.active, "why": self.why, "scratch": "tmpfs" if self.live_dir is not None else "disk"}
+        out = {"active": self.active, "why": self.why, "scratch": "tmpfs" if self.live_dir is not None else "disk",
+               "pid_namespace": self.active and not self.pid_why}
+        if self.active and self.pid_why:
+            out["pid_why"] = self.pid_why
+        return out
 
     def close(self) -> None:
-        """Ends the holder. `folder_fd` stays open (the taker's): the caller closes it (WorkArea.cleanup)."""
+        """Ends the holder, and with it every process of the job's PID namespace: it kills the namespace's PID 1 and
+        waits for it, which the kernel lets return only once every process in the namespace is gone. Killed outright
+        past END_WITHIN_S (a process the kernel cannot end at once, stuck in a file system): PID 1 then dies with
+        it (PDEATHSIG), and the kernel ends the namespace all the same, unwaited. `folder_fd` stays open (the
+        taker's): the caller closes it (WorkArea.cleanup)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(END_WITHIN_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
             if self.proc.stdout is not None:
@@ -247,7 +277,7 @@ def copy_launcher_tree(src_fd: int, dest: str) -> None:
             os.close(fd)
 
 
-def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0) -> None:
+def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0) -> str:
     """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
     job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files;
     with scratch_bytes, `writable` becomes a tmpfs of that size holding a copy of what it held (module docstring).
@@ -256,7 +286,8 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
     nothing they mount goes back. Everything is then read-only but three mounts, each cleared alone
     (not recursively: a host whose /proc/sys or /sys/fs/cgroup is read-only keeps them so, as the
     kernel requires): the new /dev/shm, `writable` (the ranks' private folder, bound onto itself) and
-    /proc (the second user namespace's id maps are written there)."""
+    /proc (the second user namespace's id maps are written there). Returns "" when the ranks' namespaces include a
+    PID namespace (its first process: JobInit), else why the kernel refused one."""
     libc = Libc()
     uid, gid = os.getuid(), os.getgid()
     if writable and os.path.realpath(writable).startswith("/dev/shm/"):
@@ -285,16 +316,125 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
     for path in ("/dev/shm", writable, "/proc"):
         if path:
             libc.set_attr(path, 0, MOUNT_ATTR_RDONLY, False, f"mount_setattr on {path}")
-    # A second user namespace, with new mount and IPC namespaces: the mounts copied into it are locked
+    # A second user namespace, with new mount, IPC and PID namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
-    # unmount the tmpfs. Ranks join these.
-    libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC, "unshare of the ranks' namespaces")
+    # unmount the tmpfs. Ranks join these (the mount namespace: PID 1's copy of it, JobInit).
+    try:
+        libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID, "unshare of the ranks' namespaces")
+        pid_why = ""
+    except Refused as exc:  # a kernel or a container's profile that refuses PID namespaces: the others alone
+        libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC, "unshare of the ranks' namespaces")
+        pid_why = str(exc)
     map_identity(uid, gid)
+    return pid_why
 
 
-def serve(server: socket.socket, launcher: int) -> None:
-    fds = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("user", "mnt", "ipc")]
-    print("ready", flush=True)
+class JobInit:
+    """PID 1 of the job's PID namespace, forked by the holder once its namespaces are made. In a mount namespace
+    of its own (a copy of the holder's, so its mounts stay locked) it mounts a /proc of the PID namespace over the
+    host's, which the ranks then see: only the job's processes, and the numbers os.getpid() gives them (a library
+    that reads /proc/<its pid> reads its own). It then reaps the processes the namespace's orphans leave, until
+    the holder kills it; the kernel then ends every process in the namespace."""
+
+    def __init__(self, libc: Libc) -> None:
+        self.pid, self.why, self.mnt_fd = 0, "", -1
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # PID 1 -> holder: "ok" and its mount
+        alive_r, self._alive_w = os.pipe()  # held by the holder for its life: PID 1 reads its end (EOF) if it dies
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            os.close(self._alive_w)
+            self._run(libc, theirs.detach(), alive_r)
+        theirs.close()
+        os.close(alive_r)
+        try:
+            with ours:
+                ours.settimeout(READY_WITHIN_S)
+                msg, fds, _flags, _addr = socket.recv_fds(ours, 600, 1)
+            answer = msg.decode(errors="replace")
+        except OSError as exc:
+            answer, fds = f"the namespace's first process did not answer ({exc})", []
+        self.pid = pid
+        if answer == "ok" and len(fds) == 1:
+            self.mnt_fd = fds[0]
+        else:
+            for fd in fds:
+                os.close(fd)
+            self.why = answer if answer and answer != "ok" else "the namespace's first process ended before it said it was ready"
+            self.end()
+
+    @staticmethod
+    def _run(libc: Libc, told_w: int, alive_r: int) -> None:
+        from harness.ranks.confine.rootfs import drop_capabilities
+
+        try:
+            libc.c.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the holder gone: PID 1, so the namespace
+            if select.select([alive_r], [], [], 0)[0]:  # it went before the line above took effect
+                os._exit(1)
+            # Seen by the ranks as their PID 1: nothing of it may be read or written through /proc/1 (its memory would
+            # give a rank this process's capabilities in the job's user namespace), none of the holder's descriptors
+            # stays open, and a signal from the namespace has no handler to reach (the kernel drops it for PID 1).
+            libc.c.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            low, high = sorted((told_w, alive_r))
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, max(os.sysconf("SC_OPEN_MAX"), high + 1, 1 << 16))
+            libc.unshare(CLONE_NEWNS, "unshare of the ranks' mount namespace")
+            libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves")  # nothing goes back
+            libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of the job's PID namespace")
+            dropped = drop_capabilities()
+            if dropped:
+                raise OSError(errno.EPERM, f"its capabilities could not be dropped ({dropped})")
+            told = socket.socket(fileno=told_w)
+            mnt = os.open("/proc/self/ns/mnt", os.O_RDONLY)  # the holder cannot open it: this process is not dumpable
+            socket.send_fds(told, [b"ok"], [mnt])
+            os.close(mnt)
+            told.close()
+        except BaseException as exc:  # noqa: BLE001  (said to the holder, which runs the job without it)
+            os.write(told_w, " ".join(str(getattr(exc, "strerror", None) or exc).split())[:600].encode())
+            os._exit(1)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        while True:  # the namespace's reaper: an orphan's exit status, taken as soon as it is there
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+            except ChildProcessError:
+                pass
+            signal.sigtimedwait({signal.SIGCHLD}, 1.0)
+
+    def end(self) -> None:
+        """Kill PID 1 and wait for it: the kernel returns the wait once every process of the namespace is gone."""
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            self.pid = 0
+
+
+def serve(server: socket.socket, launcher: int, pid_why: str) -> None:
+    """Hand the namespaces to the job's ranks. With a PID namespace: PID 1 started first (JobInit), the ranks given
+    its mount namespace (with the namespace's /proc) and the PID namespace; a SIGTERM (the launcher's close) ends it."""
+    libc = Libc()
+    init = None
+    if not pid_why:
+        init = JobInit(libc)
+        pid_why = init.why
+    if init is not None and not init.why:
+        def end(_signum, _frame):
+            init.end()
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, end)
+        # the holder's /proc is the host's (PID 1 mounted the job's in its own mount namespace only)
+        fds = [os.open("/proc/self/ns/user", os.O_RDONLY), init.mnt_fd]
+        fds += [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("ipc", "pid_for_children")]
+        print(READY, flush=True)
+    else:
+        fds = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("user", "mnt", "ipc")]
+        print(NO_PID_NAMESPACE + " ".join(pid_why.split()), flush=True)
     while True:
         conn, _ = server.accept()
         try:
@@ -318,14 +458,14 @@ def main(argv: list[str]) -> None:
     server.bind(socket_path)  # before the namespaces: in them, the launcher's folder is read-only
     server.listen(64)
     try:
-        make_namespaces(shm_bytes, writable, scratch_bytes)
+        pid_why = make_namespaces(shm_bytes, writable, scratch_bytes)
     except ScratchRefused as exc:
         print(SCRATCH_REFUSED + " ".join(str(exc.strerror).split()), flush=True)
         sys.exit(1)
     except (OSError, Refused) as exc:
         print(refused(str(getattr(exc, "strerror", None) or exc)), flush=True)  # one line: the record's why
         sys.exit(1)
-    serve(server, launcher)
+    serve(server, launcher, pid_why)
 
 
 if __name__ == "__main__":

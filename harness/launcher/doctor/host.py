@@ -177,8 +177,10 @@ def containment_check(track: Track | None = None) -> Check:
                       *(f"no {c} cap: {why}" for c, why in (limits.get("why") or {}).items())])
     if not made:
         return Check(name="containment", status="fail",
-                     measured=f"{why}: a job is ended by listing its processes, which a process that forks fast "
-                              "outlives (it could carry a run's weights into the team's next one)",
+                     measured=f"{why}: nothing caps a job's memory or tasks, and a job is ended through the "
+                              "training job's PID namespace (the namespaces line) or, without one, by listing its "
+                              "processes, which a process that forks fast outlives (it could carry a run's weights "
+                              "into the team's next one)",
                      fix="give the harness's user a writable cgroup v2 subtree: root with a writable cgroup2 mount "
                          "(a container's is often read-only), or a subtree delegated to it (systemd Delegate=yes "
                          "on the system unit that starts it, with User=)")
@@ -232,7 +234,7 @@ def namespaces_check(track: Track, proc_sys: str) -> Check:
         scratch_refused = holder.scratch_refused
         if scratch_refused:  # as a job does: the namespaces again, the folder on disk
             holder = JobNamespace(writable=folder)
-        made, why = holder.active, holder.why
+        made, why, pid_why = holder.active, holder.why, holder.pid_why
         if holder.folder_fd is not None:
             os.close(holder.folder_fd)
         holder.close()
@@ -255,8 +257,16 @@ def namespaces_check(track: Track, proc_sys: str) -> Check:
                      fix="let the harness's user mount a tmpfs in a user namespace of its own (a container's "
                          "seccomp or AppArmor profile may refuse mount), and read /proc/<pid>/root of its own "
                          "children (no hidepid mount of /proc that hides them)")
-    return Check(name="namespaces", status="ok", measured="user, mount and IPC namespaces of the job's own, its private "
-                                                          "folder a tmpfs of the job's own: made")
+    if pid_why:
+        return Check(name="namespaces", status="warn",
+                     measured=f"user, mount and IPC namespaces of the job's own and its private folder a tmpfs: made; no "
+                              f"PID namespace of the job's own ({pid_why}): where no cgroup can be had either (the "
+                              "containment line), a process a rank starts can outlive its job",
+                     fix="let the harness's user make PID namespaces and mount a /proc in them (a container's seccomp "
+                         "profile or masked /proc paths refuse it; Docker: --security-opt seccomp=unconfined and "
+                         "systempaths=unconfined, or run the harness outside the container)")
+    return Check(name="namespaces", status="ok", measured="user, mount, IPC and PID namespaces of the job's own (a /proc "
+                                                          "of its own), its private folder a tmpfs of the job's own: made")
 
 
 # --------------------------------------------------------------------------- the files

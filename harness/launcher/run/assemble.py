@@ -321,9 +321,13 @@ def sandbox_warnings(record: RunRecord, proc_sys: str = PROC_SYS) -> None:
         if line not in record.warnings:
             record.warnings.append(line)
     if uncontained:  # one line: the cause is the host's, the same for every phase
+        held = (record.extra.get("job_namespace") or {}).get("pid_namespace") is True
         line = (f"no cgroup of the job's own for {', '.join(names.get(p, p) for p in uncontained)} "
-                f"({next(iter(uncontained.values()))}): a process that forks faster than the teardown lists the "
-                "job's processes can outlive the run (docs/rules.md, \"Processes\")")
+                f"({next(iter(uncontained.values()))}): " +
+                ("the training job's processes were ended with its PID namespace (the check's and evaluation's model "
+                 "processes have their own), but nothing caps what a job allocates or forks"
+                 if held else "a process that forks faster than the teardown lists the job's processes can outlive "
+                 "the run") + " (docs/rules.md, \"Processes\")")
         if line not in record.warnings:
             record.warnings.append(line)
 

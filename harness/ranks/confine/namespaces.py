@@ -167,35 +167,54 @@ def _wait_and_end_as(child: int, libc, mask: set) -> NoReturn:
         os._exit(code)
 
 
-def join_job(socket_path: str, work_dir: str | None = None) -> str:
+def join_job(socket_path: str, work_dir: str | None = None) -> tuple[str, bool]:
     """A training rank enters its job's namespaces (harness/launcher/control/job_namespace.py): a private /dev/shm
-    and System V IPC shared with the node's other ranks only. Returns "" on success, else why not. Call
-    first, single-threaded (entering a user namespace requires it). The order matters: the user
-    namespace first (it gives the capabilities the other two need), then the mount and IPC ones; the
-    working directory is then set again (entering a mount namespace resets it)."""
+    and System V IPC shared with the node's other ranks only, and, where the holder made one, the job's PID
+    namespace. Returns ("", whether in the PID namespace) on success, else (why not, False). Call first,
+    single-threaded (entering a user namespace requires it). The order matters: the user namespace first (it
+    gives the capabilities the others need), then the mount, IPC and PID ones; the working directory is then
+    set again (entering a mount namespace resets it).
+
+    Entering a PID namespace moves only the children a process makes next, so this process then forks once, as
+    isolate() does: the caller goes on in the child, in the namespace (its /proc the namespace's: os.getpid() and
+    /proc/self agree), with every process it starts; the parent, outside, forwards signals, waits for it and
+    ends as it ended, so torch elastic's agent, which watches the parent, reads how the rank ended."""
     import socket
 
     if not sys.platform.startswith("linux"):
-        return f"namespaces are Linux-only; this is {sys.platform}"
+        return f"namespaces are Linux-only; this is {sys.platform}", False
     cwd = work_dir or os.getcwd()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(10.0)
             conn.connect(socket_path)
-            _msg, fds, _flags, _addr = socket.recv_fds(conn, 16, 3)
+            _msg, fds, _flags, _addr = socket.recv_fds(conn, 16, 4)
     except OSError as exc:
-        return f"the job's namespaces could not be reached ({exc})"
-    if len(fds) != 3:
+        return f"the job's namespaces could not be reached ({exc})", False
+    if len(fds) not in (3, 4):
         for fd in fds:
             os.close(fd)
-        return "the job's namespace holder refused this process"
+        return "the job's namespace holder refused this process", False
     libc = ctypes.CDLL(None, use_errno=True)
+    kinds = ((CLONE_NEWUSER, "user"), (CLONE_NEWNS, "mount"), (CLONE_NEWIPC, "IPC"), (CLONE_NEWPID, "PID"))
     try:
-        for fd, kind, what in zip(fds, (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWIPC), ("user", "mount", "IPC")):
+        for fd, (kind, what) in zip(fds, kinds):
             if libc.setns(fd, kind) != 0:
-                return f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}"
+                return f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}", False
     finally:
         for fd in fds:
             os.close(fd)
     os.chdir(cwd)
-    return ""
+    if len(fds) == 3:
+        return "", False
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # as in isolate(): nothing ends the parent unforwarded
+    try:
+        child = os.fork()
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return f"no process could be started in the job's PID namespace ({exc.strerror})", False
+    if child == 0:
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone (the agent's kill): so is the rank
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return "", True
+    _wait_and_end_as(child, libc, mask)
