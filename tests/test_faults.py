@@ -260,16 +260,17 @@ def _heard(udp, within_s: float) -> list[bytes]:
     return got
 
 
-@pytest.mark.parametrize("cgroups", ["on", "off"])
-def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(cli, tmp_path, cgroups):
+@pytest.mark.parametrize("cgroups, pids", [("on", "on"), ("off", "on"), ("on", "off")])
+def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(cli, tmp_path, cgroups, pids):
     """Attack: a process, started in the check, in the training rank and in evaluation's model processes, that
     leaves its session and forks a fresh copy of itself every few milliseconds (and on every SIGTERM): no list of
     the job's processes is still true when it is used, so a teardown that lists and kills misses it, and alive
     after the run it could carry the weights into the team's next run. It says it is alive on a UDP port. Each of
     those processes is born in a cgroup of its job's own (harness/launcher/control/job_cgroup.py), ended at once
-    by the kernel: nothing is heard once `harness run` has returned. [off]: a host where no cgroup can be had
+    by the kernel: nothing is heard once `harness run` has returned. [off-on]: a host where no cgroup can be had
     (HARNESS_CGROUP=off stands for it): the training job's PID namespace (job_namespace.py), and the check's and
-    model processes' own, end them all the same."""
+    model processes' own, end them all the same. [on-off]: the cgroups alone, where the PID namespace is turned off
+    (HARNESS_PID_NAMESPACE=off, as on a host that refuses it), and the record says so."""
     import socket
 
     folder = tmp_path / "team"
@@ -280,7 +281,7 @@ def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(
     (folder / "mark.txt").write_text(json.dumps({"port": udp.getsockname()[1], "stop": str(stop)}))
     try:
         result = cli("run", str(folder), "--track", str(quick_track(tmp_path)),
-                     env={"HARNESS_CGROUP": "off"} if cgroups == "off" else None)
+                     env={"HARNESS_CGROUP": cgroups, "HARNESS_PID_NAMESPACE": pids})
         assert result.code == 0, result.err
         during = _heard(udp, 0.2)  # what it said while the run lasted, and whatever was on its way
         assert during, "the process never said it was alive: the attack did not run, and the test shows nothing"
@@ -288,7 +289,9 @@ def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(
         assert after == [], f"a process the submission started outlived the run: {after[:3]}"
         _, record = only_record(tmp_path / "runs")
         assert record["status"] == "ok" and not record["flagged"], record.get("flag_reason")
-        assert record["job_namespace"]["pid_namespace"] is True, record["job_namespace"]
+        assert record["job_namespace"]["pid_namespace"] is (pids == "on"), record["job_namespace"]
+        if pids == "off":
+            assert record["job_namespace"]["pid_why"] == "turned off (HARNESS_PID_NAMESPACE=off)", record["job_namespace"]
         held = record["containment"]
         assert set(held) == {"check", "training", "evaluation"}, held
         if cgroups == "on":

@@ -70,6 +70,8 @@ from harness.ranks.confine.rootfs import (MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 READY_WITHIN_S = 20.0
 READY = "ready"
+# "off": no PID namespace for the job (a cluster where it misbehaves; the tests of the host that refuses one)
+PID_OFF_ENV = "HARNESS_PID_NAMESPACE"
 NO_PID_NAMESPACE = "ready without a PID namespace: "  # the holder's line where the kernel refused one
 END_WITHIN_S = 10.0  # the holder's kill of PID 1, and the kernel's end of every process in the namespace
 
@@ -91,8 +93,9 @@ class JobNamespace:
         self.pid_why = ""  # why the job has no PID namespace of its own ("" where it has one)
         self.proc: subprocess.Popen | None = None
         try:
+            pids = "off" if os.environ.get(PID_OFF_ENV, "").lower() == "off" else "on"
             self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.job_namespace", self.socket_path, os.getpid(),
-                                                                  int(shm_bytes), writable, int(scratch_bytes)),
+                                                                  int(shm_bytes), writable, int(scratch_bytes), pids),
                                          env=interpreter.child_environment(), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = first_line(self.proc, READY_WITHIN_S)
@@ -277,7 +280,7 @@ def copy_launcher_tree(src_fd: int, dest: str) -> None:
             os.close(fd)
 
 
-def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0) -> str:
+def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int = 0, pids: bool = True) -> str:
     """In this (single-threaded) process: the job's namespaces, entered; see the module docstring. The
     job's /dev/shm holds at most shm_bytes (0: the kernel's default, half the memory) and SHM_INODES files;
     with scratch_bytes, `writable` becomes a tmpfs of that size holding a copy of what it held (module docstring).
@@ -319,9 +322,11 @@ def make_namespaces(shm_bytes: int = 0, writable: str = "", scratch_bytes: int =
     # A second user namespace, with new mount, IPC and PID namespaces: the mounts copied into it are locked
     # (they came from a more privileged namespace), so a rank with every capability in it still cannot
     # unmount the tmpfs. Ranks join these (the mount namespace: PID 1's copy of it, JobInit).
+    pid_why = "" if pids else f"turned off ({PID_OFF_ENV}=off)"
     try:
+        if pid_why:
+            raise Refused(pid_why)
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID, "unshare of the ranks' namespaces")
-        pid_why = ""
     except Refused as exc:  # a kernel or a container's profile that refuses PID namespaces: the others alone
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC, "unshare of the ranks' namespaces")
         pid_why = str(exc)
@@ -451,6 +456,7 @@ def main(argv: list[str]) -> None:
     socket_path, launcher = argv[1], int(argv[2])
     shm_bytes, writable = (int(argv[3]) if len(argv) > 3 else 0), (argv[4] if len(argv) > 4 else "")
     scratch_bytes = int(argv[5]) if len(argv) > 5 else 0
+    pids = argv[6] != "off" if len(argv) > 6 else True
     Libc().c.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
     if os.getppid() != launcher:
         sys.exit(1)
@@ -458,7 +464,7 @@ def main(argv: list[str]) -> None:
     server.bind(socket_path)  # before the namespaces: in them, the launcher's folder is read-only
     server.listen(64)
     try:
-        pid_why = make_namespaces(shm_bytes, writable, scratch_bytes)
+        pid_why = make_namespaces(shm_bytes, writable, scratch_bytes, pids)
     except ScratchRefused as exc:
         print(SCRATCH_REFUSED + " ".join(str(exc.strerror).split()), flush=True)
         sys.exit(1)
