@@ -307,20 +307,20 @@ def test_a_process_that_forks_faster_than_the_teardown_does_not_outlive_the_run(
 
 
 def _ranks_of(launcher_pid: int) -> list:
-    """The rank processes under a launcher that torch elastic's agent started, found by what they run, not by the
-    variable under test. Each has forked into the job's PID namespace (harness/ranks/confine/namespaces.py
-    join_job), where its child runs the rank's code: the child, running the same, is not counted twice."""
+    """The rank processes under a launcher, found by what they run, not by the variable under test. Each process torch
+    elastic's agent starts forks into the job's PID namespace (harness/ranks/confine/namespaces.py join_job), where
+    its child runs the rank's code: that child is the rank (the parent, which only waits, is not dumpable: its
+    environment is not for other users to read)."""
     import psutil
 
-    found = []
+    started, ranks = [], []
     for p in psutil.Process(launcher_pid).children(recursive=True):
         try:
-            if "harness.ranks.training.train" in p.cmdline() and \
-                    "harness.ranks.training.train" not in p.parent().cmdline():
-                found.append(p)
+            if "harness.ranks.training.train" in p.cmdline():
+                (ranks if "harness.ranks.training.train" in p.parent().cmdline() else started).append(p)
         except psutil.Error:
             continue
-    return found
+    return ranks or started
 
 
 def _alive(proc) -> bool:
@@ -392,6 +392,45 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, 
         assert {r.pid for r in ranks} <= set(record["killed_pids"])
         assert_clean(record, tmp_path, cli)
     finally:  # never leave a broken harness's processes behind on a shared machine
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for p in processes_of_run(run_id) if run_id else []:
+            p.kill()
+
+
+def test_the_job_pid_namespace_ended_from_outside_is_the_infrastructures_failure(cache_dir, tmp_path):
+    """PID 1 of the training job's PID namespace (harness/launcher/control/job_namespace.py JobInit) killed from
+    outside the job, as an administrator's kill or the node's out-of-memory killer would: the kernel ends every
+    process of the job at once. The ranks could not have caused it (it is in no rank's reach): the run is `aborted`,
+    the harness's error, re-run, never `crashed` against the team; and nothing of the job is left."""
+    import psutil
+
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "stubborn"), "--track",
+                             str(one_rank(tmp_path)), "--budget-s", "60", "--no-leaderboard"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_id = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # wait until the rank is training
+            dirs = run_dirs(tmp_path / "runs")
+            if dirs and "training starts" in _read(dirs[0] / "logs" / "rank0.log"):
+                break
+            time.sleep(0.2)
+        run_id = only_record(tmp_path / "runs")[1]["run_id"]
+        found = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "harness.launcher.control.job_namespace" in p.cmdline()]
+        inits = [p for p in found if p.parent() in found]  # the holder's one child, a fork of it: PID 1 of the namespace
+        assert len(found) == 2 and len(inits) == 1, found
+        inits[0].kill()
+        out, err = proc.communicate(timeout=120)
+        _, record = only_record(tmp_path / "runs")
+        assert record["status"] == "aborted", (record["status"], record["reason"])
+        assert record["reason"].startswith("harness error: PID 1 of the job's PID namespace ended while the job ran"), \
+            record["reason"]
+        assert processes_of_run(run_id) == []
+    finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()

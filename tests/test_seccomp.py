@@ -135,3 +135,56 @@ def test_calls_that_allocate_kernel_memory_no_cgroup_is_charged_for_are_refused(
     paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
     if os.geteuid() == 0 or paranoid <= 2:  # the host lets a process watch itself: the door is real without the filter
         assert eval(bare.stdout)["perf_event_open"] == "fd", bare.stdout
+
+
+CLONES = """
+import ctypes, os, sys, threading
+from harness.ranks.confine import seccomp
+if sys.argv[1] == "filtered":
+    assert seccomp.install() == "", "not installed"
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+ret = libc.syscall(435, None, 0)  # clone3 with no arguments: EINVAL from a kernel that has it, ENOSYS from the filter
+out["clone3"] = ctypes.get_errno() if ret < 0 else "made"
+SIGCHLD, CLONE_PARENT = 17, 0x8000
+ret = libc.syscall(56, CLONE_PARENT | SIGCHLD, None, None, None, None)  # the raw call: a fork whose parent is ours
+if ret == 0:
+    os._exit(0)
+out["clone_parent"] = ctypes.get_errno() if ret < 0 else "made"
+done = []
+t = threading.Thread(target=lambda: done.append(1))  # glibc's pthread_create: clone3 first, then clone
+t.start(); t.join()
+out["thread"] = "ok" if done else "none"
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+out["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+import subprocess
+out["spawn"] = subprocess.run(["true"]).returncode  # posix_spawn: clone3 first, then clone
+import torch
+torch.set_num_threads(2)
+out["torch"] = "ok" if float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()) == 64 ** 3 else "wrong"
+print(out)
+"""
+
+
+def test_a_process_can_neither_leave_its_cgroup_through_clone3_nor_give_its_children_to_its_parent():
+    """The red team started a process in another cgroup with clone3(CLONE_INTO_CGROUP), and made a chain of
+    CLONE_PARENT children whose exit statuses waited on a rank's parent, outside the job's PID namespace, and held
+    the job's end. Under the filter clone3 answers ENOSYS (glibc falls back to clone, whose flags the filter reads)
+    and clone with CLONE_PARENT is refused; threads, fork, posix_spawn and torch's threads work as before. Without
+    the filter the same clone3 reaches the kernel (EINVAL for its empty arguments) and CLONE_PARENT makes a child."""
+    import errno
+    import platform
+
+    assert platform.machine() == "x86_64", "this test makes x86-64 calls"
+    # through a shell that waits for it: a CLONE_PARENT child's status goes to the shell, never to pytest
+    via_shell = ["sh", "-c", '"$0" "$@"; exit $?', sys.executable, "-c", CLONES]
+    filtered = subprocess.run([*via_shell, "filtered"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert filtered.returncode == 0, filtered.stderr
+    assert eval(filtered.stdout) == {"clone3": errno.ENOSYS, "clone_parent": errno.EPERM, "thread": "ok", "fork": 7,
+                                     "spawn": 0, "torch": "ok"}, filtered.stdout
+    bare = subprocess.run([*via_shell, "bare"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bare.returncode == 0, bare.stderr
+    assert eval(bare.stdout)["clone3"] != errno.ENOSYS and eval(bare.stdout)["clone_parent"] == "made", bare.stdout

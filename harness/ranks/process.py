@@ -87,7 +87,9 @@ def enter_job(socket_path: str | None, work_dir: str | None = None) -> dict:
         return {"active": False, "why": "the launcher made no namespace for the job (sandbox off, or refused here)"}
     from harness.ranks.confine import namespaces, rootfs
 
-    why, pids = namespaces.join_job(socket_path, work_dir)
+    # the parent left outside the job's PID namespace only waits: no capability of the job's user namespace stays
+    # with it (checked without /proc/self, which it has none of there)
+    why, pids = namespaces.join_job(socket_path, work_dir, lambda: rootfs.drop_capabilities(verify=False))
     dropped = rootfs.drop_capabilities()
     if why or dropped:
         return {"active": False, "why": why or f"its capabilities could not be dropped ({dropped})"}

@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -74,6 +75,8 @@ READY = "ready"
 PID_OFF_ENV = "HARNESS_PID_NAMESPACE"
 NO_PID_NAMESPACE = "ready without a PID namespace: "  # the holder's line where the kernel refused one
 END_WITHIN_S = 10.0  # the holder's kill of PID 1, and the kernel's end of every process in the namespace
+INIT_READY_WITHIN_S = 5.0  # PID 1's mounts: within the launcher's READY_WITHIN_S, so that its reason is the one read
+LOST = "lost: "  # the holder's line where PID 1 ended before the launcher ended the job
 
 
 class JobNamespace:
@@ -91,12 +94,13 @@ class JobNamespace:
         self.live_dir: Path | None = None
         self.scratch_refused = ""  # why the private folder could not be a tmpfs (the caller tries again without)
         self.pid_why = ""  # why the job has no PID namespace of its own ("" where it has one)
+        self.lost = ""  # why the job's PID namespace ended before the launcher ended it ("" where it did not)
         self.proc: subprocess.Popen | None = None
         try:
             pids = "off" if os.environ.get(PID_OFF_ENV, "").lower() == "off" else "on"
             self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.job_namespace", self.socket_path, os.getpid(),
                                                                   int(shm_bytes), writable, int(scratch_bytes), pids),
-                                         env=interpreter.child_environment(), stdin=subprocess.DEVNULL,
+                                         env=interpreter.child_environment(), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             line = first_line(self.proc, READY_WITHIN_S)
             if line is None:
@@ -145,22 +149,36 @@ class JobNamespace:
             out["pid_why"] = self.pid_why
         return out
 
-    def close(self) -> None:
-        """Ends the holder, and with it every process of the job's PID namespace: it kills the namespace's PID 1 and
+    def end_job(self) -> None:
+        """Ends the holder, and with it every process of the job's PID namespace: told by the end of its stdin (which
+        only this process holds: a SIGTERM sent to every process of the launcher's cgroup, systemd's or a scheduler's,
+        is ignored, so that the launcher's own graceful teardown runs first), it kills the namespace's PID 1 and
         waits for it, which the kernel lets return only once every process in the namespace is gone. Killed outright
-        past END_WITHIN_S (a process the kernel cannot end at once, stuck in a file system): PID 1 then dies with
-        it (PDEATHSIG), and the kernel ends the namespace all the same, unwaited. `folder_fd` stays open (the
-        taker's): the caller closes it (WorkArea.cleanup)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        past END_WITHIN_S (a process the kernel cannot end at once, stuck in a file system): PID 1 then dies with it
+        (PDEATHSIG), and the kernel ends the namespace all the same, unwaited. Sets `lost` where the holder said PID 1
+        had ended before it was told to end it."""
+        if self.proc is None or self.proc.stdout is None or self.proc.stdout.closed:  # never started, or ended already
+            return
+        if self.proc.stdin is not None:
             try:
-                self.proc.wait(END_WITHIN_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self.proc is not None:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(END_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
             self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
+        if self.proc.stdout is not None:
+            said = self.proc.stdout.read(4000).decode(errors="replace")  # it has exited: what is left, then EOF
+            self.proc.stdout.close()
+            lost = [line[len(LOST):] for line in said.splitlines() if line.startswith(LOST)]
+            self.lost = self.lost or (lost[0] if lost else "")
+
+    def close(self) -> None:
+        """end_job, then the holder's socket and folder. `folder_fd` stays open (the taker's): the caller closes it
+        (WorkArea.cleanup)."""
+        self.end_job()
         self.proc = None
         try:
             os.unlink(self.socket_path)
@@ -345,7 +363,15 @@ class JobInit:
         self.pid, self.why, self.mnt_fd = 0, "", -1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # PID 1 -> holder: "ok" and its mount
         alive_r, self._alive_w = os.pipe()  # held by the holder for its life: PID 1 reads its end (EOF) if it dies
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # the job runs without the PID namespace, and the record says why
+            for end in (ours, theirs):
+                end.close()
+            os.close(alive_r)
+            os.close(self._alive_w)
+            self.why = f"the namespace's first process could not be started ({exc.strerror})"
+            return
         if pid == 0:
             ours.close()
             os.close(self._alive_w)
@@ -354,7 +380,7 @@ class JobInit:
         os.close(alive_r)
         try:
             with ours:
-                ours.settimeout(READY_WITHIN_S)
+                ours.settimeout(INIT_READY_WITHIN_S)
                 msg, fds, _flags, _addr = socket.recv_fds(ours, 600, 1)
             answer = msg.decode(errors="replace")
         except OSError as exc:
@@ -381,6 +407,10 @@ class JobInit:
             # stays open, and a signal from the namespace has no handler to reach (the kernel drops it for PID 1).
             libc.c.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # the holder's: its stdin and stdout are the launcher's pipes
+                os.dup2(null, fd)
+            os.close(null)
             low, high = sorted((told_w, alive_r))
             os.closerange(3, low)
             os.closerange(low + 1, high)
@@ -421,18 +451,14 @@ class JobInit:
 
 def serve(server: socket.socket, launcher: int, pid_why: str) -> None:
     """Hand the namespaces to the job's ranks. With a PID namespace: PID 1 started first (JobInit), the ranks given
-    its mount namespace (with the namespace's /proc) and the PID namespace; a SIGTERM (the launcher's close) ends it."""
+    its mount namespace (with the namespace's /proc) and the PID namespace. The end of stdin (the launcher's end_job)
+    ends PID 1, so the namespace, then the holder; PID 1 ending first is said (LOST) and ends the holder."""
     libc = Libc()
     init = None
     if not pid_why:
         init = JobInit(libc)
         pid_why = init.why
     if init is not None and not init.why:
-        def end(_signum, _frame):
-            init.end()
-            os._exit(0)
-
-        signal.signal(signal.SIGTERM, end)
         # the holder's /proc is the host's (PID 1 mounted the job's in its own mount namespace only)
         fds = [os.open("/proc/self/ns/user", os.O_RDONLY), init.mnt_fd]
         fds += [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("ipc", "pid_for_children")]
@@ -440,7 +466,22 @@ def serve(server: socket.socket, launcher: int, pid_why: str) -> None:
     else:
         fds = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("user", "mnt", "ipc")]
         print(NO_PID_NAMESPACE + " ".join(pid_why.split()), flush=True)
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ)
+    sel.register(0, selectors.EVENT_READ)  # the launcher's pipe: its end (EOF) says the job is over
     while True:
+        ready = {key.fileobj for key, _ in sel.select(0.5)}
+        if init is not None and init.pid and os.waitpid(init.pid, os.WNOHANG)[0] == init.pid:
+            init.pid = 0  # nothing may enter a namespace whose processes the kernel has ended
+            print(LOST + "PID 1 of the job's PID namespace ended while the job ran (killed from outside the job): the "
+                  "kernel ended every process in the namespace", flush=True)
+            os._exit(3)
+        if 0 in ready:
+            if init is not None:
+                init.end()
+            os._exit(0)
+        if server not in ready:
+            continue
         conn, _ = server.accept()
         try:
             pid = peer_pid(conn)
@@ -458,6 +499,9 @@ def main(argv: list[str]) -> None:
     scratch_bytes = int(argv[5]) if len(argv) > 5 else 0
     pids = argv[6] != "off" if len(argv) > 6 else True
     Libc().c.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
+    # Ended by the launcher only (end_job): a SIGTERM to every process of the launcher's cgroup must not end the job's
+    # processes before the launcher's own teardown has given them shutdown_timeout_s.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.getppid() != launcher:
         sys.exit(1)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -215,6 +215,11 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  rank_tail=lambda rank: area.log_tail(f"rank{rank}.log"),
                                  poll=poll, on_exit=heartbeat.mark_done if heartbeat is not None else None,
                                  gate=gate)
+            if namespace is not None:  # the job's PID namespace ended now: nothing of the job lives past this line
+                namespace.end_job()
+                if namespace.lost and phase.outcome.status != "ok":  # its processes were ended under it
+                    phase.outcome.status, phase.outcome.reason = "aborted", f"harness error: {namespace.lost}"
+                    phase.outcome.cause, phase.outcome.failing_rank, phase.outcome.traceback = "launch", None, None
             report = guard.check_and_restore() if guard else GuardReport()
         if gate is not None and gate.opened_s is not None:  # the check ran inside this wait (check_phase.py)
             record.timings["launch_to_go_s"] = gate.opened_s - t_launch

@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (0x00020000, 0x08000000, 0x10000000,
                                                                      0x20000000, 0x40000000)
@@ -167,7 +167,8 @@ def _wait_and_end_as(child: int, libc, mask: set) -> NoReturn:
         os._exit(code)
 
 
-def join_job(socket_path: str, work_dir: str | None = None) -> tuple[str, bool]:
+def join_job(socket_path: str, work_dir: str | None = None,
+             before_waiting: Callable[[], object] | None = None) -> tuple[str, bool]:
     """A training rank enters its job's namespaces (harness/launcher/control/job_namespace.py): a private /dev/shm
     and System V IPC shared with the node's other ranks only, and, where the holder made one, the job's PID
     namespace. Returns ("", whether in the PID namespace) on success, else (why not, False). Call first,
@@ -178,7 +179,8 @@ def join_job(socket_path: str, work_dir: str | None = None) -> tuple[str, bool]:
     Entering a PID namespace moves only the children a process makes next, so this process then forks once, as
     isolate() does: the caller goes on in the child, in the namespace (its /proc the namespace's: os.getpid() and
     /proc/self agree), with every process it starts; the parent, outside, forwards signals, waits for it and
-    ends as it ended, so torch elastic's agent, which watches the parent, reads how the rank ended."""
+    ends as it ended, so torch elastic's agent, which watches the parent, reads how the rank ended. The parent calls
+    `before_waiting` first (the caller's capability drop: it needs none to wait)."""
     import socket
 
     if not sys.platform.startswith("linux"):
@@ -197,24 +199,44 @@ def join_job(socket_path: str, work_dir: str | None = None) -> tuple[str, bool]:
         return "the job's namespace holder refused this process", False
     libc = ctypes.CDLL(None, use_errno=True)
     kinds = ((CLONE_NEWUSER, "user"), (CLONE_NEWNS, "mount"), (CLONE_NEWIPC, "IPC"), (CLONE_NEWPID, "PID"))
+    why = ""
     try:
         for fd, (kind, what) in zip(fds, kinds):
             if libc.setns(fd, kind) != 0:
-                return f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}", False
+                why = f"entering the job's {what} namespace failed: {os.strerror(ctypes.get_errno())}"
+                break
     finally:
         for fd in fds:
             os.close(fd)
+    if why and len(fds) == 4 and kind != CLONE_NEWUSER and kind != CLONE_NEWNS:
+        _cannot_go_on(why)  # in PID 1's mount namespace, where this process has no /proc/self: nothing more works
+    if why:
+        return why, False
     os.chdir(cwd)
     if len(fds) == 3:
         return "", False
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # as in isolate(): nothing ends the parent unforwarded
     try:
         child = os.fork()
-    except OSError as exc:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        return f"no process could be started in the job's PID namespace ({exc.strerror})", False
+    except OSError as exc:  # PID 1 gone (ENOMEM), the job's task cap (EAGAIN)
+        _cannot_go_on(f"no process could be started in the job's PID namespace ({exc.strerror})")
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone (the agent's kill): so is the rank
+        if os.getppid() != 0:  # its parent, outside the namespace, shows as 0: it died before the line above took effect
+            os._exit(1)
+        # A group of its own: a signal torch elastic's agent sends the parent's group reaches the rank once, forwarded,
+        # and a rank's kill(0, ...) reaches its own processes, never the parent.
+        os.setpgid(0, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return "", True
+    if before_waiting is not None:
+        before_waiting()
     _wait_and_end_as(child, libc, mask)
+
+
+def _cannot_go_on(why: str) -> NoReturn:
+    """A rank that entered PID 1's mount namespace and then could not enter the PID namespace or fork into it: it
+    cannot start a thread or read /proc/self there, so it says why on its stderr (the agent's log of it, and the
+    last line of the crash's reason) and ends."""
+    os.write(2, f"harness: this rank could not enter its job's namespaces: {why}\n".encode(errors="replace"))
+    os._exit(1)

@@ -18,6 +18,15 @@ run is run again by a queue) or fail the teams after it. This filter refuses, wi
   kernel breaks it (45 s by default): a script held its checkpoint under a write lease so that the launcher
   could not read it while the job ran (harness/launcher/run/takeback.py StagedWatch). Samba takes leases;
   no harness, torch or training code does.
+- clone with CLONE_PARENT: the new process's parent would be the caller's (a training rank's is a process outside
+  the job's PID namespace, harness/ranks/confine/namespaces.py join_job), where its exit status would wait,
+  unreaped, and hold the namespace's end (a chain of them held a job's end 10 s); fork, threads, vfork and
+  posix_spawn never set it.
+
+and clone3 fails with ENOSYS, as if the kernel had none (glibc then makes the same call through clone, which
+this filter can read: clone3's flags are in memory it cannot): its CLONE_INTO_CGROUP starts a process in
+another cgroup the user may write (a red team's left the job's cgroup so), and its CLONE_PARENT is the above.
+Container runtimes' default profiles answer clone3 the same way.
 
 and every call through another ABI than the native one: on x86_64 the i386 table (`int $0x80`, open to
 64-bit processes wherever the kernel has IA32 emulation, as stock kernels do) and x32 numbers (the native
@@ -37,8 +46,9 @@ import ctypes
 import platform
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+RET_ALLOW, RET_EPERM, RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
 F_SETLEASE = 1024
+CLONE_PARENT = 0x00008000
 LD_W_ABS, JEQ_K, JSET_K, RET_K = 0x20, 0x15, 0x45, 0x06
 X32_SYSCALL_BIT = 0x40000000  # x86_64: a call numbered with this bit goes to the x32 table
 # seccomp_data: nr (u32) at 0, arch (u32) at 4, instruction pointer (u64) at 8, args (6 x u64) from 16.
@@ -56,10 +66,10 @@ def _arg_high(i: int) -> int:
 ARCHES = {  # AUDIT_ARCH_*, and the syscall numbers of each
     "x86_64": (0xC000003E, {"prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setscheduler": 144,
                             "sched_setparam": 142, "sched_setattr": 314, "perf_event_open": 298, "bpf": 321,
-                            "fcntl": 72}),
+                            "fcntl": 72, "clone": 56, "clone3": 435}),
     "aarch64": (0xC00000B7, {"prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setscheduler": 119,
                              "sched_setparam": 118, "sched_setattr": 274, "perf_event_open": 241, "bpf": 280,
-                             "fcntl": 25}),
+                             "fcntl": 25, "clone": 220, "clone3": 435}),
 }
 
 
@@ -113,7 +123,14 @@ def build_filter(arch: str) -> bytes | None:
     for name in ("perf_event_open", "bpf"):  # kernel memory no cgroup is charged for: refused outright
         p.jeq(nr[name], "deny")
     p.jeq(nr["fcntl"], "fcntl")
+    p.jeq(nr["clone"], "clone")
+    p.jeq(nr["clone3"], "clone3")
     p.ret(RET_ALLOW)
+    p.label("clone3")  # no such call, as far as the caller can tell: glibc makes it again through clone
+    p.ret(RET_ENOSYS)
+    p.label("clone")  # its flags are the first argument on both architectures
+    p.load(_arg_low(0))
+    p.jset(CLONE_PARENT, "deny", "allow")
     p.label("fcntl")  # a lease: the launcher's reads of the file would fail (EWOULDBLOCK) or wait for it
     p.load(_arg_low(1))
     p.jeq(F_SETLEASE, "deny", "allow")
