@@ -203,3 +203,25 @@ def test_a_long_traceback_keeps_its_last_line_once_its_control_characters_are_es
     name_team_files(record, [])
     assert record.traceback.endswith("ValueError: the real cause") and "\x1b" not in record.traceback
     assert len(record.traceback) <= 8000 + 40 and record.traceback.startswith("... (")
+
+
+def test_a_node_whose_job_namespace_was_ended_under_it_makes_the_run_the_infrastructures(tmp_path):
+    """Node 1's training job lost its PID namespace (harness/launcher/run/training.py: its PID 1 killed from outside):
+    the kernel ended its ranks, node 0's ranks saw their peers go (a collective's echo). The run is the machine's,
+    `aborted` and re-run, never a crash charged to the team; a node's own error still comes first."""
+    import json
+
+    (tmp_path / "nodes").mkdir()
+    lost = {"node_rank": 1, "status": "aborted", "cause": "infra",
+            "reason": "harness error: PID 1 of the job's PID namespace ended while the job ran"}
+    (tmp_path / "nodes" / "node1.json").write_text(json.dumps(lost))
+    record = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", reason="echo")
+    merge_node_reports(record, NodePaths(tmp_path, 0), Outcome("crashed", "echo", cause="collective"), 2,
+                       silent_after_s=0.0)
+    assert record.status == "aborted" and record.reason == f"node 1: {lost['reason']}", (record.status, record.reason)
+    own = {"node_rank": 2, "status": "crashed", "cause": "own", "reason": "submission.py:3: raised ValueError"}
+    (tmp_path / "nodes" / "node2.json").write_text(json.dumps(own))
+    record = RunRecord(run_id="r", team="t", track_name="tiny", status="crashed", reason="echo")
+    merge_node_reports(record, NodePaths(tmp_path, 0), Outcome("crashed", "echo", cause="collective"), 3,
+                       silent_after_s=0.0)
+    assert record.status == "crashed" and record.reason == f"node 2: {own['reason']}"

@@ -161,7 +161,9 @@ if pid == 0:
     os._exit(7)
 out["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 import subprocess
-out["spawn"] = subprocess.run(["true"]).returncode  # posix_spawn: clone3 first, then clone
+out["spawn"] = subprocess.run(["true"]).returncode  # Python's own vfork and exec
+pid = os.posix_spawn("/bin/true", ["true"], os.environ)  # glibc's posix_spawn: clone3 first, then clone
+out["posix_spawn"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 import torch
 torch.set_num_threads(2)
 out["torch"] = "ok" if float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()) == 64 ** 3 else "wrong"
@@ -184,7 +186,7 @@ def test_a_process_can_neither_leave_its_cgroup_through_clone3_nor_give_its_chil
     filtered = subprocess.run([*via_shell, "filtered"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert filtered.returncode == 0, filtered.stderr
     assert eval(filtered.stdout) == {"clone3": errno.ENOSYS, "clone_parent": errno.EPERM, "thread": "ok", "fork": 7,
-                                     "spawn": 0, "torch": "ok"}, filtered.stdout
+                                     "spawn": 0, "posix_spawn": 0, "torch": "ok"}, filtered.stdout
     bare = subprocess.run([*via_shell, "bare"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bare.returncode == 0, bare.stderr
     assert eval(bare.stdout)["clone3"] != errno.ENOSYS and eval(bare.stdout)["clone_parent"] == "made", bare.stdout

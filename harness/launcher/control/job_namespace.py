@@ -75,7 +75,7 @@ READY = "ready"
 PID_OFF_ENV = "HARNESS_PID_NAMESPACE"
 NO_PID_NAMESPACE = "ready without a PID namespace: "  # the holder's line where the kernel refused one
 END_WITHIN_S = 10.0  # the holder's kill of PID 1, and the kernel's end of every process in the namespace
-INIT_READY_WITHIN_S = 5.0  # PID 1's mounts: within the launcher's READY_WITHIN_S, so that its reason is the one read
+INIT_READY_WITHIN_S = 12.0  # PID 1's mounts (a loaded machine): within the launcher's READY_WITHIN_S, so that its reason is the one read
 LOST = "lost: "  # the holder's line where PID 1 ended before the launcher ended the job
 
 
@@ -164,6 +164,8 @@ class JobNamespace:
                 self.proc.stdin.close()
             except OSError:
                 pass
+        if not self.active and self.proc.poll() is None:  # it never served (refused, or not ready): no job to end
+            self.proc.kill()
         try:
             self.proc.wait(END_WITHIN_S)
         except subprocess.TimeoutExpired:

@@ -133,7 +133,10 @@ def merge_node_reports(record: RunRecord, node: NodePaths, outcome: Outcome, nno
     lost = [int(r) for r in record.extra.get("lost_nodes") or []]  # by the heartbeat (harness/launcher/control/heartbeat.py)
     if outcome.cause == "own" or outcome.status == "ok" or (outcome.cause == "kill" and not lost):
         return
-    remote = [rep for rep in reports.values() if rep.get("cause") == "own"]
+    # a node's own failure first; else a node whose job the machine ended under it (its PID namespace lost): not
+    # the team's, whatever the other nodes' ranks then saw of it
+    remote = [rep for rep in reports.values() if rep.get("cause") == "own"] or \
+        [rep for rep in reports.values() if rep.get("cause") == "infra" and rep.get("status") == "aborted"]
     answered = [r for r in lost if r in reports]
     unaccounted = [r for r in (lost or missing) if r not in reports]
     silent = unaccounted if heartbeat is None else heartbeat.silent(unaccounted)

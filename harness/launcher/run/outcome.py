@@ -27,7 +27,7 @@ class Outcome:
     reason: str = ""
     failing_rank: int | None = None
     traceback: str | None = None
-    cause: str = ""  # own (a rank's own error), collective (a peer's echo), kill, death, launch
+    cause: str = ""  # own (a rank's own error), collective (a peer's echo), kill, death, launch, infra (the machine's)
 
 
 def _silent_ranks(messages: list[Message], world_size: int, done_kind: str, local: list[int] | None) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -212,9 +213,17 @@ def join_job(socket_path: str, work_dir: str | None = None,
         _cannot_go_on(why)  # in PID 1's mount namespace, where this process has no /proc/self: nothing more works
     if why:
         return why, False
-    os.chdir(cwd)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        if len(fds) == 4:
+            _cannot_go_on(f"its working folder could not be entered ({exc.strerror})")
+        return f"its working folder could not be entered in the job's namespaces ({exc.strerror})", False
     if len(fds) == 3:
         return "", False
+    # The parent's end of a pipe: EOF in the child once the parent is gone (its exit status cannot be asked for from
+    # inside the namespace: an orphan goes to the launcher, a subreaper outside it, and getppid() stays 0).
+    alive_r, alive_w = os.pipe()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # as in isolate(): nothing ends the parent unforwarded
     try:
         child = os.fork()
@@ -222,15 +231,21 @@ def join_job(socket_path: str, work_dir: str | None = None,
         _cannot_go_on(f"no process could be started in the job's PID namespace ({exc.strerror})")
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone (the agent's kill): so is the rank
-        if os.getppid() != 0:  # its parent, outside the namespace, shows as 0: it died before the line above took effect
+        os.close(alive_w)
+        if select.select([alive_r], [], [], 0)[0]:  # EOF: it died before the line above took effect
             os._exit(1)
+        os.close(alive_r)
         # A group of its own: a signal torch elastic's agent sends the parent's group reaches the rank once, forwarded,
         # and a rank's kill(0, ...) reaches its own processes, never the parent.
         os.setpgid(0, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return "", True
-    if before_waiting is not None:
-        before_waiting()
+    os.close(alive_r)  # alive_w stays open for the parent's life
+    try:
+        if before_waiting is not None:
+            before_waiting()
+    except Exception:  # noqa: BLE001  (the parent only waits: nothing of it may return to the caller beside its child)
+        pass
     _wait_and_end_as(child, libc, mask)
 
 
