@@ -332,6 +332,24 @@ def _alive(proc) -> bool:
         return False
 
 
+def _stubborn_run(cache_dir, tmp_path, track, *extra: str) -> subprocess.Popen:
+    """`harness run` of `stubborn` (every rank sleeps in its 3rd forward and ignores SIGTERM) in the background."""
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "stubborn"), "--track", str(track),
+                             "--budget-s", "60", *extra], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_until_training(runs: Path, log: str, within_s: float = 90.0) -> None:
+    """Until the run's record exists and `log` (a rank's) says its training started, or within_s has passed."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        dirs = run_dirs(runs)
+        if dirs and "training starts" in _read(dirs[0] / "logs" / log):
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("sig, nproc", [(signal.SIGINT, 1), (signal.SIGTERM, 2), (signal.SIGHUP, 1), (signal.SIGKILL, 1)],
                          ids=lambda v: v.name if isinstance(v, signal.Signals) else f"{v}rank")
 def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, sig, nproc):
@@ -340,20 +358,12 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, 
     the launcher itself takes its ranks with it and leaves the record `running`. While the job runs,
     every rank carries HARNESS_RUN_ID, so the "nothing left" check afterwards is not vacuous. SIGTERM,
     SLURM's, on two ranks; the others on one (the teardown of every rank is the same code)."""
-    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
     track = TINY_TRACK if nproc == 2 else one_rank(tmp_path)
     last = f"rank{nproc - 1}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "stubborn"),
-                             "--track", str(track), "--budget-s", "60"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _stubborn_run(cache_dir, tmp_path, track)
     run_id = None
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # wait until the ranks are training
-            dirs = run_dirs(tmp_path / "runs")
-            if dirs and "training starts" in _read(dirs[0] / "logs" / last):
-                break
-            time.sleep(0.2)
+        _wait_until_training(tmp_path / "runs", last)
         run_dir, running = only_record(tmp_path / "runs")
         run_id = running["run_id"]
         assert running["status"] == "running", "the record must exist while the run is in progress"
@@ -400,27 +410,19 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, 
 
 
 def test_the_job_pid_namespace_ended_from_outside_is_the_infrastructures_failure(cache_dir, tmp_path):
-    """PID 1 of the training job's PID namespace (harness/launcher/control/job_namespace.py JobInit) killed from
+    """PID 1 of the training job's PID namespace (harness/launcher/control/namespace_holder.py JobInit) killed from
     outside the job, as an administrator's kill or the node's out-of-memory killer would: the kernel ends every
     process of the job at once. The ranks could not have caused it (it is in no rank's reach): the run is `aborted`,
     the harness's error, re-run, never `crashed` against the team; and nothing of the job is left."""
     import psutil
 
-    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "stubborn"), "--track",
-                             str(one_rank(tmp_path)), "--budget-s", "60", "--no-leaderboard"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _stubborn_run(cache_dir, tmp_path, one_rank(tmp_path), "--no-leaderboard")
     run_id = None
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # wait until the rank is training
-            dirs = run_dirs(tmp_path / "runs")
-            if dirs and "training starts" in _read(dirs[0] / "logs" / "rank0.log"):
-                break
-            time.sleep(0.2)
+        _wait_until_training(tmp_path / "runs", "rank0.log")
         run_id = only_record(tmp_path / "runs")[1]["run_id"]
         found = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if "harness.launcher.control.job_namespace" in p.cmdline()]
+                 if "harness.launcher.control.namespace_holder" in p.cmdline()]
         inits = [p for p in found if p.parent() in found]  # the holder's one child, a fork of it: PID 1 of the namespace
         assert len(found) == 2 and len(inits) == 1, found
         inits[0].kill()

@@ -217,12 +217,12 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  gate=gate)
             if namespace is not None:  # the job's PID namespace ended now: nothing of the job lives past this line
                 namespace.end_job()
-                if namespace.lost and phase.outcome.cause in ("death", "collective", "kill", ""):  # ended under it
-                    if phase.outcome.status == "ok":  # it ended after the ranks had: nothing lost but the record's word
-                        record.notes.append(f"the job's namespace holder said: {namespace.lost}")
-                    else:  # the ranks died of it: not the team's (nodes.py adopts it on node 0 as well)
-                        phase.outcome.status, phase.outcome.reason = "aborted", f"harness error: {namespace.lost}"
-                        phase.outcome.cause, phase.outcome.failing_rank, phase.outcome.traceback = "infra", None, None
+                if namespace.lost and phase.outcome.status == "ok":  # it ended after the ranks had: said, nothing lost
+                    record.notes.append(f"the job's namespace holder said: {namespace.lost}")
+                elif namespace.lost and phase.outcome.cause in ("death", "collective"):  # the ranks died of it, or of
+                    # a peer's death: not the team's (nodes.py adopts it on node 0); the clock's and the rules' verdicts stay
+                    phase.outcome.status, phase.outcome.reason = "aborted", f"harness error: {namespace.lost}"
+                    phase.outcome.cause, phase.outcome.failing_rank, phase.outcome.traceback = "infra", None, None
             report = guard.check_and_restore() if guard else GuardReport()
         if gate is not None and gate.opened_s is not None:  # the check ran inside this wait (check_phase.py)
             record.timings["launch_to_go_s"] = gate.opened_s - t_launch
