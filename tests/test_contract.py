@@ -111,6 +111,32 @@ def test_relative_and_sibling_imports_both_work(tmp_path):
         sys.path.remove(str(folder))
 
 
+POOLS = """
+import multiprocessing, sys
+from pathlib import Path
+from harness.submission.contract import import_submission_module
+module = import_submission_module(Path(sys.argv[1]))
+for method in ("spawn", "forkserver"):
+    with multiprocessing.get_context(method).Pool(1) as pool:
+        print(method, pool.map_async(module.twice, [1, 2]).get(timeout=60), flush=True)  # a broken pool waits forever
+"""
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_a_function_of_submission_py_runs_in_a_pool_started_afresh(tmp_path, relative):
+    """Python's spawn and forkserver workers (forkserver: 3.14's default start method) unpickle a function by
+    its module's name, `_harness_submission.submission`, importing it again: it must be importable there,
+    with the siblings it imports either way, or the worker fails and the pool waits forever."""
+    import subprocess
+
+    (tmp_path / "helper.py").write_text("def double(x):\n    return 2 * x\n")
+    line = "from .helper import double" if relative else "from helper import double"
+    (tmp_path / "submission.py").write_text(f"{line}\ndef twice(x):\n    return double(x)\n")
+    ran = subprocess.run([sys.executable, "-c", POOLS, str(tmp_path)], capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path.parent)
+    assert ran.returncode == 0 and ran.stdout.split("\n")[:2] == ["spawn [2, 4]", "forkserver [2, 4]"], ran.stderr
+
+
 @pytest.mark.parametrize("out, message", [
     (torch.zeros(2, 4, 8), r"forward returned a Tensor, not a pair \(logits, loss\)\."),
     ((torch.zeros(2, 8), torch.zeros(())),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, TINY_TRACK
+from conftest import FIXTURES, ROOT, TINY_TRACK, only_record, processes_of_run, quick_track
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock and namespaces are Linux's")
 
@@ -146,42 +146,19 @@ def test_the_check_and_model_processes_have_a_private_dev_shm(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_get_model_that_takes_a_lock_and_runs_a_pool_passes_the_check(cli):
-    """The check process, through `harness check`: shared_memory's get_model takes a multiprocessing lock
-    and maps over a pool of one, as Inductor's compile pool does."""
-    result = cli("check", str(FIXTURES / "shared_memory"), "--track", str(TINY_TRACK), "--json")
-    assert result.code == 0, result.text
-    report = json.loads(result.out)
-    assert report["accepted"] and report["sandbox"]["active"] and report["sandbox"]["filesystem"]["active"], report
-
-
-@pytest.mark.slow
-def test_a_get_model_that_takes_a_lock_and_runs_a_pool_loads_in_a_model_process(tmp_path):
-    """Evaluation's model process, started as the scorer starts it (harness/scoring/workers.py), with the
-    same submission and a checkpoint of its model: it loads and says it is ready, in its own root."""
-    import torch
-
-    from harness.scoring.workers import ModelWorker
-
-    folder = FIXTURES / "shared_memory"
-    sys.path.insert(0, str(folder))
-    try:
-        from submission import Bigram
-    finally:
-        sys.path.remove(str(folder))
-    checkpoint = tmp_path / "checkpoint.pt"
-    torch.save({"config": {"vocab_size": 16}, "model": Bigram(16).state_dict(), "step": 0, "tokens": 0}, checkpoint)
-    setup = {"checkpoint": str(checkpoint), "submission_dir": str(folder), "device": "cpu", "precision": "float32",
-             "threads": 1, "vocab_out": 16, "sandbox": "auto", "model_file": "submission.py"}
-    worker = ModelWorker(setup=setup, buffer_bytes=4 * 16 * 16, log_dir=tmp_path / "logs", protected=[])
-    try:
-        ready = worker.wait_ready()
-    finally:
-        worker.close()
-        worker.name_log()
-    log = (tmp_path / "logs" / worker.log_path.name).read_text()
-    assert ready["params"] == 16 * 16 and "SHARED-MEMORY lock and pool ok" in log, log
-    assert ready["sandbox"]["active"] and ready["sandbox"]["filesystem"]["active"], ready["sandbox"]
+def test_a_get_model_that_takes_a_lock_and_runs_pools_works_in_the_check_training_and_evaluation(cli, tmp_path):
+    """shared_memory's get_model takes a multiprocessing lock and maps over a forked pool of one, as Inductor's
+    compile pool does, then over a spawned one a function of submission.py (imported by its name in the
+    worker): in the check process, a training rank and evaluation's model process, each in its sandbox."""
+    result = cli("run", str(FIXTURES / "shared_memory"), "--track", str(quick_track(tmp_path)))
+    run_dir, record = only_record(tmp_path / "runs")
+    assert result.code == 0 and record["status"] == "ok", record["reason"]
+    for log in ("preflight.log", "rank0.log", "eval-model-rank0.log"):
+        text = (run_dir / "logs" / log).read_text()
+        assert "SHARED-MEMORY lock and pool ok" in text and "SPAWNED pool ok" in text, (log, text)
+    box = record["sandbox"]
+    assert box["check"]["filesystem"]["active"] and box["training"]["active"] and box["evaluation"]["model"]["active"], box
+    assert processes_of_run(record["run_id"]) == []
 
 
 # ----------------------------------------------------------------------------- sockets and FIFOs
@@ -247,6 +224,39 @@ def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path)
     finally:
         shutil.rmtree(short, ignore_errors=True)
     assert got["sums"] == [4.0, 20.0, 36.0], got
+
+
+FORKSERVER = """
+os.makedirs(f"{P}/tmp")
+import multiprocessing
+from harness.ranks.models.contract_checks import problem_of
+try:
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        out["pool"] = pool.map(abs, [-1, 2])
+except Exception as exc:
+    out["problem"] = problem_of(exc, S)
+"""
+
+
+@pytest.mark.slow
+def test_a_forkserver_pool_runs_in_a_training_rank_and_the_check_refuses_it_with_the_fix():
+    """Python's forkserver (3.14's default start method) listens on a Unix socket in the temporary folder:
+    a training rank may make one; the check may not, as evaluation's model processes may not (so what
+    would fail in evaluation, after the training, fails before it), and its problem says what to use."""
+    import shutil
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # a socket's path holds 107 bytes
+    got = {}
+    try:
+        for kind in ("training", "check"):
+            (short / kind).mkdir()
+            got[kind] = sandboxed(short / kind, kind, FORKSERVER, env={"TMPDIR": str(short / kind / "private" / "tmp")})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert got["training"]["pool"] == [1, 2], got
+    problem = got["check"]["problem"]
+    assert problem["problem"].startswith("PermissionError") and "'fork' or 'spawn' start method" in problem["fix"], got
 
 
 SPOOF = """

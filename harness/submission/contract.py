@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import os
 import re
 import unicodedata
 import sys
@@ -37,6 +38,7 @@ from harness.submission import files
 from harness.submission.files import IGNORED_DIRS, MAX_SUBMISSION_BYTES  # noqa: F401 (one definition, re-exported)
 
 PACKAGE = "_harness_submission"
+PACKAGE_ROOT = str(Path(__file__).resolve().parent / "package_root")  # holds _harness_submission/
 
 
 class SubmissionError(Exception):
@@ -265,6 +267,11 @@ def import_submission_module(folder: Path, entry: str = "submission.py") -> type
     sys.modules[PACKAGE] = package
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))  # plain sibling imports
+    # A worker the team starts with multiprocessing's spawn or forkserver imports the package by name to
+    # unpickle a function of submission.py: it finds it through package_root, on the sys.path it inherits.
+    os.environ["HARNESS_SUBMISSION_PACKAGE_DIR"] = str(folder)
+    if PACKAGE_ROOT not in sys.path:
+        sys.path.append(PACKAGE_ROOT)
     path = folder / entry
     spec = importlib.util.spec_from_file_location(f"{PACKAGE}.{Path(entry).stem}", path)
     assert spec is not None and spec.loader is not None

@@ -31,8 +31,21 @@ def problem_of(exc: BaseException, team_dir: str) -> dict:
                 **({"traceback": "".join(traceback.format_exception(exc))} if site else {})}
     tb = traceback.extract_tb(exc.__traceback__)
     where = site or next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
-    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": "",
+    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": refused_fix(exc, tb),
             "traceback": "".join(traceback.format_exception(exc))}
+
+
+def refused_fix(exc: BaseException, tb: list) -> str:
+    """What to do about an access the sandbox refused (EACCES, EPERM): the check runs the team's code as
+    evaluation's model processes do, so what fails here would fail there, after the training."""
+    if not isinstance(exc, PermissionError):
+        return ""
+    fix = ("the check runs your code sandboxed, as evaluation does: it may write only its working folder (HOME, "
+           "TMPDIR) and /dev/shm, and may make no socket nor reach the network (docs/submission.md)")
+    if any(f.filename.endswith(("multiprocessing/forkserver.py", "multiprocessing/connection.py")) for f in tb):
+        fix += ("; a multiprocessing pool there needs the 'fork' or 'spawn' start method (multiprocessing.get_context): "
+                "'forkserver', Python 3.14's default, listens on a socket")
+    return fix
 
 
 def check_forward_signature(model, file: str) -> None:
