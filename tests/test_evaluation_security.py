@@ -212,7 +212,9 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     for the two; the record says how they started). Each holds its stdin (/dev/null), its log, its
     two pipes and its logits buffer, nothing of the template (no socket); its environment is the
     private one; its random generators are seeded afresh, as a new interpreter's are; and the harness
-    frames it inherited are shaped alike in both (no history of the first in the second's memory)."""
+    frames it inherited are shaped alike in both (no history of the first in the second's memory). A training
+    rank's PID 1, the job's (a fork of the namespace holder), shows in /proc/1/cmdline no argument of the
+    launcher's: not its pid, nor the holder's socket, nor the private folder."""
     import re
 
     from harness.ranks.confine.sandbox import KEEP_ENV, KEEP_ENV_PREFIXES
@@ -220,7 +222,8 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "fork_probe")
     assert result.code == 0, record["reason"]
     assert record["eval"]["model_processes"] == "forked from a clean template"
-    private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE"}
+    private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE",
+               "HARNESS_SUBMISSION_PACKAGE_DIR"}  # the folder it imports, for its spawned workers (contract.py)
     draws, frames = [], []
     for name in ("eval-model-rank0.log", "eval-check-rank0.log"):
         text = _log(run_dir, name)
@@ -240,6 +243,9 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     assert all(a != b for a, b in zip(*draws)), draws  # Python's, numpy's, torch's
     assert any(f[0] == "ranks/models/model_template.py" for f in frames[0]), frames[0]  # what is compared is there
     assert frames[0] == frames[1], frames
+    pid1 = json.loads(re.search(r"^FORK-PROBE pid1 (.*)$", _log(run_dir, "rank0.log"), re.M).group(1))
+    if record["job_namespace"]["pid_namespace"]:
+        assert pid1[-2:] == ["-m", "harness.launcher.control.namespace_holder"], pid1
 
 
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13

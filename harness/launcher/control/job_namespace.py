@@ -47,6 +47,7 @@ and the launcher removes what the job left in /dev/shm afterwards (`ShmSweep`).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -80,10 +81,15 @@ class JobNamespace:
         self.proc: subprocess.Popen | None = None
         try:
             pids = "off" if os.environ.get(PID_OFF_ENV, "").lower() == "off" else "on"
-            self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.namespace_holder", self.socket_path, os.getpid(),
-                                                                  int(shm_bytes), writable, int(scratch_bytes), pids),
+            self.proc = subprocess.Popen(interpreter.python_argv("harness.launcher.control.namespace_holder"),
                                          env=interpreter.child_environment(), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            # On its stdin, not its command line: PID 1 of the job is a fork of the holder, and every rank reads
+            # /proc/1/cmdline (the socket's path, the launcher's pid, the private folder's).
+            self.proc.stdin.write(json.dumps({"socket_path": self.socket_path, "launcher": os.getpid(),
+                                              "shm_bytes": int(shm_bytes), "writable": writable,
+                                              "scratch_bytes": int(scratch_bytes), "pids": pids}).encode() + b"\n")
+            self.proc.stdin.flush()
             line = first_line(self.proc, READY_WITHIN_S)
             if line is None:
                 line = f"not ready within {READY_WITHIN_S:.0f} s"

@@ -9,6 +9,7 @@ here; what it reads from a rank is only the kernel's word for who connected (SO_
 from __future__ import annotations
 
 import errno
+import json
 import os
 import select
 import selectors
@@ -276,12 +277,23 @@ def serve(server: socket.socket, launcher: int, pid_why: str) -> None:
             conn.close()
 
 
-def main(argv: list[str]) -> None:
-    socket_path, launcher = argv[1], int(argv[2])
-    shm_bytes, writable = (int(argv[3]) if len(argv) > 3 else 0), (argv[4] if len(argv) > 4 else "")
-    scratch_bytes = int(argv[5]) if len(argv) > 5 else 0
-    pids = argv[6] != "off" if len(argv) > 6 else True
+def read_settings() -> dict:
+    """The launcher's one line on stdin (JobNamespace), read unbuffered: the rest of stdin is the launcher's end."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 4096)
+        if not chunk:
+            sys.exit(1)  # the launcher went before saying anything
+        line += chunk
+    return json.loads(line)
+
+
+def main() -> None:
     Libc().c.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the launcher gone: so is the holder
+    settings = read_settings()
+    socket_path, launcher = str(settings["socket_path"]), int(settings["launcher"])
+    shm_bytes, writable = int(settings.get("shm_bytes", 0)), str(settings.get("writable", ""))
+    scratch_bytes, pids = int(settings.get("scratch_bytes", 0)), settings.get("pids", "on") != "off"
     # Ended by the launcher only (end_job): a SIGTERM to every process of the launcher's cgroup must not end the job's
     # processes before the launcher's own teardown has given them shutdown_timeout_s.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -302,4 +314,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()
