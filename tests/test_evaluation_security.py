@@ -248,6 +248,24 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
         assert pid1[-2:] == ["-m", "harness.launcher.control.namespace_holder"], pid1
 
 
+def test_what_a_model_process_says_once_it_has_seen_validation_tokens_never_reaches_the_record(cli, tmp_path):
+    """leaks_in_error raises, on its first scoring batch, an exception whose message is that batch's tokens.
+    The run is `crashed` at the team's line and the exception's name; the words (message, traceback) stay in
+    the model process's own log, the organisers', and nowhere a team reads: the record, the console, the
+    launcher's and the scorer's logs. A failure before any batch (loading the model) keeps its words."""
+    import re
+
+    result, run_dir, record = _run(cli, tmp_path, FIXTURES / "leaks_in_error")
+    assert record["status"] == "crashed", record["reason"]
+    assert re.match(r"evaluation: rank 0: submission\.py:\d+: RuntimeError while scoring validation tokens \(its message "
+                    r"and traceback are in logs/eval-model-rank0\.log, the organisers'", record["reason"]), record["reason"]
+    assert "LEAKED-TOKENS" in _log(run_dir, "eval-model-rank0.log")  # kept where the organisers read it
+    assert "LEAKED-TOKENS" not in (run_dir / "run.json").read_text() + result.out + result.err
+    for log in (run_dir / "logs").iterdir():
+        if not log.name.startswith(("eval-model-", "eval-check-")):
+            assert "LEAKED-TOKENS" not in log.read_text(errors="replace"), log.name
+
+
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13
 
 

@@ -13,6 +13,7 @@ so a process that leaves its session or is orphaned is still the scorer's descen
 
 from __future__ import annotations
 
+import builtins
 import json
 import mmap
 import os
@@ -141,6 +142,44 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
         time.sleep(0.02)
 
 
+# Python's own exception classes: the one name of a scoring failure the record may take from a model process.
+PYTHON_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
+                              if isinstance(value, type) and issubclass(value, BaseException))
+
+
+def withheld_reason(report: dict, submission_dir: str, log_name: str) -> str:
+    """The reason of a model process's failure once it has been handed validation tokens. Its message and
+    traceback are its own words, which can carry those tokens (an exception whose text is a batch's tokens, a
+    few KB each run, the same validation set every run): the record, and the board, take only what the scorer
+    holds to a closed set. The status (invalid or crashed), the team's file:line where it names a Python file of
+    the submission, and the exception's name where it is one of Python's. The words stay in the model process's
+    own log, the organisers'."""
+    site = report.get("site")
+    site = site if isinstance(site, str) and _is_team_line(site, submission_dir) else ""
+    name = report.get("exception")
+    name = name if isinstance(name, str) and name in PYTHON_EXCEPTIONS else "an exception"
+    return (f"{site + ': ' if site else ''}{name} while scoring validation tokens (its message and traceback are in "
+            f"logs/{log_name}, the organisers': what a model process says once it has seen validation tokens is not "
+            "put in the record)")
+
+
+def _is_team_line(site: str, submission_dir: str) -> bool:
+    """`<file>:<line>`, the file a Python file of the submission's by its path under the folder, the line a number."""
+    from harness.submission.files import walk
+
+    path, _, line = site.rpartition(":")
+    if not (line.isdigit() and len(line) <= 6 and path.isprintable()):
+        return False
+    for root in {submission_dir, os.path.realpath(submission_dir)}:
+        rel = os.path.relpath(path, root)
+        if not rel.startswith(".."):
+            try:
+                return rel in {entry.rel for entry in walk(submission_dir) if entry.rel.endswith(".py")}
+            except OSError:
+                return False
+    return False
+
+
 class ModelWorker:
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
                  template: ModelTemplate | None = None, scratch_dir: str | None = None):
@@ -157,6 +196,7 @@ class ModelWorker:
         self._live_log = live / f"eval-{secrets.token_hex(8)}.log"
         self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
+        self._fed = False  # handed validation tokens: from then on its own words never reach the record
         self._private = None  # logits(): the private float32 copy, reused
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"),
@@ -220,6 +260,7 @@ class ModelWorker:
 
         x = np.ascontiguousarray(x, dtype=np.int64)
         self._shape = (int(x.shape[0]), int(x.shape[1]))
+        self._fed = True
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
     def logits(self, vocab: int):
@@ -259,8 +300,10 @@ class ModelWorker:
             if not isinstance(report, dict):
                 raise WorkerFailed("crashed", "the model process sent an unreadable error report")
             status = report.get("status")  # the team's word: it may only say which of its own failures it was
-            raise WorkerFailed(status if status in MODEL_STATUSES else "crashed", str(report.get("reason", "")),
-                               str(report.get("traceback", "")))
+            status = status if status in MODEL_STATUSES else "crashed"
+            if self._fed:
+                raise WorkerFailed(status, withheld_reason(report, self.setup["submission_dir"], self.log_path.name))
+            raise WorkerFailed(status, str(report.get("reason", "")), str(report.get("traceback", "")))
         if got != kind:
             raise WorkerFailed("crashed", f"the model process answered message {got}, expected {kind}")
         return (a, b, c), (json.loads(payload) if payload else {})

@@ -222,9 +222,11 @@ def main(argv: list[str]) -> None:
     except EOFError:  # the scorer went away: nothing to report to
         code = 1
     except BaseException as exc:  # every failure becomes a report the scorer turns into a status
-        from harness.ranks.process import describe_failure
+        from harness.ranks.process import describe_failure, team_site
 
         report = describe_failure(exc, _team_dir)
+        # What the scorer keeps of a failure once batches came (workers.withheld_reason): these two, checked there.
+        report.update(site=team_site(exc, _team_dir), exception=type(exc).__name__)
         print(report["traceback"], file=sys.stderr, flush=True)
         try:
             send(replies, ERROR, payload=json.dumps(report, default=str).encode())
