@@ -222,8 +222,7 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "fork_probe")
     assert result.code == 0, record["reason"]
     assert record["eval"]["model_processes"] == "forked from a clean template"
-    private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE",
-               "HARNESS_SUBMISSION_PACKAGE_DIR"}  # the folder it imports, for its spawned workers (contract.py)
+    private = {"HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE"}
     draws, frames = [], []
     for name in ("eval-model-rank0.log", "eval-check-rank0.log"):
         text = _log(run_dir, name)
@@ -244,8 +243,8 @@ def test_a_model_process_holds_only_what_it_was_given_and_draws_like_a_fresh_one
     assert any(f[0] == "ranks/models/model_template.py" for f in frames[0]), frames[0]  # what is compared is there
     assert frames[0] == frames[1], frames
     pid1 = json.loads(re.search(r"^FORK-PROBE pid1 (.*)$", _log(run_dir, "rank0.log"), re.M).group(1))
-    if record["job_namespace"]["pid_namespace"]:
-        assert pid1[-2:] == ["-m", "harness.launcher.control.namespace_holder"], pid1
+    if record["job_namespace"]["pid_namespace"]:  # the interpreter, then its flags and module: nothing else
+        assert pid1[1:] == ["-u", "-P", "-m", "harness.launcher.control.namespace_holder"], pid1
 
 
 def test_what_a_model_process_says_once_it_has_seen_validation_tokens_never_reaches_the_record(cli, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -212,7 +213,6 @@ def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path)
     """What an open-division script with num_workers > 0 does: each batch a worker returns travels as a
     shared-memory file descriptor, handed over through a Unix socket bound in the temporary folder. Without
     the socket the batch never arrives and the rank hangs to the hard limit."""
-    import shutil
     import tempfile
 
     # A short folder, as the ranks' own is (/tmp/harness-train-XXXXXXXX): a Unix socket's path holds 107 bytes,
@@ -229,34 +229,49 @@ def test_a_dataloader_with_a_worker_returns_tensors_in_a_training_rank(tmp_path)
 FORKSERVER = """
 os.makedirs(f"{P}/tmp")
 import multiprocessing
-from harness.ranks.models.contract_checks import problem_of
-try:
-    with multiprocessing.get_context("forkserver").Pool(1) as pool:
-        out["pool"] = pool.map(abs, [-1, 2])
-except Exception as exc:
-    out["problem"] = problem_of(exc, S)
+with multiprocessing.get_context("forkserver").Pool(1) as pool:
+    out["pool"] = pool.map(abs, [-1, 2])
 """
 
 
 @pytest.mark.slow
-def test_a_forkserver_pool_runs_in_a_training_rank_and_the_check_refuses_it_with_the_fix():
-    """Python's forkserver (3.14's default start method) listens on a Unix socket in the temporary folder:
-    a training rank may make one; the check may not, as evaluation's model processes may not (so what
-    would fail in evaluation, after the training, fails before it), and its problem says what to use."""
-    import shutil
+def test_a_forkserver_pool_runs_in_a_training_rank():
+    """Python's forkserver (3.14's default start method) listens on a Unix socket in the temporary folder,
+    which a training rank may make in its private folder."""
     import tempfile
 
     short = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # a socket's path holds 107 bytes
-    got = {}
     try:
-        for kind in ("training", "check"):
-            (short / kind).mkdir()
-            got[kind] = sandboxed(short / kind, kind, FORKSERVER, env={"TMPDIR": str(short / kind / "private" / "tmp")})
+        got = sandboxed(short, "training", FORKSERVER, env={"TMPDIR": str(short / "private" / "tmp")})
     finally:
         shutil.rmtree(short, ignore_errors=True)
-    assert got["training"]["pool"] == [1, 2], got
-    problem = got["check"]["problem"]
-    assert problem["problem"].startswith("PermissionError") and "'fork' or 'spawn' start method" in problem["fix"], got
+    assert got["pool"] == [1, 2], got
+
+
+NEEDS_A_SOCKET = {
+    "forkserver": ("with multiprocessing.get_context('forkserver').Pool(1) as pool:\n        pool.map(abs, [-1])",
+                   "needs the 'spawn' start method"),
+    "manager": ("with multiprocessing.Manager() as manager:\n        manager.list([1])",
+                "a multiprocessing Manager serves its objects over a socket"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(NEEDS_A_SOCKET))
+def test_the_check_refuses_what_needs_a_socket_and_says_what_to_use(cli, tmp_path, kind):
+    """The check makes no socket, as evaluation's model processes make none: a get_model that needs one (a
+    forkserver pool, a Manager's server) would fail in evaluation, after its training, so it fails the check,
+    through `harness check`, with the fix."""
+    code, fix = NEEDS_A_SOCKET[kind]
+    folder = tmp_path / kind
+    shutil.copytree(FIXTURES / "ok_bigram", folder)
+    text = (folder / "submission.py").read_text()
+    (folder / "submission.py").write_text("import multiprocessing\n" + text.replace(
+        "def get_model(config):\n", f"def get_model(config):\n    {code}\n"))
+    result = cli("check", str(folder), "--track", str(TINY_TRACK), "--json")
+    report = json.loads(result.out)
+    assert result.code == 1 and not report["accepted"] and report["sandbox"]["active"], result.text
+    assert any(fix in p["fix"] and p["file"].startswith("submission.py:") for p in report["problems"]), report["problems"]
 
 
 SPOOF = """
@@ -340,7 +355,6 @@ def test_a_log_set_to_mode_000_through_its_descriptor_is_reset_by_a_harness_that
     """Attack of 2026-12-03: a sandboxed process holds its log as stdout and may fchmod it to 000; reset_log opened
     it for reading first, which its owner may not do then (root may: the suite's own user hid it), so a harness run
     as a plain user left the log unreadable and with its mode. Run as a plain user (root's suite: as nobody)."""
-    import shutil
     import tempfile
 
     from harness.ranks.confine import sandbox

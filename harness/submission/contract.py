@@ -39,6 +39,7 @@ from harness.submission.files import IGNORED_DIRS, MAX_SUBMISSION_BYTES  # noqa:
 
 PACKAGE = "_harness_submission"
 PACKAGE_ROOT = str(Path(__file__).resolve().parent / "package_root")  # holds _harness_submission/
+PACKAGE_DIR_ENV = "HARNESS_SUBMISSION_PACKAGE_DIR"  # the folder package_root/_harness_submission stands for
 
 
 class SubmissionError(Exception):
@@ -268,8 +269,11 @@ def import_submission_module(folder: Path, entry: str = "submission.py") -> type
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))  # plain sibling imports
     # A worker the team starts with multiprocessing's spawn or forkserver imports the package by name to
-    # unpickle a function of submission.py: it finds it through package_root, on the sys.path it inherits.
-    os.environ["HARNESS_SUBMISSION_PACKAGE_DIR"] = str(folder)
+    # unpickle a function of submission.py: it finds it through package_root, on the sys.path it inherits, and
+    # this variable. A training rank has it from its start (workarea.rank_environment): set here, while NCCL's
+    # threads may read the environment, only where it is not already so (the check's and model processes, a test).
+    if os.environ.get(PACKAGE_DIR_ENV) != str(folder):
+        os.environ[PACKAGE_DIR_ENV] = str(folder)
     if PACKAGE_ROOT not in sys.path:
         sys.path.append(PACKAGE_ROOT)
     path = folder / entry

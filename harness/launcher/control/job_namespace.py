@@ -86,10 +86,13 @@ class JobNamespace:
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             # On its stdin, not its command line: PID 1 of the job is a fork of the holder, and every rank reads
             # /proc/1/cmdline (the socket's path, the launcher's pid, the private folder's).
-            self.proc.stdin.write(json.dumps({"socket_path": self.socket_path, "launcher": os.getpid(),
-                                              "shm_bytes": int(shm_bytes), "writable": writable,
-                                              "scratch_bytes": int(scratch_bytes), "pids": pids}).encode() + b"\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(json.dumps({"socket_path": self.socket_path, "launcher": os.getpid(),
+                                                  "shm_bytes": int(shm_bytes), "writable": os.fspath(writable),
+                                                  "scratch_bytes": int(scratch_bytes), "pids": pids}).encode() + b"\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # it ended at once: what it printed (first_line) says why
+                pass
             line = first_line(self.proc, READY_WITHIN_S)
             if line is None:
                 line = f"not ready within {READY_WITHIN_S:.0f} s"

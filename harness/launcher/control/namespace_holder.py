@@ -278,13 +278,17 @@ def serve(server: socket.socket, launcher: int, pid_why: str) -> None:
 
 
 def read_settings() -> dict:
-    """The launcher's one line on stdin (JobNamespace), read unbuffered: the rest of stdin is the launcher's end."""
-    line = b""
-    while not line.endswith(b"\n"):
+    """The launcher's one line on stdin (JobNamespace), read unbuffered: after it the launcher writes nothing, and
+    stdin's end (readable, in serve) is the end of the job. Anything past the line breaks that protocol."""
+    data = b""
+    while b"\n" not in data:
         chunk = os.read(0, 4096)
         if not chunk:
             sys.exit(1)  # the launcher went before saying anything
-        line += chunk
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    if rest:
+        sys.exit(1)
     return json.loads(line)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.launcher.control.team_files import copy_regular_file, fair_shares, read_tail, regular_size, tree_usage
 from harness.ranks.confine import sandbox, scratch
+from harness.submission.contract import PACKAGE_DIR_ENV
 
 
 @contextmanager
@@ -104,7 +105,9 @@ class WorkArea:
         tmp = self.dir / "tmp"
         tmp.mkdir(exist_ok=True)
         return {"HOME": str(self.dir), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "inductor"),
-                "TRITON_CACHE_DIR": str(self.dir / "triton"), "CUDA_CACHE_PATH": str(self.dir / "cuda")}
+                "TRITON_CACHE_DIR": str(self.dir / "triton"), "CUDA_CACHE_PATH": str(self.dir / "cuda"),
+                # set from the start, before NCCL's threads read the environment (contract.import_submission_module)
+                PACKAGE_DIR_ENV: str(self.submission.resolve())}
 
     def sandbox_policy(self, train_files: list[str], gpu: bool, protected: list[str] = ()) -> sandbox.Policy:
         """The training ranks may read the train shards one by one, never the folder they sit in."""

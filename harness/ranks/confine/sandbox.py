@@ -50,14 +50,16 @@ NETWORK_DEVICE_GLOBS = ("/dev/infiniband/*", "/dev/gdrdrv")
 
 # The one list of variables a process running team code may inherit (training ranks, the check process,
 # evaluation's model processes): the system's basics, the libraries' own settings (torch, its compilers,
-# CUDA, NCCL and the transports under it, the thread pools) and the harness's two. Everything else an
+# CUDA, NCCL and the transports under it, the thread pools) and the harness's three (the run, the launcher,
+# and the submission's folder for a team's spawned workers: contract.PACKAGE_DIR_ENV). Everything else an
 # organiser's environment holds (tokens, credentials, where runs, data and caches live, SLURM's view
 # of the allocation) is dropped; home, temporary folder and compiler caches are the process's private
 # folder. torch elastic adds each rank's RANK, WORLD_SIZE, MASTER_ADDR... on top.
 KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "LD_LIBRARY_PATH", "PYTHONPATH",
             "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME",
             "CUDA_PATH", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-            "CC", "CXX", "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID")  # CC, CXX: the compilers Triton and Inductor call
+            "CC", "CXX", "HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID",
+            "HARNESS_SUBMISSION_PACKAGE_DIR")  # CC, CXX: the compilers Triton and Inductor call
 KEEP_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_", "CUDA_", "CUDNN_", "CUBLAS_",
                      "NVIDIA_", "GLOO_", "UCX_", "FI_", "OFI_", "MLX5_", "RDMAV_", "IBV_", "SHARP_", "HCOLL_", "OMP_",
                      "KMP_", "MKL_", "NVSHMEM_", "CUTLASS_")

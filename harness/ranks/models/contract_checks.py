@@ -19,9 +19,10 @@ CAUSALITY_WINDOW = 128
 VALUES_MAX_GIB_ON_CPU = 1.0
 
 
-def problem_of(exc: BaseException, team_dir: str) -> dict:
+def problem_of(exc: BaseException, team_dir: str, sandboxed: bool = True) -> dict:
     """One problem, named at the team's innermost file:line where the team's code is on its traceback
-    (a shape error in model.py:63 is model.py's, even when the check of submission.py found it)."""
+    (a shape error in model.py:63 is model.py's, even when the check of submission.py found it).
+    `sandboxed`: whether the process is (an access it was refused is then the sandbox's, and the fix says so)."""
     from harness.ranks.process import team_site
     from harness.submission.contract import SubmissionError
 
@@ -31,21 +32,29 @@ def problem_of(exc: BaseException, team_dir: str) -> dict:
                 **({"traceback": "".join(traceback.format_exception(exc))} if site else {})}
     tb = traceback.extract_tb(exc.__traceback__)
     where = site or next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if "/harness/" not in f.filename), "")
-    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": refused_fix(exc, tb),
+    return {"file": where, "problem": f"{type(exc).__name__}: {exc}", "fix": refused_fix(exc, tb, sandboxed),
             "traceback": "".join(traceback.format_exception(exc))}
 
 
-def refused_fix(exc: BaseException, tb: list) -> str:
-    """What to do about an access the sandbox refused (EACCES, EPERM): the check runs the team's code as
-    evaluation's model processes do, so what fails here would fail there, after the training."""
+def refused_fix(exc: BaseException, tb: list, sandboxed: bool = True) -> str:
+    """What to do about what the sandbox refused: the check runs the team's code as evaluation's model processes
+    do (no socket, no network, writes in its own folders only), so what fails here would fail there, after the
+    training. Python's multiprocessing needs a socket for a forkserver pool and for a Manager's server."""
+    def through(module: str) -> bool:
+        return any(f.filename.replace("\\", "/").endswith(f"multiprocessing/{module}") for f in tb)
+
+    if through("managers.py") and isinstance(exc, (EOFError, OSError)):  # the server was refused its socket
+        return ("a multiprocessing Manager serves its objects over a socket, and the check, as evaluation, may make "
+                "none: share through multiprocessing's Queue, Value or Array instead")
     if not isinstance(exc, PermissionError):
         return ""
-    fix = ("the check runs your code sandboxed, as evaluation does: it may write only its working folder (HOME, "
-           "TMPDIR) and /dev/shm, and may make no socket nor reach the network (docs/submission.md)")
-    if any(f.filename.endswith(("multiprocessing/forkserver.py", "multiprocessing/connection.py")) for f in tb):
-        fix += ("; a multiprocessing pool there needs the 'fork' or 'spawn' start method (multiprocessing.get_context): "
-                "'forkserver', Python 3.14's default, listens on a socket")
-    return fix
+    if through("forkserver.py"):
+        return ("a multiprocessing pool here needs the 'spawn' start method (multiprocessing.get_context('spawn')): "
+                "'forkserver', Python 3.14's default, listens on a socket, and the check, as evaluation, may make none")
+    if not sandboxed:
+        return ""
+    return ("the check runs your code sandboxed, as evaluation does: it may write only its working folder (HOME, "
+            "TMPDIR) and /dev/shm, and may make no socket nor reach the network (docs/submission.md)")
 
 
 def check_forward_signature(model, file: str) -> None:

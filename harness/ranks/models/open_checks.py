@@ -91,7 +91,7 @@ def run_open_checks(request: dict) -> dict:
         report["problems"].append({"file": f"{exc.filename}:{exc.lineno}", "problem": f"syntax error: {exc.msg}.",
                                    "fix": "fix the line shown", "line": (exc.text or "").rstrip("\n")})
     except BaseException as exc:
-        report["problems"].append(problem_of(exc, request["submission_dir"]))
+        report["problems"].append(problem_of(exc, request["submission_dir"], request.get("sandboxed", True)))
     report["ok"] = not report["problems"]
     return report
 
@@ -144,4 +144,4 @@ def _before_training(folder: Path, model_file: str, get_model, request: dict) ->
                 "warnings": found.get("model_warnings", [])}
     except BaseException as exc:  # noqa: BLE001  (reported: a rejection or a warning, by the caller)
         return {"ok": False, "declared": declared, "config": config,
-                "problem": problem_of(exc, request["submission_dir"])}
+                "problem": problem_of(exc, request["submission_dir"], request.get("sandboxed", True))}

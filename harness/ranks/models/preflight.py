@@ -29,7 +29,7 @@ def run_checks(request: dict) -> dict:
         if isinstance(getattr(module, "CONFIG", None), dict):
             report["warnings"] = config_warnings(module.CONFIG)
         sub, problems = inspect_submission(module, folder, request["vocab_size"])
-        report["problems"] += [problem_of(p, request["submission_dir"]) for p in problems]
+        report["problems"] += [problem_of(p, request["submission_dir"], request.get("sandboxed", True)) for p in problems]
         if sub is not None:
             report["config"] = sub.config
             report["compile"] = sub.compile
@@ -39,7 +39,7 @@ def run_checks(request: dict) -> dict:
             report.update(found)
             report["compile"] = bool(sub.compile or report["compiled_by_get_model"])
     except BaseException as exc:  # the model's problems depend on each other: the first one is reported
-        report["problems"].append(problem_of(exc, request["submission_dir"]))
+        report["problems"].append(problem_of(exc, request["submission_dir"], request.get("sandboxed", True)))
     report["ok"] = not report["problems"]
     return report
 
@@ -58,6 +58,7 @@ def main(argv: list[str]) -> None:
     # As evaluation's model processes (harness/ranks/models/model_worker.py): it needs no network either.
     policy = sandbox.Policy.from_dict(request["policy"]) if request.get("policy") else None
     box = sandbox.enter(policy, "no sandbox was asked for")
+    request["sandboxed"] = box.active  # a refused access is the sandbox's only where there is one (problem_of)
     box.cgroup = held or {}
     if held and not held["active"]:  # the launcher made it and it could not be joined: the machine's, as a sandbox
         box.active, box.why = False, held["why"]
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> None:
         else:
             report = run_checks(request)
     except BaseException as exc:
-        report = {"ok": False, "problems": [problem_of(exc, request.get("submission_dir", ""))]}
+        report = {"ok": False, "problems": [problem_of(exc, request.get("submission_dir", ""), request.get("sandboxed", True))]}
     try:  # the log says what the report says, with the traceback where there is one
         for problem in report["problems"]:
             print(f"{problem.get('file')}: {problem.get('problem')}", problem.get("traceback", ""), sep="\n",
