@@ -265,6 +265,68 @@ def test_what_a_model_process_says_once_it_has_seen_validation_tokens_never_reac
             assert "LEAKED-TOKENS" not in log.read_text(errors="replace"), log.name
 
 
+def test_a_withheld_failure_names_only_a_file_and_line_the_scorer_writes_from_the_submission(tmp_path):
+    """The file:line of a failure after validation tokens are out is the scorer's own writing: a report's path
+    that walks through other text to a real file (`<folder>/<tokens>/../submission.py`) is written as the file's
+    name, a line the file does not have or a file that is not the submission's is left out, and an exception
+    name that is not Python's is "an exception"."""
+    from harness.scoring.workers import withheld_reason
+
+    (tmp_path / "submission.py").write_text("a = 1\nb = 2\nc = 3\n")
+    (tmp_path / "notes.txt").write_text("x\n")
+    tokens = "鐖莂嬻" * 40
+
+    def reason(site, exception="RuntimeError"):
+        return withheld_reason({"site": site, "exception": exception, "reason": tokens}, str(tmp_path), "eval-model-rank0.log")
+
+    assert reason(f"{tmp_path}/submission.py:2").startswith("submission.py:2: RuntimeError while scoring")
+    crafted = reason(f"{tmp_path}/{tokens}/../submission.py:1")
+    assert crafted.startswith("submission.py:1: RuntimeError") and tokens[:3] not in crafted, crafted
+    for site in (f"{tmp_path}/submission.py:99", f"{tmp_path}/notes.txt:1", "/etc/passwd:1", f"{tmp_path}/submission.py:x"):
+        assert reason(site).startswith("RuntimeError while scoring"), site
+    assert reason(f"{tmp_path}/submission.py:1", "Tokens_15_14_81").startswith("submission.py:1: an exception while")
+
+
+def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in_the_record(tmp_path, monkeypatch):
+    """The scorer's end of the wire (ModelWorker._expect): a model process's own words (an error report, the
+    figures of a malformed message) reach the record before any model process of the scorer was handed a batch,
+    and never after, even from a process started after that one (the check process, which could have learnt
+    them from what the scoring process left, cached pages of a file for one) before its own first batch."""
+    import os
+
+    from harness.ranks.models import wire
+    from harness.scoring import workers
+    from harness.scoring.children import WorkerFailed
+
+    (tmp_path / "submission.py").write_text("x = 1\n")
+
+    def fails_with(fed: bool, message: bytes) -> str:
+        worker = object.__new__(workers.ModelWorker)
+        read, write = os.pipe()
+        worker.replies, worker._fed, worker.setup = read, fed, {"submission_dir": str(tmp_path)}
+        worker.log_path = tmp_path / "eval-check-rank0.log"
+        os.write(write, message)
+        try:
+            with pytest.raises(WorkerFailed) as failed:
+                worker._expect(wire.LOGITS)
+        finally:
+            os.close(read)
+            os.close(write)
+        return str(failed.value)
+
+    report = json.dumps({"status": "crashed", "reason": "LEAKED 15 14 81", "site": f"{tmp_path}/submission.py:1",
+                         "exception": "RuntimeError"}).encode()
+    error = wire.HEADER.pack(wire.MAGIC, wire.ERROR, 0, 0, 0, len(report)) + report
+    malformed = wire.HEADER.pack(wire.MAGIC, wire.LOGITS, 0, 0, 0, 978281779)
+    monkeypatch.setattr(workers, "_tokens_handed", False)
+    assert fails_with(False, error) == "LEAKED 15 14 81"  # before any batch: its words (a setup error) are kept
+    assert "978281779" in fails_with(False, malformed)
+    monkeypatch.setattr(workers, "_tokens_handed", True)  # an earlier model process of this scorer was handed a batch
+    for fed in (False, True):
+        assert fails_with(fed, error).startswith("submission.py:1: RuntimeError while scoring validation tokens")
+        assert fails_with(fed, malformed) == "the model process sent a malformed message"
+
+
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13
 
 

@@ -86,7 +86,10 @@ def test_writes_into_results_are_blocked_or_undone_and_flag_the_run(cli, tmp_pat
     # The ranks were told nothing about where results or data live, and worked in a private folder.
     line = next(l for l in log.read_text().splitlines() if l.startswith("SEEN-ENV"))
     seen = json.loads(line.split("SEEN-ENV ", 1)[1].split(" CWD ")[0])
-    assert set(seen) == {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID"} and seen["HARNESS_RUN_ID"] == record["run_id"], seen
+    assert set(seen) == {"HARNESS_RUN_ID", "HARNESS_LAUNCHER_PID", "HARNESS_SUBMISSION_PACKAGE_DIR"}, seen
+    assert seen["HARNESS_RUN_ID"] == record["run_id"], seen
+    package = seen["HARNESS_SUBMISSION_PACKAGE_DIR"]  # the ranks' own copy, for their spawned workers
+    assert "harness-train-" in package and str(tmp_path) not in package, seen
     cwd = line.split(" CWD ")[1]
     assert str(tmp_path) not in cwd and "harness-train-" in cwd
 

@@ -145,17 +145,20 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
 # Python's own exception classes: the one name of a scoring failure the record may take from a model process.
 PYTHON_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
                               if isinstance(value, type) and issubclass(value, BaseException))
+# Whether this scorer has handed validation tokens to a model process. A model process started after that (the
+# check process) may know them before its first batch: the scoring process can leave them in state that outlives
+# it and that the next one reads (which pages of a file the kernel holds cached), so its words are withheld too.
+_tokens_handed = False
 
 
 def withheld_reason(report: dict, submission_dir: str, log_name: str) -> str:
-    """The reason of a model process's failure once it has been handed validation tokens. Its message and
-    traceback are its own words, which can carry those tokens (an exception whose text is a batch's tokens, a
-    few KB each run, the same validation set every run): the record, and the board, take only what the scorer
-    holds to a closed set. The status (invalid or crashed), the team's file:line where it names a Python file of
-    the submission, and the exception's name where it is one of Python's. The words stay in the model process's
-    own log, the organisers'."""
-    site = report.get("site")
-    site = site if isinstance(site, str) and _is_team_line(site, submission_dir) else ""
+    """The reason of a model process's failure once validation tokens are out. Its message and traceback are its
+    own words, which can carry those tokens (an exception whose text is a batch's tokens, a few KB each run, the
+    same validation set every run): the record, and the board, take only what the scorer writes itself. The
+    status (invalid or crashed), the team's file and line, written by the scorer from the submission's own list
+    of files where the report names one of its Python files and a line it has, and the exception's name where it
+    is one of Python's. The words stay in the model process's own log, the organisers'."""
+    site = _team_line(report.get("site"), submission_dir)
     name = report.get("exception")
     name = name if isinstance(name, str) and name in PYTHON_EXCEPTIONS else "an exception"
     return (f"{site + ': ' if site else ''}{name} while scoring validation tokens (its message and traceback are in "
@@ -163,21 +166,25 @@ def withheld_reason(report: dict, submission_dir: str, log_name: str) -> str:
             "put in the record)")
 
 
-def _is_team_line(site: str, submission_dir: str) -> bool:
-    """`<file>:<line>`, the file a Python file of the submission's by its path under the folder, the line a number."""
-    from harness.submission.files import walk
+def _team_line(site: object, submission_dir: str) -> str:
+    """`<rel>:<line>` for a report's `<path>:<line>` that names a Python file of the submission and a line of it,
+    written from the submission's own listing (never the report's text); "" otherwise."""
+    from harness.submission.files import read_regular, walk
 
+    if not isinstance(site, str):
+        return ""
     path, _, line = site.rpartition(":")
-    if not (line.isdigit() and len(line) <= 6 and path.isprintable()):
-        return False
+    if not (line.isascii() and line.isdigit() and len(line) <= 6):
+        return ""
     for root in {submission_dir, os.path.realpath(submission_dir)}:
-        rel = os.path.relpath(path, root)
-        if not rel.startswith(".."):
-            try:
-                return rel in {entry.rel for entry in walk(submission_dir) if entry.rel.endswith(".py")}
-            except OSError:
-                return False
-    return False
+        wanted = os.path.relpath(path, root) if os.path.isabs(path) else ""
+        try:
+            rel = next((e.rel for e in walk(submission_dir) if e.rel.endswith(".py") and e.rel == wanted), None)
+            if rel is not None and 1 <= int(line) <= read_regular(Path(submission_dir) / rel, 64 << 20).count(b"\n") + 1:
+                return f"{rel}:{int(line)}"
+        except OSError:
+            return ""
+    return ""
 
 
 class ModelWorker:
@@ -258,9 +265,10 @@ class ModelWorker:
         """Hand over the inputs of one batch (int64 [rows, seq_len]); the logits are taken by `logits()`."""
         import numpy as np
 
+        global _tokens_handed
         x = np.ascontiguousarray(x, dtype=np.int64)
         self._shape = (int(x.shape[0]), int(x.shape[1]))
-        self._fed = True
+        self._fed = _tokens_handed = True
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
     def logits(self, vocab: int):
@@ -273,9 +281,9 @@ class ModelWorker:
         (rows, seq_len, code), _ = self._expect(LOGITS)
         if (rows, seq_len) != self._shape:  # the harness's own model process checks this; a patched one may not
             raise WorkerFailed("invalid", f"the model process answered a batch of {self._shape} tokens with "
-                                          f"logits for {(rows, seq_len)}")
+                                          "logits of another shape")  # not its figures: it chose them, having seen tokens
         if code not in DTYPES:
-            raise WorkerFailed("crashed", f"the model process named an unknown logits dtype ({code})")
+            raise WorkerFailed("crashed", "the model process named an unknown logits dtype")
         dtype = getattr(torch, DTYPES[code])
         n = rows * seq_len * vocab
         if self._private is None or self._private.numel() < n:
@@ -290,8 +298,9 @@ class ModelWorker:
         except (EOFError, OSError):
             raise WorkerFailed("crashed", f"the model process died ({self._how_it_ended()}) without a report; "
                                           f"see logs/{self.log_path.name}") from None
-        except ValueError as exc:  # a malformed or oversized message
-            raise WorkerFailed("crashed", f"the model process sent {exc}") from None
+        except ValueError as exc:  # a malformed or oversized message: its figures are the process's, once tokens are out
+            raise WorkerFailed("crashed", "the model process sent a malformed message" if self._withheld()
+                               else f"the model process sent {exc}") from None
         if got == ERROR:
             try:
                 report = json.loads(payload)
@@ -301,12 +310,18 @@ class ModelWorker:
                 raise WorkerFailed("crashed", "the model process sent an unreadable error report")
             status = report.get("status")  # the team's word: it may only say which of its own failures it was
             status = status if status in MODEL_STATUSES else "crashed"
-            if self._fed:
+            if self._withheld():
                 raise WorkerFailed(status, withheld_reason(report, self.setup["submission_dir"], self.log_path.name))
             raise WorkerFailed(status, str(report.get("reason", "")), str(report.get("traceback", "")))
         if got != kind:
-            raise WorkerFailed("crashed", f"the model process answered message {got}, expected {kind}")
+            raise WorkerFailed("crashed", f"the model process answered with another message than message {kind}"
+                               if self._withheld() else f"the model process answered message {got}, expected {kind}")
         return (a, b, c), (json.loads(payload) if payload else {})
+
+    def _withheld(self) -> bool:
+        """Whether what this process says is kept from the record: once validation tokens are out (this one was
+        handed a batch, or an earlier one of this scorer was)."""
+        return self._fed or _tokens_handed
 
     def _how_it_ended(self, wait_s: float = 5.0) -> str:
         """Its exit code, or the signal that ended it, in words; a forked one's copy may be gone too."""
