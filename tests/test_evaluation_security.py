@@ -256,8 +256,9 @@ def test_what_a_model_process_says_once_it_has_seen_validation_tokens_never_reac
 
     result, run_dir, record = _run(cli, tmp_path, FIXTURES / "leaks_in_error")
     assert record["status"] == "crashed", record["reason"]
-    assert re.match(r"evaluation: rank 0: submission\.py:\d+: RuntimeError while scoring validation tokens \(its message "
-                    r"and traceback are in logs/eval-model-rank0\.log, the organisers'", record["reason"]), record["reason"]
+    assert re.match(r"evaluation: rank 0: submission\.py:\d+: RuntimeError, after validation tokens were handed out "
+                    r"\(its message and traceback are in logs/eval-model-rank0\.log, the organisers'", record["reason"]), \
+        record["reason"]
     assert "LEAKED-TOKENS" in _log(run_dir, "eval-model-rank0.log")  # kept where the organisers read it
     assert "LEAKED-TOKENS" not in (run_dir / "run.json").read_text() + result.out + result.err
     for log in (run_dir / "logs").iterdir():
@@ -276,15 +277,19 @@ def test_a_withheld_failure_names_only_a_file_and_line_the_scorer_writes_from_th
     (tmp_path / "notes.txt").write_text("x\n")
     tokens = "鐖莂嬻" * 40
 
-    def reason(site, exception="RuntimeError"):
-        return withheld_reason({"site": site, "exception": exception, "reason": tokens}, str(tmp_path), "eval-model-rank0.log")
+    def reason(site, exception="RuntimeError", cause="exception"):
+        return withheld_reason({"site": site, "exception": exception, "cause": cause, "reason": tokens}, str(tmp_path),
+                               "eval-model-rank0.log")
 
-    assert reason(f"{tmp_path}/submission.py:2").startswith("submission.py:2: RuntimeError while scoring")
+    assert reason(f"{tmp_path}/submission.py:2").startswith("submission.py:2: RuntimeError, after validation tokens")
     crafted = reason(f"{tmp_path}/{tokens}/../submission.py:1")
-    assert crafted.startswith("submission.py:1: RuntimeError") and tokens[:3] not in crafted, crafted
-    for site in (f"{tmp_path}/submission.py:99", f"{tmp_path}/notes.txt:1", "/etc/passwd:1", f"{tmp_path}/submission.py:x"):
-        assert reason(site).startswith("RuntimeError while scoring"), site
-    assert reason(f"{tmp_path}/submission.py:1", "Tokens_15_14_81").startswith("submission.py:1: an exception while")
+    assert crafted.startswith("submission.py:1: RuntimeError,") and tokens[:3] not in crafted, crafted
+    for site in (f"{tmp_path}/submission.py:99", f"{tmp_path}/notes.txt:1", "/etc/passwd:1", f"{tmp_path}/submission.py:x",
+                 f"{tmp_path}/submission.py:²"):
+        assert reason(site).startswith("RuntimeError, after"), site
+    assert reason(f"{tmp_path}/submission.py:1", "Tokens_15_14_81").startswith("submission.py:1: an exception, after")
+    # torch's OutOfMemoryError is not Python's: the cause, from a closed set, still tells an honest team
+    assert reason(f"{tmp_path}/submission.py:1", "OutOfMemoryError", "oom").startswith("submission.py:1: out of memory,")
 
 
 def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in_the_record(tmp_path, monkeypatch):
@@ -300,7 +305,7 @@ def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in
 
     (tmp_path / "submission.py").write_text("x = 1\n")
 
-    def fails_with(fed: bool, message: bytes) -> str:
+    def fails_with(fed: bool, message: bytes, kind: int = wire.LOGITS) -> str:
         worker = object.__new__(workers.ModelWorker)
         read, write = os.pipe()
         worker.replies, worker._fed, worker.setup = read, fed, {"submission_dir": str(tmp_path)}
@@ -308,7 +313,7 @@ def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in
         os.write(write, message)
         try:
             with pytest.raises(WorkerFailed) as failed:
-                worker._expect(wire.LOGITS)
+                worker._expect(kind)
         finally:
             os.close(read)
             os.close(write)
@@ -318,13 +323,39 @@ def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in
                          "exception": "RuntimeError"}).encode()
     error = wire.HEADER.pack(wire.MAGIC, wire.ERROR, 0, 0, 0, len(report)) + report
     malformed = wire.HEADER.pack(wire.MAGIC, wire.LOGITS, 0, 0, 0, 978281779)
+    bad_json = wire.HEADER.pack(wire.MAGIC, wire.READY, 0, 0, 0, 7) + b'{"a": ['  # the check process's `ready`
     monkeypatch.setattr(workers, "_tokens_handed", False)
     assert fails_with(False, error) == "LEAKED 15 14 81"  # before any batch: its words (a setup error) are kept
     assert "978281779" in fails_with(False, malformed)
+    assert fails_with(False, bad_json, wire.READY).startswith("the model process sent an unreadable message (Expecting")
     monkeypatch.setattr(workers, "_tokens_handed", True)  # an earlier model process of this scorer was handed a batch
     for fed in (False, True):
-        assert fails_with(fed, error).startswith("submission.py:1: RuntimeError while scoring validation tokens")
+        assert fails_with(fed, error).startswith("submission.py:1: RuntimeError, after validation tokens were handed out")
         assert fails_with(fed, malformed) == "the model process sent a malformed message"
+    assert fails_with(False, bad_json, wire.READY) == "the model process sent an unreadable message"  # no line, column
+
+
+def test_handing_a_model_process_a_batch_puts_validation_tokens_out_for_every_later_one(monkeypatch):
+    """submit() is where tokens go out: after it, a model process never handed a batch (the check process) has
+    its words withheld too; harness doctor's probe, whose tokens are its own, keeps them."""
+    import os
+
+    import numpy as np
+
+    from harness.scoring import workers
+
+    monkeypatch.setattr(workers, "_tokens_handed", False)
+    for validation, out in ((False, False), (True, True)):
+        sender = object.__new__(workers.ModelWorker)
+        sender._validation = validation
+        read, sender.requests = os.pipe()
+        try:
+            sender.submit(np.zeros((1, 4), dtype=np.int64))
+        finally:
+            os.close(read)
+            os.close(sender.requests)
+        later = object.__new__(workers.ModelWorker)  # never handed a batch itself
+        assert later._withheld() is out and sender._withheld() is out, validation
 
 
 PARTIAL_VAL_TOKENS = 125 * 64  # 7 full batches of 16 windows and one of 13
@@ -474,9 +505,9 @@ def test_logits_that_are_not_the_batchs_shape_are_refused():
         with pytest.raises(WorkerFailed) as caught:
             worker.logits(16)
         assert caught.value.harness_status == status, (rows, seq_len, code)
-        assert str(caught.value) == (f"the model process answered a batch of (2, 8) tokens with logits for "
-                                     f"{(rows, seq_len)}" if status == "invalid"
-                                     else "the model process named an unknown logits dtype (77)")
+        # Not its figures: it chose them, having seen validation tokens (they would carry 64 bits a run).
+        assert str(caught.value) == ("the model process answered a batch of (2, 8) tokens with logits of another shape"
+                                     if status == "invalid" else "the model process named an unknown logits dtype")
         os.close(worker.replies)
 
 

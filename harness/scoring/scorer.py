@@ -106,7 +106,7 @@ def shared_seed(env: RankEnv, device) -> int:
 
 def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     from harness.scoring.template import model_template
-    from harness.scoring.workers import ModelWorker, become_subreaper
+    from harness.scoring.workers import ModelWorker, become_subreaper, tokens_out
 
     t_start = perf_counter()
     become_subreaper()
@@ -186,6 +186,12 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     # after the cut that was replaced). Then it is killed with everything it started.
     scoring.log_path = logs / f"eval-model-rank{env.rank}.log"  # given when both are dead (see main)
     ready = {"model": scoring.wait_ready()}
+    # Every rank's scoring process is ready before any is handed a batch: one that fails while it starts then
+    # cannot have learnt tokens from another rank's beside it (through the page cache they share), and keeps its
+    # words; from here on, no model process of this scorer does (workers.tokens_out), ranks without a batch too.
+    if env.world_size > 1:
+        dist.barrier()
+    tokens_out()
     total = torch.zeros((), dtype=torch.float64, device=device)
     total_sq = torch.zeros((), dtype=torch.float64, device=device)  # for the spread of the per-token losses
     batch_s: list[float] = []  # how long the scoring process took over each batch (model_compute)

@@ -151,6 +151,13 @@ PYTHON_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
 _tokens_handed = False
 
 
+def tokens_out() -> None:
+    """Validation tokens are out, in this scorer or another rank's (whose model processes run beside this rank's and
+    share its node's page cache): from now on no model process of this scorer has its words kept."""
+    global _tokens_handed
+    _tokens_handed = True
+
+
 def withheld_reason(report: dict, submission_dir: str, log_name: str) -> str:
     """The reason of a model process's failure once validation tokens are out. Its message and traceback are its
     own words, which can carry those tokens (an exception whose text is a batch's tokens, a few KB each run, the
@@ -159,11 +166,17 @@ def withheld_reason(report: dict, submission_dir: str, log_name: str) -> str:
     of files where the report names one of its Python files and a line it has, and the exception's name where it
     is one of Python's. The words stay in the model process's own log, the organisers'."""
     site = _team_line(report.get("site"), submission_dir)
-    name = report.get("exception")
-    name = name if isinstance(name, str) and name in PYTHON_EXCEPTIONS else "an exception"
-    return (f"{site + ': ' if site else ''}{name} while scoring validation tokens (its message and traceback are in "
-            f"logs/{log_name}, the organisers': what a model process says once it has seen validation tokens is not "
-            "put in the record)")
+    name, cause = report.get("exception"), report.get("cause")
+    name = (name if isinstance(name, str) and name in PYTHON_EXCEPTIONS
+            else WITHHELD_CAUSES.get(cause, "an exception") if isinstance(cause, str) else "an exception")
+    return (f"{site + ': ' if site else ''}{name}, after validation tokens were handed out (its message and traceback "
+            f"are in logs/{log_name}, the organisers': what a model process says once validation tokens are out is "
+            "not put in the record)")
+
+
+# What describe_failure's `cause` (harness/ranks/process.py) says of an exception that is not Python's own, in the
+# scorer's words: an honest team still learns it ran out of memory, or broke the contract the check checks.
+WITHHELD_CAUSES = {"oom": "out of memory", "contract": "a broken contract (what harness check checks)"}
 
 
 def _team_line(site: object, submission_dir: str) -> str:
@@ -180,7 +193,8 @@ def _team_line(site: object, submission_dir: str) -> str:
         wanted = os.path.relpath(path, root) if os.path.isabs(path) else ""
         try:
             rel = next((e.rel for e in walk(submission_dir) if e.rel.endswith(".py") and e.rel == wanted), None)
-            if rel is not None and 1 <= int(line) <= read_regular(Path(submission_dir) / rel, 64 << 20).count(b"\n") + 1:
+            if (rel is not None and rel.isprintable()  # a name chosen before any token: no terminal's escapes either
+                    and 1 <= int(line) <= read_regular(Path(submission_dir) / rel, 64 << 20).count(b"\n") + 1):
                 return f"{rel}:{int(line)}"
         except OSError:
             return ""
@@ -188,8 +202,12 @@ def _team_line(site: object, submission_dir: str) -> str:
 
 
 class ModelWorker:
+    _fed = False  # handed validation tokens: from then on its own words never reach the record
+    _validation = True  # its batches are validation tokens (harness doctor's probe hands it its own)
+
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
-                 template: ModelTemplate | None = None, scratch_dir: str | None = None):
+                 template: ModelTemplate | None = None, scratch_dir: str | None = None, validation: bool = True):
+        self._validation = validation
         self.dir = scratch.private_folder("harness-model-", scratch_dir)  # the launcher's scratch root
         # Its log is written under a random name and takes the name in `log_path` (set by the scorer once
         # it gives the process a role) only when every model process of the scorer is dead (name_log):
@@ -203,7 +221,6 @@ class ModelWorker:
         self._live_log = live / f"eval-{secrets.token_hex(8)}.log"
         self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
-        self._fed = False  # handed validation tokens: from then on its own words never reach the record
         self._private = None  # logits(): the private float32 copy, reused
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"),
@@ -265,10 +282,11 @@ class ModelWorker:
         """Hand over the inputs of one batch (int64 [rows, seq_len]); the logits are taken by `logits()`."""
         import numpy as np
 
-        global _tokens_handed
         x = np.ascontiguousarray(x, dtype=np.int64)
         self._shape = (int(x.shape[0]), int(x.shape[1]))
-        self._fed = _tokens_handed = True
+        if self._validation:
+            self._fed = True
+            tokens_out()
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
     def logits(self, vocab: int):
@@ -316,12 +334,19 @@ class ModelWorker:
         if got != kind:
             raise WorkerFailed("crashed", f"the model process answered with another message than message {kind}"
                                if self._withheld() else f"the model process answered message {got}, expected {kind}")
-        return (a, b, c), (json.loads(payload) if payload else {})
+        try:  # its figures (a decoder's line and column) are the process's too, once tokens are out
+            message = json.loads(payload) if payload else {}
+        except (ValueError, RecursionError) as exc:
+            raise WorkerFailed("crashed", "the model process sent an unreadable message" if self._withheld()
+                               else f"the model process sent an unreadable message ({exc})") from None
+        if not isinstance(message, dict):
+            raise WorkerFailed("crashed", "the model process sent an unreadable message")
+        return (a, b, c), message
 
     def _withheld(self) -> bool:
         """Whether what this process says is kept from the record: once validation tokens are out (this one was
         handed a batch, or an earlier one of this scorer was)."""
-        return self._fed or _tokens_handed
+        return self._validation and (self._fed or _tokens_handed)
 
     def _how_it_ended(self, wait_s: float = 5.0) -> str:
         """Its exit code, or the signal that ended it, in words; a forked one's copy may be gone too."""

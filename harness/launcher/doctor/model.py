@@ -106,7 +106,8 @@ def _probe(track: Track, probe: Path, setup: dict, protected: list[str], scratch
         torch.save({"config": {"vocab_size": VOCAB}, "model": {"table.weight": table}, "step": 0, "tokens": 0},
                    setup["checkpoint"])
         worker = ModelWorker(setup=setup, buffer_bytes=ROWS * SEQ_LEN * VOCAB * 4, log_dir=probe / "logs",
-                             protected=protected, template=template, scratch_dir=scratch_dir)
+                             protected=protected, template=template, scratch_dir=scratch_dir,
+                             validation=False)  # its own probe and tokens: its words are kept
         ready = worker.wait_ready()
         ready_s = time.monotonic() - t0
         idx = torch.arange(ROWS * SEQ_LEN, dtype=torch.int64).view(ROWS, SEQ_LEN) % VOCAB
