@@ -305,10 +305,10 @@ def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in
 
     (tmp_path / "submission.py").write_text("x = 1\n")
 
-    def fails_with(fed: bool, message: bytes, kind: int = wire.LOGITS) -> str:
+    def fails_with(message: bytes, kind: int = wire.LOGITS) -> str:
         worker = object.__new__(workers.ModelWorker)
         read, write = os.pipe()
-        worker.replies, worker._fed, worker.setup = read, fed, {"submission_dir": str(tmp_path)}
+        worker.replies, worker.setup = read, {"submission_dir": str(tmp_path)}
         worker.log_path = tmp_path / "eval-check-rank0.log"
         os.write(write, message)
         try:
@@ -325,14 +325,13 @@ def test_once_validation_tokens_are_out_no_model_process_of_the_scorer_speaks_in
     malformed = wire.HEADER.pack(wire.MAGIC, wire.LOGITS, 0, 0, 0, 978281779)
     bad_json = wire.HEADER.pack(wire.MAGIC, wire.READY, 0, 0, 0, 7) + b'{"a": ['  # the check process's `ready`
     monkeypatch.setattr(workers, "_tokens_handed", False)
-    assert fails_with(False, error) == "LEAKED 15 14 81"  # before any batch: its words (a setup error) are kept
-    assert "978281779" in fails_with(False, malformed)
-    assert fails_with(False, bad_json, wire.READY).startswith("the model process sent an unreadable message (Expecting")
-    monkeypatch.setattr(workers, "_tokens_handed", True)  # an earlier model process of this scorer was handed a batch
-    for fed in (False, True):
-        assert fails_with(fed, error).startswith("submission.py:1: RuntimeError, after validation tokens were handed out")
-        assert fails_with(fed, malformed) == "the model process sent a malformed message"
-    assert fails_with(False, bad_json, wire.READY) == "the model process sent an unreadable message"  # no line, column
+    assert fails_with(error) == "LEAKED 15 14 81"  # before any batch: its words (a setup error) are kept
+    assert "978281779" in fails_with(malformed)
+    assert fails_with(bad_json, wire.READY).startswith("the model process sent an unreadable message (Expecting")
+    monkeypatch.setattr(workers, "_tokens_handed", True)  # a model process of this scorer was handed a batch
+    assert fails_with(error).startswith("submission.py:1: RuntimeError, after validation tokens were handed out")
+    assert fails_with(malformed) == "the model process sent a malformed message"
+    assert fails_with(bad_json, wire.READY) == "the model process sent an unreadable message"  # no line, column
 
 
 def test_handing_a_model_process_a_batch_puts_validation_tokens_out_for_every_later_one(monkeypatch):

@@ -202,7 +202,6 @@ def _team_line(site: object, submission_dir: str) -> str:
 
 
 class ModelWorker:
-    _fed = False  # handed validation tokens: from then on its own words never reach the record
     _validation = True  # its batches are validation tokens (harness doctor's probe hands it its own)
 
     def __init__(self, *, setup: dict, buffer_bytes: int, log_dir: Path, protected: list[str],
@@ -285,7 +284,6 @@ class ModelWorker:
         x = np.ascontiguousarray(x, dtype=np.int64)
         self._shape = (int(x.shape[0]), int(x.shape[1]))
         if self._validation:
-            self._fed = True
             tokens_out()
         send(self.requests, BATCH, x.shape[0], x.shape[1], payload=x.tobytes())
 
@@ -345,8 +343,8 @@ class ModelWorker:
 
     def _withheld(self) -> bool:
         """Whether what this process says is kept from the record: once validation tokens are out (this one was
-        handed a batch, or an earlier one of this scorer was)."""
-        return self._validation and (self._fed or _tokens_handed)
+        handed a batch, an earlier one of this scorer was, or the scorers were about to hand them: tokens_out)."""
+        return self._validation and _tokens_handed
 
     def _how_it_ended(self, wait_s: float = 5.0) -> str:
         """Its exit code, or the signal that ended it, in words; a forked one's copy may be gone too."""
