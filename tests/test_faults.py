@@ -409,6 +409,44 @@ def test_signal_to_the_launcher_tears_everything_down(cache_dir, tmp_path, cli, 
             p.kill()
 
 
+OUTER_RANK_DIES_FIRST = """
+import json, os, signal, time
+import psutil
+from harness.launcher.control.job_namespace import JobNamespace
+from harness.launcher.control.process_tree import become_subreaper
+from harness.ranks.confine.namespaces import join_job
+assert become_subreaper()  # as the launcher is
+ns = JobNamespace()
+assert ns.active and not ns.pid_why, ns.why
+r, w = os.pipe()
+outer = os.fork()
+if outer == 0:  # a rank: joins the job, forks once into its PID namespace and waits there for its child
+    why, in_pid = join_job(ns.socket_path)
+    os.write(w, f"{in_pid}".encode())
+    time.sleep(600)
+    os._exit(0)
+said = os.read(r, 100).decode()
+os.kill(outer, signal.SIGKILL)  # the teardown kills the rank's outer process before it reaped its child
+os.waitpid(outer, 0)
+ns.close()
+left = [(c.pid, open(f"/proc/{c.pid}/wchan").read()) for c in psutil.Process().children(recursive=True)
+        if c.status() != psutil.STATUS_ZOMBIE]
+print(json.dumps({"in_pid_namespace": said, "left": left, "lost": ns.lost}))
+"""
+
+
+def test_the_job_ends_whole_when_a_ranks_outer_process_dies_before_the_child_it_forked_into_the_namespace():
+    """The launcher is a subreaper: a rank's child in the job's PID namespace, orphaned by its outer process (killed
+    by the teardown first), is the launcher's to reap, and the namespace's PID 1 cannot finish dying until it is.
+    Unreaped, the holder's wait ran out (10 s every time), and PID 1 was left sleeping in the kernel's
+    zap_pid_ns_processes behind the launcher: a process of the job alive after the run (seen once in CI)."""
+    out = subprocess.run([sys.executable, "-c", OUTER_RANK_DIES_FIRST], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["in_pid_namespace"] == "True" and said["lost"] == ""
+    assert said["left"] == []
+
+
 def test_the_job_pid_namespace_ended_from_outside_is_the_infrastructures_failure(cache_dir, tmp_path):
     """PID 1 of the training job's PID namespace (harness/launcher/control/namespace_holder.py JobInit) killed from
     outside the job, as an administrator's kill or the node's out-of-memory killer would: the kernel ends every

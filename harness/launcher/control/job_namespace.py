@@ -51,11 +51,12 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from harness.launcher.control.namespace_holder import (LOST, NO_PID_NAMESPACE, PID_OFF_ENV, READY, READY_WITHIN_S,
                                                        SCRATCH_REFUSED)
-from harness.launcher.control.process_tree import first_line
+from harness.launcher.control.process_tree import first_line, reap_adopted_from_deeper_namespaces
 from harness.ranks import interpreter
 from harness.ranks.confine.rootfs import Libc
 
@@ -157,11 +158,20 @@ class JobNamespace:
                 pass
         if not self.active and self.proc.poll() is None:  # it never served (refused, or not ready): no job to end
             self.proc.kill()
-        try:
-            self.proc.wait(END_WITHIN_S)
-        except subprocess.TimeoutExpired:
+        # While PID 1 dies, the launcher (a subreaper) may hold the zombie of a process of the namespace whose parent,
+        # outside it, died first (a rank's outer process, killed by the teardown before it reaped the child it forked
+        # into the namespace): PID 1 cannot end until it is reaped, so it is reaped here as the holder's wait goes on.
+        # Unreaped, the wait ran out at END_WITHIN_S every time, and PID 1 was left half-dead behind the launcher.
+        deadline = time.monotonic() + END_WITHIN_S
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            reap_adopted_from_deeper_namespaces()
+            time.sleep(0.02)
+        if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        for _ in range(100):  # PID 1 killed with the holder (PDEATHSIG) is ours now: its zombie, and what it waited for
+            if not reap_adopted_from_deeper_namespaces():
+                break
         if self.proc.stdout is not None:
             said = self.proc.stdout.read(4000).decode(errors="replace")  # it has exited: what is left, then EOF
             self.proc.stdout.close()

@@ -161,3 +161,37 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _pid_depth(pid: int | str) -> int:
+    """How many PID namespaces a process's pid is counted in (its status's NSpid; readable for a zombie too)."""
+    with open(f"/proc/{pid}/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"NSpid:"):
+                return len(line.split()) - 1
+    return 1  # a kernel before 4.1 says nothing: no deeper namespace can be told apart
+
+
+def reap_adopted_from_deeper_namespaces() -> int:
+    """Collect the exit status of every child of this process that lives in a PID namespace below its own, and
+    returns how many. Nothing this process started itself is one: such a child is a process of a job's PID
+    namespace that a subreaper adopted when its parent, outside the namespace, died first (a rank's outer process
+    killed before it reaped the child it forked into the namespace). Until it is reaped, the namespace's PID 1 cannot
+    finish dying (the kernel's zap_pid_ns_processes waits for every pid of the namespace to be freed), so whoever
+    waits for PID 1 waits for this process. Exit statuses a Popen of this process waits for are never taken."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        mine = _pid_depth("self")
+        children = {int(c) for task in os.listdir("/proc/self/task")
+                    for c in open(f"/proc/self/task/{task}/children").read().split()}
+    except OSError:
+        return 0
+    reaped = 0
+    for pid in children:
+        try:
+            if _pid_depth(pid) > mine and os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped += 1
+        except (OSError, ChildProcessError):  # gone, or reaped by another thread meanwhile
+            pass
+    return reaped
