@@ -421,17 +421,21 @@ assert ns.active and not ns.pid_why, ns.why
 r, w = os.pipe()
 outer = os.fork()
 if outer == 0:  # a rank: joins the job, forks once into its PID namespace and waits there for its child
+    os.close(r)
     why, in_pid = join_job(ns.socket_path)
-    os.write(w, f"{in_pid}".encode())
-    time.sleep(600)
+    os.write(w, f"{in_pid} {why}".encode())
+    time.sleep(60)
     os._exit(0)
-said = os.read(r, 100).decode()
+os.close(w)  # a child that failed before writing ends the read
+said = os.read(r, 400).decode()
 os.kill(outer, signal.SIGKILL)  # the teardown kills the rank's outer process before it reaped its child
 os.waitpid(outer, 0)
+ns_proc = ns.proc
 ns.close()
 left = [(c.pid, open(f"/proc/{c.pid}/wchan").read()) for c in psutil.Process().children(recursive=True)
         if c.status() != psutil.STATUS_ZOMBIE]
-print(json.dumps({"in_pid_namespace": said, "left": left, "lost": ns.lost}))
+print(json.dumps({"in_pid_namespace": said, "left": left, "lost": ns.lost, "unended": ns.unended,
+                  "holder": ns_proc.returncode}))
 """
 
 
@@ -443,7 +447,8 @@ def test_the_job_ends_whole_when_a_ranks_outer_process_dies_before_the_child_it_
     out = subprocess.run([sys.executable, "-c", OUTER_RANK_DIES_FIRST], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     said = json.loads(out.stdout.strip().splitlines()[-1])
-    assert said["in_pid_namespace"] == "True" and said["lost"] == ""
+    assert said["in_pid_namespace"].strip() == "True" and said["lost"] == "" and said["unended"] == ""
+    assert said["holder"] == 0  # it ended as told, not killed at the bound
     assert said["left"] == []
 
 

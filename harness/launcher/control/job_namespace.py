@@ -79,6 +79,7 @@ class JobNamespace:
         self.scratch_refused = ""  # why the private folder could not be a tmpfs (the caller tries again without)
         self.pid_why = ""  # why the job has no PID namespace of its own ("" where it has one)
         self.lost = ""  # why the job's PID namespace ended before the launcher ended it ("" where it did not)
+        self.unended = ""  # what of the job's PID namespace was still dying when end_job gave up waiting for it
         self.proc: subprocess.Popen | None = None
         try:
             pids = "off" if os.environ.get(PID_OFF_ENV, "").lower() == "off" else "on"
@@ -146,9 +147,9 @@ class JobNamespace:
         only this process holds: a SIGTERM sent to every process of the launcher's cgroup, systemd's or a scheduler's,
         is ignored, so that the launcher's own graceful teardown runs first), it kills the namespace's PID 1 and
         waits for it, which the kernel lets return only once every process in the namespace is gone. Killed outright
-        past END_WITHIN_S (a process the kernel cannot end at once, stuck in a file system): PID 1 then dies with it
-        (PDEATHSIG), and the kernel ends the namespace all the same, unwaited. Sets `lost` where the holder said PID 1
-        had ended before it was told to end it."""
+        past END_WITHIN_S (a process the kernel cannot end at once, stuck in a file system): PID 1, already dying,
+        becomes the launcher's to reap, and is waited for once more within the same bound; `unended` says what was
+        still dying after that. Sets `lost` where the holder said PID 1 had ended before it was told to end it."""
         if self.proc is None or self.proc.stdout is None or self.proc.stdout.closed:  # never started, or ended already
             return
         if self.proc.stdin is not None:
@@ -158,9 +159,9 @@ class JobNamespace:
                 pass
         if not self.active and self.proc.poll() is None:  # it never served (refused, or not ready): no job to end
             self.proc.kill()
-        # While PID 1 dies, the launcher (a subreaper) may hold the zombie of a process of the namespace whose parent,
-        # outside it, died first (a rank's outer process, killed by the teardown before it reaped the child it forked
-        # into the namespace): PID 1 cannot end until it is reaped, so it is reaped here as the holder's wait goes on.
+        # While PID 1 dies, the launcher (a subreaper) may hold a process of the namespace whose parent, outside it,
+        # ended first (a rank's outer process, ended by the teardown before the child it forked into the namespace):
+        # PID 1 cannot finish dying until that child is reaped, so it is reaped here as the holder's wait goes on.
         # Unreaped, the wait ran out at END_WITHIN_S every time, and PID 1 was left half-dead behind the launcher.
         deadline = time.monotonic() + END_WITHIN_S
         while self.proc.poll() is None and time.monotonic() < deadline:
@@ -169,9 +170,15 @@ class JobNamespace:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for _ in range(100):  # PID 1 killed with the holder (PDEATHSIG) is ours now: its zombie, and what it waited for
-            if not reap_adopted_from_deeper_namespaces():
-                break
+        # Past the bound (a process the kernel cannot end at once: stuck in a file system, a large GPU context being
+        # freed), PID 1 is the launcher's now, still dying: it and what it waits for are reaped as they end, within a
+        # second bound; what is left after it is said (`unended`) and reaped by whoever adopts it next.
+        deadline = time.monotonic() + END_WITHIN_S
+        while (left := reap_adopted_from_deeper_namespaces()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if left:
+            self.unended = (f"{left} process(es) of the job's PID namespace still dying {2 * END_WITHIN_S:.0f} s after "
+                            "the job ended")
         if self.proc.stdout is not None:
             said = self.proc.stdout.read(4000).decode(errors="replace")  # it has exited: what is left, then EOF
             self.proc.stdout.close()

@@ -163,6 +163,7 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+
 def _pid_depth(pid: int | str) -> int:
     """How many PID namespaces a process's pid is counted in (its status's NSpid; readable for a zombie too)."""
     with open(f"/proc/{pid}/status", "rb") as status:
@@ -172,26 +173,47 @@ def _pid_depth(pid: int | str) -> int:
     return 1  # a kernel before 4.1 says nothing: no deeper namespace can be told apart
 
 
+def _children() -> set[int]:
+    """This process's children, from every thread's list (a thread's adopted orphans are on its own list);
+    where the kernel keeps no such list (CONFIG_PROC_CHILDREN off), from every process's parent pid."""
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as listed:
+                pids.update(int(pid) for pid in listed.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/self/task/{task}/children") and os.path.isdir(f"/proc/self/task/{task}"):
+                return {p.pid for p in psutil.Process().children()}  # no list kept: the slower scan
+        except OSError:  # the thread ended meanwhile
+            pass
+    return pids
+
+
 def reap_adopted_from_deeper_namespaces() -> int:
-    """Collect the exit status of every child of this process that lives in a PID namespace below its own, and
-    returns how many. Nothing this process started itself is one: such a child is a process of a job's PID
-    namespace that a subreaper adopted when its parent, outside the namespace, died first (a rank's outer process
-    killed before it reaped the child it forked into the namespace). Until it is reaped, the namespace's PID 1 cannot
-    finish dying (the kernel's zap_pid_ns_processes waits for every pid of the namespace to be freed), so whoever
-    waits for PID 1 waits for this process. Exit statuses a Popen of this process waits for are never taken."""
+    """Collect the exit status of every finished child of this process that lives in a PID namespace below its
+    own, and return how many such children are left (alive, or dying). Nothing this process started itself is
+    one: the launcher never enters a PID namespace, and the holder's unshare moves only the holder's later
+    children, so a deeper child is always a process of a job's PID namespace that this subreaper adopted when its
+    parent, outside the namespace, died first (a rank's outer process that ended before the child it forked into
+    the namespace), or that namespace's PID 1 once the holder is gone. Until the adopted process is reaped, the
+    namespace's PID 1 cannot finish dying (the kernel's zap_pid_ns_processes waits for every pid of the namespace
+    to be freed), so whoever waits for PID 1 waits for this process. Exit statuses a Popen of this process or torch
+    elastic's agent waits for are never taken."""
     if not sys.platform.startswith("linux"):
         return 0
     try:
         mine = _pid_depth("self")
-        children = {int(c) for task in os.listdir("/proc/self/task")
-                    for c in open(f"/proc/self/task/{task}/children").read().split()}
     except OSError:
         return 0
-    reaped = 0
-    for pid in children:
+    left = 0
+    for pid in _children():
         try:
-            if _pid_depth(pid) > mine and os.waitpid(pid, os.WNOHANG)[0] == pid:
-                reaped += 1
+            if _pid_depth(pid) > mine:
+                left += os.waitpid(pid, os.WNOHANG)[0] != pid
         except (OSError, ChildProcessError):  # gone, or reaped by another thread meanwhile
             pass
-    return reaped
+    return left

@@ -217,6 +217,8 @@ def train(opts, track: Track, data: PreparedData, nproc: int, node: NodePaths, r
                                  gate=gate)
             if namespace is not None:  # the job's PID namespace ended now: nothing of the job lives past this line
                 namespace.end_job()
+                if namespace.unended:  # evaluation may start beside them (a GPU's memory still being freed): said
+                    record.notes.append(namespace.unended)
                 if namespace.lost and phase.outcome.status == "ok":  # it ended after the ranks had: said, nothing lost
                     record.notes.append(f"the job's namespace holder said: {namespace.lost}")
                 elif namespace.lost and phase.outcome.cause in ("death", "collective"):  # the ranks died of it, or of
