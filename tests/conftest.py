@@ -172,3 +172,25 @@ def pytest_collection_modifyitems(config, items):
     # alone. A stable sort: nothing else moves. (Not shown to help yet: one suite run with it took 30.9 min
     # against 28.5 without, with other tests running beside it on the same 2 cores.)
     items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+
+
+@pytest.fixture(autouse=True)
+def _no_orphan_outlives_its_test():
+    """A test that runs the launcher or a scorer in this process makes it a child subreaper (Linux), and a test that
+    kills a launcher outright then hands this process the zombies of its job's ranks (their parents were outside the
+    job's PID namespace): pytest never reaps them, so that namespace's PID 1 stayed in the kernel's
+    zap_pid_ns_processes for the rest of the session, a sleeping 'python' that a later test's look for leftover
+    processes found (CI, benchmarks/test_benchmarks.py::test_honest_under_load_script_runs). After each test they
+    are reaped here, as a launcher reaps them, and this process is a subreaper no longer."""
+    yield
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    from harness.launcher.control.process_tree import reap_adopted_from_deeper_namespaces
+
+    for _ in range(200):  # PID 1 ends once what it waits for is reaped, and is reaped in turn: a few passes
+        if not reap_adopted_from_deeper_namespaces():
+            break
+        time.sleep(0.01)
+    ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
