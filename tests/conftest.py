@@ -187,10 +187,10 @@ def _no_orphan_outlives_its_test():
         return
     import ctypes
 
-    from harness.launcher.control.process_tree import reap_adopted_from_deeper_namespaces
+    from harness.launcher.control.process_tree import PR_SET_CHILD_SUBREAPER, reap_adopted_from_deeper_namespaces
 
     for _ in range(200):  # PID 1 ends once what it waits for is reaped, and is reaped in turn: a few passes
         if not reap_adopted_from_deeper_namespaces():
             break
         time.sleep(0.01)
-    ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)  # off

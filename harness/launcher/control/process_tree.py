@@ -163,7 +163,6 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-
 def _pid_depth(pid: int | str) -> int:
     """How many PID namespaces a process's pid is counted in (its status's NSpid; readable for a zombie too)."""
     with open(f"/proc/{pid}/status", "rb") as status:
@@ -186,8 +185,8 @@ def _children() -> set[int]:
             with open(f"/proc/self/task/{task}/children") as listed:
                 pids.update(int(pid) for pid in listed.read().split())
         except FileNotFoundError:
-            if not os.path.exists(f"/proc/self/task/{task}/children") and os.path.isdir(f"/proc/self/task/{task}"):
-                return {p.pid for p in psutil.Process().children()}  # no list kept: the slower scan
+            if os.path.isdir(f"/proc/self/task/{task}"):  # the thread lives, the kernel keeps no list: the slower scan
+                return {p.pid for p in psutil.Process().children()}
         except OSError:  # the thread ended meanwhile
             pass
     return pids
