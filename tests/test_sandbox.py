@@ -248,6 +248,38 @@ def test_a_forkserver_pool_runs_in_a_training_rank():
     assert got["pool"] == [1, 2], got
 
 
+THREAD_NAMES = """
+import threading
+def name_a_thread():  # as CUDA's driver names the threads it starts at cuInit: fopen(".../comm", "w")
+    ready, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: (ready.set(), done.wait()))
+    t.start()
+    ready.wait()
+    try:
+        with open(f"/proc/self/task/{t.native_id}/comm", "w") as fh:
+            fh.write("cuda-EvtHandlr")
+        with open(f"/proc/self/task/{t.native_id}/comm") as fh:
+            out["name_read_back"] = fh.read().strip()
+    finally:
+        done.set()
+        t.join()
+attempt("thread_name", name_a_thread)
+attempt("proc_self_other", lambda: open("/proc/self/coredump_filter", "w").write("0x33"))
+attempt("proc_sys", lambda: open("/proc/sys/kernel/hostname", "w").write("x"))
+"""
+
+
+@pytest.mark.parametrize("kind", ["training", "check"])
+def test_a_sandboxed_process_names_its_own_threads_and_writes_nothing_else_in_proc(tmp_path, kind):
+    """CUDA's driver names each thread it starts by writing /proc/self/task/<tid>/comm; refused (Landlock
+    grants /proc read-only), cuInit fails with error 304 and no GPU works (seen on the lent H200: every
+    check, training rank and model process). Its own threads' names are granted, nothing else of /proc."""
+    got = sandboxed(tmp_path, kind, THREAD_NAMES)
+    assert got["thread_name"] == "done" and got["name_read_back"] == "cuda-EvtHandlr", got
+    assert got["proc_self_other"] == "EACCES", got
+    assert got["proc_sys"] in ("EACCES", "EROFS"), got
+
+
 NEEDS_A_SOCKET = {
     "forkserver": ("with multiprocessing.get_context('forkserver').Pool(1) as pool:\n        pool.map(abs, [-1])",
                    "needs the 'spawn' start method"),

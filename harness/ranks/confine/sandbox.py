@@ -16,6 +16,12 @@ What a process may touch is a `Policy`, decided by the harness process that star
   another (Landlock's REFER: Triton's cache moves each file it builds into place so), and training
   ranks may make Unix sockets and FIFOs there (Python's multiprocessing hands every tensor a
   DataLoader worker returns over a socket it binds in the temporary folder: the private folder's tmp/);
+- its own threads' names: /proc/self/task/<tid>/comm, written (CUDA's driver names the threads it starts
+  so at cuInit, by opening that file for writing; refused, every CUDA call fails with error 304 "OS call
+  failed", measured on the lent H200). Granted on this process's own /proc/<pid>/task only (`OWN_TASKS`),
+  never the rest of /proc (as root, /proc/sys and /proc/sysrq-trigger are writable by owner), so a process
+  this one starts cannot name its threads nor start CUDA unless it enters a sandbox of its own (the check's
+  and evaluation's model processes each do);
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -262,6 +268,29 @@ def _threads() -> int:
         return -1
 
 
+OWN_TASKS = "/proc/self/task"
+_own_tasks_fd: int | None = None  # held for the process's life (see _pin_own_tasks)
+
+
+def _pin_own_tasks() -> str:
+    """This process's /proc/<pid>/task, as the path Landlock's rule is added on, or "" where there is none.
+    Landlock keeps a rule on an inode, and procfs makes a new inode for /proc/<pid>/task each time the
+    kernel drops its cached entry and looks it up again (memory pressure, minutes into a run): the rule
+    would then be gone and a thread started late (NCCL's, a compile worker's) unnamable. An open
+    descriptor holds the entry, and with it the inode, for as long as the process lives; not closed
+    on exec (a team's script that execs keeps it, and its rule)."""
+    global _own_tasks_fd
+    try:
+        real = os.path.realpath(OWN_TASKS)  # /proc/<pid>/task of the procfs this process sees
+        if _own_tasks_fd is not None:
+            os.close(_own_tasks_fd)
+        _own_tasks_fd = os.open(real, os.O_PATH | os.O_DIRECTORY)
+        os.set_inheritable(_own_tasks_fd, True)
+        return real
+    except (OSError, AttributeError):  # no procfs (another OS, a /proc not mounted): nothing to name
+        return ""
+
+
 def apply(policy: Policy) -> SandboxReport:
     """Restrict this process (and everything it starts) to the policy. Call it single-threaded."""
     if not sys.platform.startswith("linux"):
@@ -312,6 +341,9 @@ def apply(policy: Policy) -> SandboxReport:
     for f in policy.device_files:
         if os.path.exists(f):
             ll.add_path_rule(f, access=device)
+    own_tasks = _pin_own_tasks()
+    if own_tasks:
+        ll.add_path_rule(own_tasks, access=AccessFs.WRITE_FILE | (AccessFs.TRUNCATE if abi >= 3 else AccessFs(0)))
     if policy.network:
         ll.allow_all_network()
     if policy.abstract_unix and abi >= 6:
