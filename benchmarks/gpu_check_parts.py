@@ -234,10 +234,17 @@ def log_lines(run_dir: Path, pattern: str, tag: str) -> list[dict]:
 # --------------------------------------------------------------------------- the scorers, watched
 
 
+DRIVER_ONLY = "libcuda mapped, no GPU opened"
+
+
 class ScorerWatch:
     """Samples /proc while a harness command runs: each scorer process below it (python -m
-    harness.scoring.scorer) and whether the CUDA driver (libcuda) was ever mapped into it. A scorer must
-    never touch CUDA (harness/scoring/scorer.py): a GPU then holds one context, its model process's."""
+    harness.scoring.scorer) and whether it ever opened a GPU: a descriptor or a mapping of /dev/nvidia*,
+    which CUDA's initialisation opens and a context keeps. A scorer must never touch CUDA
+    (harness/scoring/scorer.py): a GPU then holds one context, its model process's. The driver's library
+    mapped without a device opened is said (DRIVER_ONLY), not failed: a library torch loads may link it
+    (the first run on the lent H200 saw libcuda.so in every scorer's maps) without the driver ever being
+    started."""
 
     def __init__(self, root_pid: int, interval_s: float = 0.2):
         self.root, self.interval_s = root_pid, interval_s
@@ -268,7 +275,27 @@ class ScorerWatch:
                     if Path(f"/proc/{pid}").exists():
                         self.scorers.setdefault(pid, None)
                     continue
-                self.scorers[pid] = bool(self.scorers.get(pid)) or "libcuda.so" in maps
+                opened = "/dev/nvidia" in maps or any("/dev/nvidia" in target for target in _fd_targets(pid))
+                if opened or self.scorers.get(pid) is True:
+                    self.scorers[pid] = True
+                elif "libcuda.so" in maps:
+                    self.scorers[pid] = DRIVER_ONLY
+                else:
+                    self.scorers.setdefault(pid, False)
+
+
+def _fd_targets(pid: int) -> list[str]:
+    targets = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return targets
+    for fd in fds:
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return targets
 
 
 def _pids() -> list[int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_check_parts import HostSandbox, Sizes
+from gpu_check_parts import DRIVER_ONLY, HostSandbox, Sizes
 
 OK, FAIL, SKIP, INFO, NA, UNAVAILABLE = "ok", "fail", "skip", "info", "na", "unavailable"
 AGREE = 1e-5  # evaluation at 1 rank and at every rank: the same figure (every token scored once either way)
@@ -156,9 +156,13 @@ def agree(c: Column, s: Sizes) -> Cell:
 
 
 def scorers(c: Column, s: Sizes) -> Cell:
-    n, clean = len(c.scorers), sum(1 for v in c.scorers.values() if v is False)
-    return check(n > 0 and clean == n, f"{clean} of {n}", "no scorer process was seen" if not n else
-                 f"{n - clean} scorer(s) mapped the CUDA driver or could not be read: {c.scorers}")
+    n, clean = len(c.scorers), sum(1 for v in c.scorers.values() if v is False or v == DRIVER_ONLY)
+    cell = check(n > 0 and clean == n, f"{clean} of {n}", "no scorer process was seen" if not n else
+                 f"{n - clean} scorer(s) opened a GPU (/dev/nvidia*) or could not be read: {c.scorers}")
+    driver_only = sorted(pid for pid, v in c.scorers.items() if v == DRIVER_ONLY)
+    if driver_only:
+        cell.note = f"scorer(s) {driver_only}: {DRIVER_ONLY} (a library's link, no CUDA started)"
+    return cell
 
 
 def probe(what: str):

@@ -309,13 +309,18 @@ def test_gpu_check_rows_hold_on_a_good_gpu_record_and_name_each_failure():
 
     probe = {"cuda_visible_devices": "0", "cuda_devices": 1, "pinned": True, "pending_error": 0,
              "inductor_deterministic_env": "1", "inductor_config_deterministic": True}
+    from gpu_check_parts import DRIVER_ONLY
+
     good = [Column("124M compile", "big", compiled=True, record=gpu_record(), evals={1: 2.1 + 1e-7},
-                   scorers={11: False}),
+                   scorers={11: False, 13: DRIVER_ONLY}),
             Column("compiled fwd", "small", record=gpu_record(compiled=False), probes=[probe, probe],
                    scorers={12: False})]
     grid = cells(good, GPU)
     assert {cell.state for col in grid.values() for cell in col.values()} <= {OK, "info", "na"}
     assert grid["124M compile"]["MFU"].text == "41.0%" and grid["124M compile"]["backend NCCL"].text == "nccl 2.27.3"
+    # the driver's library mapped without a GPU opened is said, not failed (a library's link: no CUDA started)
+    assert grid["124M compile"]["scorers without CUDA"].text == "2 of 2"
+    assert "[13]: libcuda mapped, no GPU opened" in grid["124M compile"]["scorers without CUDA"].note
 
     off = {"active": False, "why": "Landlock is not available on this kernel"}
     bad = [Column("124M compile", "big", compiled=True, record=gpu_record(mfu=None, sandbox={"training": off,

@@ -280,6 +280,45 @@ def test_a_sandboxed_process_names_its_own_threads_and_writes_nothing_else_in_pr
     assert got["proc_sys"] in ("EACCES", "EROFS"), got
 
 
+COMPILE = """
+import subprocess
+def compile_():  # the first on PATH, by its path: execvp would go on to /usr/bin/gcc when it is refused
+    ran = subprocess.run([os.environ["PATH"].split(":")[0] + "/gcc"], capture_output=True, text=True)
+    out["compiler_said"] = ran.stdout.strip()
+attempt("compiler", compile_)
+"""
+
+
+@pytest.mark.parametrize("kind", ["training", "check"])
+def test_a_c_compiler_installed_outside_the_system_folders_runs_in_every_sandbox(tmp_path, kind):
+    """Triton and Inductor run the C compiler found on PATH while a model compiles; an image's own GCC under
+    /opt (the lent H200's /opt/gcc/bin/gcc) was denied, and every torch.compile failed with PermissionError.
+    Its installation folder (the parent of its bin/, where cc1 and its headers live) is granted."""
+    prefix = tmp_path / "opt" / "gcc"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "libexec").mkdir()
+    (prefix / "libexec" / "cc1").write_text("the compiler proper\n")
+    gcc = prefix / "bin" / "gcc"
+    gcc.write_text(f"#!/bin/sh\nread -r line < {prefix}/libexec/cc1 && echo \"$line\"\n")
+    gcc.chmod(0o755)
+    got = sandboxed(tmp_path, kind, COMPILE, env={"PATH": f"{prefix / 'bin'}:{os.environ['PATH']}"})
+    assert got["compiler"] == "done" and got["compiler_said"] == "the compiler proper", got
+
+
+def test_compiler_folders_are_the_prefix_of_bin_never_the_root_nor_a_protected_folder(tmp_path):
+    from harness.ranks.confine import sandbox
+
+    prefix = tmp_path / "gcc-13"
+    (prefix / "bin").mkdir(parents=True)
+    for name in ("gcc", "g++"):
+        (prefix / "bin" / name).write_text("#!/bin/sh\n")
+        (prefix / "bin" / name).chmod(0o755)
+    env = {"PATH": str(prefix / "bin"), "CC": f"{prefix / 'bin' / 'gcc'} -m64"}
+    assert sandbox.compiler_dirs(env) == [str(prefix.resolve())]
+    assert sandbox.compiler_dirs(env, protected=[str(prefix / "runs")]) == []  # it would expose the runs tree
+    assert sandbox.compiler_dirs({"PATH": "/usr/bin", "CC": "/gcc"}) == []  # system folders, never /
+
+
 NEEDS_A_SOCKET = {
     "forkserver": ("with multiprocessing.get_context('forkserver').Pool(1) as pool:\n        pool.map(abs, [-1])",
                    "needs the 'spawn' start method"),

@@ -7,7 +7,8 @@ process forked from its template, harness/ranks/models/model_template.py, has to
 
 What a process may touch is a `Policy`, decided by the harness process that starts it:
 - read (and execute): the Python installation, the harness package, the system's libraries and
-  tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files), the submission's own folder,
+  tools (/usr, /lib*, /bin, /etc, /proc, /sys, GPU device files; libraries and C compilers installed
+  elsewhere, `library_dirs`, `compiler_dirs`), the submission's own folder,
   and exactly the files the phase needs (the train shards one by one, or the checkpoint);
 - write: its own private folder, and /dev/shm: training ranks their job's (NCCL needs it; the host's,
   swept after the job, where the host refuses the job a namespace), the check and model processes
@@ -191,9 +192,38 @@ def library_dirs(environ=None, protected=()) -> list[str]:
     only; never `/` itself, never a relative entry (the process's working folder), and never a folder that
     holds a protected path (the runs tree, the validation data) or the launcher's working folder."""
     environ = os.environ if environ is None else environ
-    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd())]
     names = [*environ.get("LD_LIBRARY_PATH", "").split(":"), environ.get("CUDA_HOME", ""), environ.get("CUDA_PATH", ""),
              *_ld_so_conf_dirs()]
+    return _outside_system_dirs(names, protected)
+
+
+# The C and C++ compilers Triton (its launcher stubs: $CC, else clang, gcc, cc) and Inductor (g++, c++) run
+# while a model compiles, in training and in the check and model processes alike.
+COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "clang++")
+
+
+def compiler_dirs(environ=None, protected=()) -> list[str]:
+    """The installation folders of the C compilers on PATH (and $CC, $CXX) outside the system folders: an
+    image's own GCC under /opt (seen on the lent H200: /opt/gcc/bin/gcc; denied, torch.compile fails with
+    "PermissionError: '/opt/gcc/bin/gcc'"). A compiler in <prefix>/bin needs <prefix> (its cc1 under
+    libexec, its headers and libraries): the prefix is granted, read and execute, with library_dirs' limits."""
+    environ = os.environ if environ is None else environ
+    import shutil
+
+    found = [environ.get("CC", ""), environ.get("CXX", "")]
+    found += [shutil.which(name, path=environ.get("PATH", os.defpath)) or "" for name in COMPILERS]
+    names = []
+    for path in found:
+        path = path.split()[0] if path.strip() else ""  # $CC may carry flags ("gcc -m64")
+        if not path.startswith("/") or not os.path.isfile(path):
+            continue
+        for where in {os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path))}:
+            names.append(os.path.dirname(where) if os.path.basename(where) == "bin" else where)
+    return _outside_system_dirs(names, protected)
+
+
+def _outside_system_dirs(names: list[str], protected=()) -> list[str]:
+    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd())]
     out: list[str] = []
     for name in names:
         if not name.startswith("/") or not os.path.isdir(name):
@@ -216,7 +246,8 @@ def build_policy(*, submission_dir: str, private_dir: str, read_files: list[str]
         devices += [p for g in GPU_GLOBS for p in glob.glob(g) if os.path.exists(p)]
     if gpu and training:
         devices += [p for g in NETWORK_DEVICE_GLOBS for p in glob.glob(g) if os.path.exists(p)]
-    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), *library_dirs(protected=protected), submission_dir]
+    read_dirs = [*python_dirs(), *(d for d in SYSTEM_DIRS if os.path.isdir(d)), *library_dirs(protected=protected),
+                 *compiler_dirs(protected=protected), submission_dir]
     if gpu and os.path.isdir("/run/nvidia-persistenced"):
         read_dirs.append("/run/nvidia-persistenced")  # its socket; not the rest of /run (secrets, other daemons)
     read_files = list(read_files)
