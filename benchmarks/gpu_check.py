@@ -89,6 +89,7 @@ from gpu_check_parts import GPU, SMOKE, ScorerWatch, Sizes, host_sandbox, log_li
 from gpu_check_parts import big_submission, compiled_forward_submission, open_submission  # noqa: E402
 from gpu_check_rows import FAIL, UNAVAILABLE, Column, cells, host_rows, table  # noqa: E402
 
+PHASES = ("eager", "compiled-fwd", "open", "compile")  # --only's names, in the order they run
 TOTAL_S = 460.0  # the GPU box's whole run: 8 minutes, less a cut phase's grace and the table
 MIN_PHASE_S = 20.0  # a phase is not started with less than this left
 STOP_GRACE_S = 10.0  # a phase past its cap: SIGTERM (the launcher aborts its job and writes the record), then SIGKILL
@@ -289,7 +290,13 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="the same phases on a CPU at tiny sizes, steps not time")
     ap.add_argument("--keep", default=None, help="keep the data, submissions and records in this folder")
     ap.add_argument("--json", default=None, help="also write every cell of the table to this file")
+    ap.add_argument("--only", default=None, metavar="PHASE[,PHASE]",
+                    help=f"run these phases alone ({', '.join(PHASES)}): a re-run of what failed, in the device time "
+                         "left; the verdict names them, so that a part is never read as the whole")
     args = ap.parse_args()
+    only = set(PHASES) if not args.only else {p.strip() for p in args.only.split(",") if p.strip()}
+    if not only or only - set(PHASES):
+        ap.error(f"--only takes phases among {', '.join(PHASES)}; got {args.only!r}")
     missing = missing_packages()
     if missing:
         print(carry_hint(missing), file=sys.stderr)
@@ -339,31 +346,38 @@ def main() -> int:
 
     for old in work.glob("sub-*"):  # --keep DIR used again: fresh copies, the earlier records stay
         shutil.rmtree(old)
+    columns = []
     # 1. the 124M-class baseline, COMPILE off
-    eager = phase(Column("124M eager", "big", compiled=False), "gpu-check-eager",
-                  big_submission(work / "sub-eager", sizes, False, "gpu-check-eager"), bounded(sizes.eager_budget_s),
-                  "run_eager")
+    if "eager" in only:
+        columns.append(phase(Column("124M eager", "big", compiled=False), "gpu-check-eager",
+                             big_submission(work / "sub-eager", sizes, False, "gpu-check-eager"),
+                             bounded(sizes.eager_budget_s), "run_eager"))
     # 2. compiled code in the model's forward, in training and in evaluation
-    small = phase(Column("compiled fwd", "small"), "gpu-check-compiled-forward",
-                  compiled_forward_submission(work / "sub-compiled-forward", sizes, "gpu-check-compiled-forward"),
-                  ["--max-steps", str(sizes.small_steps)], "run_small")
+    if "compiled-fwd" in only:
+        columns.append(phase(Column("compiled fwd", "small"), "gpu-check-compiled-forward",
+                             compiled_forward_submission(work / "sub-compiled-forward", sizes,
+                                                         "gpu-check-compiled-forward"),
+                             ["--max-steps", str(sizes.small_steps)], "run_small"))
     # 3. the open division: a team's script with DataLoader workers
-    opened = phase(Column("open+DataLoader", "open"), "gpu-check-open-dataloader",
-                   open_submission(work / "sub-open-dataloader", sizes, "gpu-check-open-dataloader"),
-                   ["--max-steps", str(sizes.small_steps)], "run_small")
+    if "open" in only:
+        columns.append(phase(Column("open+DataLoader", "open"), "gpu-check-open-dataloader",
+                             open_submission(work / "sub-open-dataloader", sizes, "gpu-check-open-dataloader"),
+                             ["--max-steps", str(sizes.small_steps)], "run_small"))
     # 4. the 124M-class baseline, COMPILE on (last: its compile time is the least known)
-    compiled = phase(Column("124M compile", "big", compiled=True), "gpu-check-compile",
-                     big_submission(work / "sub-compile", sizes, True, "gpu-check-compile"),
-                     bounded(sizes.compile_budget_s), "run_compile")
-    # 5. its evaluation again, at 1 rank and at every rank
-    evaluate(compiled, env, clock, caps["eval"])
+    if "compile" in only:
+        compiled = phase(Column("124M compile", "big", compiled=True), "gpu-check-compile",
+                         big_submission(work / "sub-compile", sizes, True, "gpu-check-compile"),
+                         bounded(sizes.compile_budget_s), "run_compile")
+        # 5. its evaluation again, at 1 rank and at every rank
+        evaluate(compiled, env, clock, caps["eval"])
+        columns.insert(1 if "eager" in only else 0, compiled)  # the table's order: the two 124M runs first
 
-    columns = [eager, compiled, small, opened]
     grid = cells(columns, sizes, host)
     ok = not any(cell.state == FAIL for col in grid.values() for cell in col.values())
     without = any(cell.state == UNAVAILABLE for col in grid.values() for cell in col.values())
     text = table(columns, grid, host)
-    verdict = (f"{'all checks hold' if ok else 'SOME CHECKS FAILED'}"
+    part = "" if only == set(PHASES) else f" (these phases only: {', '.join(p for p in PHASES if p in only)})"
+    verdict = (f"{'all checks hold' if ok else 'SOME CHECKS FAILED'}{part}"
                f"{' (the sandbox not measured: this host has no Landlock)' if without else ''} in "
                f"{clock.elapsed():.0f} s ({track_name}; records under {runs})")
     print("\n" + text + "\n\n" + verdict)

@@ -225,6 +225,30 @@ def test_gpu_check_cpu_smoke_runs_offline_in_the_given_python_every_phase_skippi
     assert json.loads((out_dir / "gpu-check.json").read_text())["table"] in proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpu_check_only_runs_the_phases_named_and_its_verdict_says_so(tmp_path):
+    """--only re-runs what failed in the device time left: the phases named run, no other, the table has their
+    columns alone, and the verdict names them (a part is never read as the whole); a name it does not know stops
+    it before any work, naming the phases it knows."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OUT")}
+    gpu_check = [sys.executable, str(Path(__file__).parent / "gpu_check.py"), "--cpu-smoke"]
+    bad = subprocess.run([*gpu_check, "--only", "eager,warp"], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "eager, compiled-fwd, open, compile" in bad.stderr and "[data]" not in bad.stdout
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([*gpu_check, "--only", "compiled-fwd", "--keep", str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=580, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert list(result["columns"]) == ["compiled fwd"]
+    assert sorted(p.name for p in (tmp_path / "work" / "runs").rglob("run.json")) == ["run.json"]
+    assert "all checks hold (these phases only: compiled-fwd)" in proc.stdout
+
+
 def test_gpu_check_says_which_package_the_interpreter_lacks_and_how_to_carry_it():
     """An interpreter without the harness's packages is told so before any work, with the wheel recipe; torch is
     not a wheel to carry: it names the interpreter to give instead."""
