@@ -23,7 +23,8 @@ from harness.launcher.control.channel import peer_pid
 from harness.launcher.control.process_tree import descends_from
 from harness.launcher.control.workarea import MAX_ENTRIES
 from harness.ranks.confine.namespaces import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, map_identity, refused
-from harness.ranks.confine.rootfs import (MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC, MS_SLAVE, Libc,
+from harness.ranks.confine.private_proc import mount_private
+from harness.ranks.confine.rootfs import (MOUNT_ATTR_RDONLY, MS_BIND, MS_NODEV, MS_NOSUID, MS_REC, MS_SLAVE, Libc,
                                           Refused)
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
@@ -201,7 +202,10 @@ class JobInit:
             os.closerange(high + 1, max(os.sysconf("SC_OPEN_MAX"), high + 1, 1 << 16))
             libc.unshare(CLONE_NEWNS, "unshare of the ranks' mount namespace")
             libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves")  # nothing goes back
-            libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of the job's PID namespace")
+            # its global entries read-only and hidepid=invisible (private_proc.py), so that the ranks and whatever
+            # they start may write their own processes' files (CUDA names its threads there) and nothing else. Where it
+            # cannot be hardened, each rank's sandbox finds so (private_proc.hardened) and grants its own threads only.
+            mount_private(libc, "/proc", "a /proc of the job's PID namespace")
             dropped = drop_capabilities()
             if dropped:
                 raise OSError(errno.EPERM, f"its capabilities could not be dropped ({dropped})")

@@ -137,6 +137,7 @@ _PROBE = {
 }
 _SANDBOX = {"active": flag(), "why": text(), "abi": integer(0, 1000, True), "threads": integer(-1, 1 << 20, True),
             "policy": obj(), "namespaces": obj(), "filesystem": obj(), "seccomp": text(200, optional=True),
+            "proc_writes": text(400, optional=True),
             "cgroup": obj(optional=True)}
 
 SCHEMAS: dict[str, dict[str, Field]] = {

@@ -16,7 +16,8 @@ also moves into its own mount namespace and a new root that holds exactly the po
   multiprocessing's locks and pools, so Inductor's compile pool, need one, sem_open makes its
   semaphores there): the only places it can change anything;
 - a /proc of its own PID namespace (its own processes only; no /proc/<pid>/root into another
-  process's files), or, where the kernel refuses a new one, the old /proc read-only;
+  process's files; harness/ranks/confine/private_proc.py: hidepid=invisible, every global entry
+  read-only), or, where the kernel refuses a new one, the old /proc read-only;
 - nothing else: /tmp, /run, /var and the home folders, with the sockets daemons listen on there, the
   runs tree, the leaderboard and the validation shards are not in this root at all.
 
@@ -33,6 +34,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.ranks.confine import private_proc
 from harness.ranks.confine.namespaces import CLONE_NEWNS
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE, MS_SLAVE = 1, 2, 4, 8, 4096, 0x4000, 1 << 18, 1 << 19
@@ -182,8 +184,9 @@ def _build_and_enter(libc: Libc, policy, root: str) -> str:
     proc = root + "/proc"
     os.makedirs(proc, exist_ok=True)
     try:
-        libc.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "a /proc of its own")
-        proc_note = "a /proc of its own PID namespace"
+        unhardened = private_proc.mount_private(libc, proc, "a /proc of its own")
+        proc_note = "a /proc of its own PID namespace" + (f" ({unhardened})" if unhardened else
+                                                          f", {private_proc.HIDEPID}, its global entries read-only")
     except Refused as exc:  # hosts that mask parts of /proc refuse a new one to a user namespace
         libc.mount("/proc", proc, None, MS_BIND | MS_REC, "binding /proc")
         libc.read_only(proc, recursive=True)

@@ -17,12 +17,12 @@ What a process may touch is a `Policy`, decided by the harness process that star
   another (Landlock's REFER: Triton's cache moves each file it builds into place so), and training
   ranks may make Unix sockets and FIFOs there (Python's multiprocessing hands every tensor a
   DataLoader worker returns over a socket it binds in the temporary folder: the private folder's tmp/);
-- its own threads' names: /proc/self/task/<tid>/comm, written (CUDA's driver names the threads it starts
-  so at cuInit, by opening that file for writing; refused, every CUDA call fails with error 304 "OS call
-  failed", measured on the lent H200). Granted on this process's own /proc/<pid>/task only (`OWN_TASKS`),
-  never the rest of /proc (as root, /proc/sys and /proc/sysrq-trigger are writable by owner), so a process
-  this one starts cannot name its threads nor start CUDA unless it enters a sandbox of its own (the check's
-  and evaluation's model processes each do);
+- its processes' own files in /proc: CUDA's driver names each thread it starts by writing
+  /proc/self/task/<tid>/comm at cuInit; refused, every CUDA call fails with error 304 "OS call failed"
+  (measured on the lent H200), in this process and in those it starts (Inductor's compile workers).
+  Granted on /proc where /proc is the job's own, hidepid=invisible, its global entries read-only
+  (harness/ranks/confine/private_proc.py: as root, /proc/sys and /proc/sysrq-trigger are writable by owner);
+  elsewhere on this process's own /proc/<pid>/task only (private_proc.OWN_TASKS), and the report says so;
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -286,6 +286,7 @@ class SandboxReport:
     namespaces: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/confine/namespaces.py
     filesystem: dict = field(default_factory=dict)  # evaluation's model processes: harness/ranks/confine/rootfs.py
     seccomp: str = ""  # "on", or why the filter of harness/ranks/confine/seccomp.py is not installed
+    proc_writes: str = ""  # what of /proc it may write: its processes' own files, or its own threads' names only
     cgroup: dict = field(default_factory=dict)  # the job's cgroup, where the launcher made one (harness/ranks/confine/cgroup.py)
 
     def to_dict(self) -> dict:
@@ -297,29 +298,6 @@ def _threads() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return -1
-
-
-OWN_TASKS = "/proc/self/task"
-_own_tasks_fd: int | None = None  # held for the process's life (see _pin_own_tasks)
-
-
-def _pin_own_tasks() -> str:
-    """This process's /proc/<pid>/task, as the path Landlock's rule is added on, or "" where there is none.
-    Landlock keeps a rule on an inode, and procfs makes a new inode for /proc/<pid>/task each time the
-    kernel drops its cached entry and looks it up again (memory pressure, minutes into a run): the rule
-    would then be gone and a thread started late (NCCL's, a compile worker's) unnamable. An open
-    descriptor holds the entry, and with it the inode, for as long as the process lives; not closed
-    on exec (a team's script that execs keeps it, and its rule)."""
-    global _own_tasks_fd
-    try:
-        real = os.path.realpath(OWN_TASKS)  # /proc/<pid>/task of the procfs this process sees
-        if _own_tasks_fd is not None:
-            os.close(_own_tasks_fd)
-        _own_tasks_fd = os.open(real, os.O_PATH | os.O_DIRECTORY)
-        os.set_inheritable(_own_tasks_fd, True)
-        return real
-    except (OSError, AttributeError):  # no procfs (another OS, a /proc not mounted): nothing to name
-        return ""
 
 
 def apply(policy: Policy) -> SandboxReport:
@@ -352,6 +330,8 @@ def apply(policy: Policy) -> SandboxReport:
     device = AccessFs.READ_FILE | AccessFs.WRITE_FILE | (AccessFs.IOCTL_DEV if abi >= 5 else AccessFs(0))
     if abi >= 3:
         device |= AccessFs.TRUNCATE
+    from harness.ranks.confine import private_proc
+
     ll = Landlock(strict=False)  # best effort: the kernel's ABI decides which rights exist
     read_dirs, around_files, list_only = grant_around(list(policy.read_dirs), list(policy.hidden))
     for d in read_dirs:
@@ -372,9 +352,7 @@ def apply(policy: Policy) -> SandboxReport:
     for f in policy.device_files:
         if os.path.exists(f):
             ll.add_path_rule(f, access=device)
-    own_tasks = _pin_own_tasks()
-    if own_tasks:
-        ll.add_path_rule(own_tasks, access=AccessFs.WRITE_FILE | (AccessFs.TRUNCATE if abi >= 3 else AccessFs(0)))
+    proc_writes = private_proc.grant_writes(ll, AccessFs.WRITE_FILE | (AccessFs.TRUNCATE if abi >= 3 else AccessFs(0)))
     if policy.network:
         ll.allow_all_network()
     if policy.abstract_unix and abi >= 6:
@@ -386,7 +364,8 @@ def apply(policy: Policy) -> SandboxReport:
     from harness.ranks.confine import seccomp  # Landlock scopes signals; this, the limits and priorities of others
 
     refused = seccomp.install()
-    return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict(), seccomp=refused or "on")
+    return SandboxReport(True, f"Landlock ABI {abi}", abi, threads, policy.to_dict(), seccomp=refused or "on",
+                         proc_writes=proc_writes)
 
 
 LIVE_LOGS = ".live"  # where evaluation's model processes write their logs while they run (workers.py)
