@@ -226,12 +226,15 @@ def watch(runs_root: Path, tracks: list[str], rebuild_all: Callable[[], None], e
     reload itself on the same period; when it stops, the mark goes and the pages are rebuilt once more, without
     the reload, so a screen left on the page stops reloading with it."""
     mark = Path(runs_root) / f"{WATCH_MARK}{socket.gethostname()}-{os.getpid()}"
-    seen, rebuilds, interrupted = None, 0, None
+    seen, rebuilds, interrupted, started = None, 0, None, False
     try:
         while keep_going():
             write_atomic(mark, json.dumps({"every_s": every_s}))  # also the heartbeat that shows it is alive
             current = records_signature(runs_root, tracks)
             if current != seen:
+                # From here a page may be written with the reload: a Ctrl-C in the middle of this first rebuild
+                # (the page written, its line not yet printed) must still be followed by the last one.
+                started = True
                 try:
                     rebuild_all()
                 except Exception as exc:  # noqa: BLE001  (a board that cannot be built now may be at the next change)
@@ -243,7 +246,7 @@ def watch(runs_root: Path, tracks: list[str], rebuild_all: Callable[[], None], e
         interrupted = stop
     finally:
         mark.unlink(missing_ok=True)
-    if rebuilds:
+    if started:
         rebuild_all()
     if interrupted is not None:
         raise interrupted
