@@ -202,7 +202,7 @@ class JobInit:
             os.closerange(high + 1, max(os.sysconf("SC_OPEN_MAX"), high + 1, 1 << 16))
             libc.unshare(CLONE_NEWNS, "unshare of the ranks' mount namespace")
             libc.mount(None, "/", None, MS_REC | MS_SLAVE, "making the mounts slaves")  # nothing goes back
-            # its global entries read-only and hidepid=invisible (private_proc.py), so that the ranks and whatever
+            # its global entries read-only and hidepid=ptraceable (private_proc.py), so that the ranks and whatever
             # they start may write their own processes' files (CUDA names its threads there) and nothing else. Where it
             # cannot be hardened, each rank's sandbox finds so (private_proc.hardened) and grants its own threads only.
             mount_private(libc, "/proc", "a /proc of the job's PID namespace")

@@ -10,16 +10,21 @@ reaches every process's own files is a rule on /proc. Alone it would also grant,
 root (whose /proc files these are), /proc/sys (kernel.core_pattern runs a program as root on the host),
 /proc/sysrq-trigger and /proc/irq. So it is granted only on a /proc that is
 
-- a procfs of the job's own PID namespace, mounted with hidepid=invisible: a process sees, and so can write,
+- a procfs of the job's own PID namespace, mounted with hidepid=ptraceable: a process sees, and so can write,
   only the processes it may ptrace, which Landlock's scope limits to its own domain (itself and what it
   started): not another rank, not the job's first process, not the torch elastic agent;
 - with every entry beside the processes' folders (sys, sysrq-trigger, irq, driver, fs, ...) bound read-only
-  onto itself, so a write there fails with EROFS whoever owns the file.
+  onto itself, so a write there fails with EROFS whoever owns the file;
+
+and to a process that has a network namespace of its own (the check's and the model processes') or does not
+write as the host's root: a training rank keeps the host's network, whose files under /proc/<pid>/net (an
+xt_recent list of the firewall) the host's root may write.
 
 `mount_private` makes such a /proc (the training job's first process, harness/launcher/control/namespace_holder.py,
 and the check's and model processes' own root, harness/ranks/confine/rootfs.py); `hardened` says whether this
-process's /proc is one (sandbox.apply asks it before granting). Where either cannot be had, the grant falls
-back to the process's own threads (OWN_TASKS): the process itself starts CUDA, what it starts cannot.
+process's /proc is one (sandbox.apply asks it before granting). Where the grant cannot be made, it falls
+back to the process's own threads (OWN_TASKS): the process itself starts CUDA, what it starts cannot, and
+Inductor compiles in the process (compile_in_process).
 """
 
 from __future__ import annotations
@@ -28,11 +33,10 @@ import os
 
 # mount(2)'s flags; the calls go through rootfs.Libc, given by the caller (rootfs imports this module)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 2, 4, 8, 4096, 0x4000
-HIDEPID = "hidepid=invisible"
-# hidepid spares the members of its gid= group, root's (0) unless named: a harness run as root would see, and
-# write, every process. Named instead: a group outside the namespace's id map, which the kernel keeps as the
-# invalid group (shown as the overflow gid, 65534): no process is a member of it.
-UNMAPPED_GID = 65534
+# ptraceable, not invisible: invisible spares the members of its gid= group (root's unless named), and a group
+# named outside the namespace's id map reads back as the overflow gid, which every unmapped supplementary group
+# of the process also reads as (Docker's root, a user in `video`): ptraceable asks ptrace alone (Linux 5.8).
+HIDEPID = "hidepid=ptraceable"
 PROCESS_LINKS = ("self", "thread-self")
 
 
@@ -43,15 +47,13 @@ def _global_entries(proc: str) -> list[str]:
 
 
 def mount_private(libc, target: str, what: str) -> str:
-    """Mount the procfs of this process's PID namespace at target, hidepid=invisible, its global entries
+    """Mount the procfs of this process's PID namespace at target, hidepid=ptraceable, its global entries
     read-only. Returns "" when done, else why it is not hardened (the procfs is then mounted without: a
-    kernel older than 5.8 refuses hidepid=invisible on a mount of its own). Raises Refused when no procfs
-    could be mounted at all (rootfs.Libc's). Call it with CAP_SYS_ADMIN over the mount namespace, before
-    capabilities go."""
+    kernel older than 5.8 refuses hidepid=ptraceable). Raises rootfs.Refused when no procfs could be mounted
+    at all. Call it with CAP_SYS_ADMIN over the mount namespace, before capabilities go."""
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-    gid = UNMAPPED_GID if os.getgid() != UNMAPPED_GID else UNMAPPED_GID - 1  # the map holds this process's alone
     try:
-        libc.mount("proc", target, "proc", flags, what, f"{HIDEPID},gid={gid}")
+        libc.mount("proc", target, "proc", flags, what, HIDEPID)
     except Exception as exc:  # noqa: BLE001  (rootfs.Refused: then the plain mount, which raises what it raises)
         libc.mount("proc", target, "proc", flags, what)
         return f"a /proc with {HIDEPID} was refused ({exc})"
@@ -65,43 +67,68 @@ def mount_private(libc, target: str, what: str) -> str:
     return ""
 
 
-def _mounts(mountinfo: str) -> list[tuple[int, int, str, list[str], str, list[str]]]:
-    """(id, parent id, mount point, mount options, file system type, super options) per line of mountinfo."""
-    out = []
+def _mounts(mountinfo: str) -> dict[int, tuple[str, list[str], str, list[str], int]]:
+    """id: (mount point, mount options, file system type, super options, parent id), per line of mountinfo."""
+    out = {}
     for line in mountinfo.splitlines():
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 6 or len(tail) < 3:
             continue
         point = fields[4].replace("\\040", " ")
-        out.append((int(fields[0]), int(fields[1]), point, fields[5].split(","), tail[0], tail[2].split(",")))
+        out[int(fields[0])] = (point, fields[5].split(","), tail[0], tail[2].split(","), int(fields[1]))
     return out
 
 
-def hardened(proc: str = "/proc") -> str:
-    """"" when the /proc this process sees is one mount_private made (the topmost mount at /proc a procfs with
-    hidepid=invisible or 2 that spares none of this process's groups, and each global entry a read-only mount
-    on it), else why not."""
+def _mount_id(path: str) -> int:
+    """The id of the mount that path is on, as the kernel resolves it now (fdinfo's mnt_id): the topmost, exactly."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
     try:
-        with open(os.path.join(proc, "self", "mountinfo")) as fh:
-            mounts = _mounts(fh.read())
+        with open(f"/proc/self/fdinfo/{fd}") as fh:
+            return int(next(line.split()[1] for line in fh if line.startswith("mnt_id:")))
+    finally:
+        os.close(fd)
+
+
+def hardened(proc: str = "/proc", mountinfo: str | None = None, mount_id=_mount_id) -> str:
+    """"" when the /proc this process sees is one mount_private made, else why not: the mount /proc resolves to
+    is a procfs with hidepid=ptraceable, each global entry resolves to a read-only mount, and so does every
+    mount beneath /proc."""
+    try:
+        if mountinfo is None:
+            with open(os.path.join(proc, "self", "mountinfo")) as fh:
+                mountinfo = fh.read()
+        mounts = _mounts(mountinfo)
         entries = _global_entries(proc)
-    except OSError as exc:
-        return f"its /proc could not be read ({exc.strerror})"
-    at_proc = [m for m in mounts if m[2] == proc]
-    if not at_proc or at_proc[-1][4] != "proc":
+        top_id = mount_id(proc)
+        top = mounts.get(top_id)
+        on = {name: mounts.get(mount_id(os.path.join(proc, name))) for name in entries}
+    except (OSError, StopIteration, ValueError) as exc:
+        return f"its /proc could not be read ({getattr(exc, 'strerror', None) or exc})"
+    if top is None or top[2] != "proc":
         return f"{proc} is not a procfs of its own"
-    proc_id, _, _, _, _, supers = at_proc[-1]
-    if not {"hidepid=invisible", "hidepid=2"} & set(supers):
+    if not {HIDEPID, "hidepid=4"} & set(top[3]):
         return f"{proc} shows every process (no {HIDEPID})"
-    spared = [int(o[4:]) for o in supers if o.startswith("gid=") and o[4:].isdigit()] or [0]
-    if spared[0] in {os.getgid(), os.getegid(), *os.getgroups()}:
-        return f"{proc} shows every process to this process's group {spared[0]} (hidepid's gid=)"
-    read_only = {m[2] for m in mounts if m[1] == proc_id and "ro" in m[3]}
-    writable = [name for name in entries if os.path.join(proc, name) not in read_only]
+    beneath, grew = {top_id}, True  # the mounts on the procfs, on those, ...: what a path under /proc can reach
+    while grew:
+        more = {i for i, m in mounts.items() if m[4] in beneath} - beneath
+        beneath, grew = beneath | more, bool(more)
+    writable = sorted({name for name, m in on.items() if m is None or "ro" not in m[1]}
+                      | {mounts[i][0] for i in beneath - {top_id} if "ro" not in mounts[i][1]})
     if writable:
         return f"{len(writable)} global entries of {proc} are writable ({', '.join(writable[:4])}...)"
     return ""
+
+
+def host_root() -> bool:
+    """Whether this process writes as the host's root: uid 0 here, and a file the host's root owns (a sysctl
+    folder, owned by the initial namespace's root) shows as owned by uid 0, not by the overflow uid. Then every
+    file of the host's network namespace under /proc/<pid>/net (an xt_recent list of the firewall) is its to
+    write, since root owns them and the sandbox's training ranks keep the host's network."""
+    try:
+        return os.geteuid() == 0 and os.stat("/proc/sys/kernel").st_uid == 0
+    except OSError:
+        return os.geteuid() == 0
 
 
 OWN_TASKS = "/proc/self/task"
@@ -127,17 +154,34 @@ def _pin_own_tasks() -> str:
         return ""
 
 
-def grant_writes(ll, write) -> str:
-    """The /proc rule: every process's own files where /proc is the job's own and hardened (private_proc.py:
-    CUDA then starts in what this process starts too, Inductor's compile workers), else this process's own
-    threads' names. Returns what was granted, for the report."""
+def grant_writes(ll, write, own_network: bool) -> str:
+    """The /proc rule: every process's own files where /proc is the job's own and hardened (CUDA then starts in
+    what this process starts too, Inductor's compile workers) and the process either has a network namespace of
+    its own or does not write as the host's root; else this process's own threads' names, and Inductor compiles
+    in this process (compile_in_process). Returns what was granted, for the report."""
     why_not = hardened()
+    if not why_not and not own_network and host_root():
+        why_not = ("it runs as the host's root in the host's network namespace, whose /proc/<pid>/net files root "
+                   "may write: run the harness as an unprivileged user")
     if not why_not:
         ll.add_path_rule("/proc", access=write)
-        return ("its processes' own files (a /proc of the job's own: hidepid=invisible, its global entries "
+        return ("its processes' own files (a /proc of the job's own: hidepid=ptraceable, its global entries "
                 "read-only)")
     own_tasks = _pin_own_tasks()
     if own_tasks:
         ll.add_path_rule(own_tasks, access=write)
-    return (f"its own threads' names only: a process it starts cannot start CUDA ({why_not})" if own_tasks
-            else f"nothing ({why_not})")
+    compile_in_process()
+    return (f"its own threads' names only: a process it starts cannot start CUDA, so Inductor compiles in this "
+            f"process ({why_not})" if own_tasks else f"nothing ({why_not})")
+
+
+def compile_in_process() -> None:
+    """Inductor compiles in the process itself, not in worker processes that could not start CUDA here: its
+    variable for what imports Inductor later, its config where it is imported already (harness code or torch
+    may have). A team that sets it back gets workers without a GPU: its own compile fails."""
+    import sys
+
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.compile_threads = 1

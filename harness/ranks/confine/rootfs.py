@@ -16,7 +16,7 @@ also moves into its own mount namespace and a new root that holds exactly the po
   multiprocessing's locks and pools, so Inductor's compile pool, need one, sem_open makes its
   semaphores there): the only places it can change anything;
 - a /proc of its own PID namespace (its own processes only; no /proc/<pid>/root into another
-  process's files; harness/ranks/confine/private_proc.py: hidepid=invisible, every global entry
+  process's files; harness/ranks/confine/private_proc.py: hidepid=ptraceable, every global entry
   read-only), or, where the kernel refuses a new one, the old /proc read-only;
 - nothing else: /tmp, /run, /var and the home folders, with the sockets daemons listen on there, the
   runs tree, the leaderboard and the validation shards are not in this root at all.

@@ -20,9 +20,11 @@ What a process may touch is a `Policy`, decided by the harness process that star
 - its processes' own files in /proc: CUDA's driver names each thread it starts by writing
   /proc/self/task/<tid>/comm at cuInit; refused, every CUDA call fails with error 304 "OS call failed"
   (measured on the lent H200), in this process and in those it starts (Inductor's compile workers).
-  Granted on /proc where /proc is the job's own, hidepid=invisible, its global entries read-only
-  (harness/ranks/confine/private_proc.py: as root, /proc/sys and /proc/sysrq-trigger are writable by owner);
-  elsewhere on this process's own /proc/<pid>/task only (private_proc.OWN_TASKS), and the report says so;
+  Granted on /proc where /proc is the job's own, hidepid=ptraceable, its global entries read-only, and the
+  process either has its own network or is not the host's root (harness/ranks/confine/private_proc.py: as
+  root, /proc/sys, /proc/sysrq-trigger and the host network's /proc/<pid>/net files are writable by owner);
+  elsewhere on this process's own /proc/<pid>/task only (private_proc.OWN_TASKS), Inductor then compiling in
+  the process, and the report says so;
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
 - IPC: abstract Unix sockets only where NCCL needs them (training); signals only to itself and
   its children (Landlock scopes).
@@ -223,13 +225,18 @@ def compiler_dirs(environ=None, protected=()) -> list[str]:
 
 
 def _outside_system_dirs(names: list[str], protected=()) -> list[str]:
-    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd())]
+    """The real folders of names outside the system folders, but never `/`, a home folder or one that holds
+    one (a compiler in ~/bin would grant ~, its .ssh included), nor one that holds a protected path or the
+    launcher's working folder."""
+    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd(), os.path.expanduser("~"), "/root")]
     out: list[str] = []
     for name in names:
         if not name.startswith("/") or not os.path.isdir(name):
             continue
         real = os.path.realpath(name)
         if real == "/" or any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS) or real in out:
+            continue
+        if real == "/home" or os.path.dirname(real) == "/home":  # every user's home, or one of them
             continue
         if any(g == real or g.startswith(real + "/") for g in guarded):
             continue
@@ -300,8 +307,9 @@ def _threads() -> int:
         return -1
 
 
-def apply(policy: Policy) -> SandboxReport:
-    """Restrict this process (and everything it starts) to the policy. Call it single-threaded."""
+def apply(policy: Policy, own_network: bool = False) -> SandboxReport:
+    """Restrict this process (and everything it starts) to the policy. Call it single-threaded. `own_network`:
+    the process is in a network namespace of its own (enter's), which decides what of /proc it may write."""
     if not sys.platform.startswith("linux"):
         return SandboxReport(False, f"Landlock is Linux-only; this is {sys.platform}")
     try:
@@ -352,7 +360,8 @@ def apply(policy: Policy) -> SandboxReport:
     for f in policy.device_files:
         if os.path.exists(f):
             ll.add_path_rule(f, access=device)
-    proc_writes = private_proc.grant_writes(ll, AccessFs.WRITE_FILE | (AccessFs.TRUNCATE if abi >= 3 else AccessFs(0)))
+    proc_writes = private_proc.grant_writes(ll, AccessFs.WRITE_FILE | (AccessFs.TRUNCATE if abi >= 3 else AccessFs(0)),
+                                            own_network)
     if policy.network:
         ll.allow_all_network()
     if policy.abstract_unix and abi >= 6:
@@ -484,7 +493,7 @@ def enter(policy: Policy | None, off_why: str) -> SandboxReport:
     cap_file_size(FILE_CAP_BYTES)  # its log included: no file it writes outgrows the cap (EFBIG past it)
     if not root:  # its own root holds a /dev/shm of its own: writable like the private folder
         policy = replace(policy, write_dirs=(*policy.write_dirs, rootfs.SHM))
-    report = apply(policy)
+    report = apply(policy, own_network=not isolation)
     report.namespaces = {"active": not isolation, "why": isolation or "new user, PID, IPC and network namespaces"}
     report.filesystem = {"active": not root, "why": root or rootfs.describe(proc_note),
                          "own_proc": proc_note.startswith("a /proc of its own")}
