@@ -68,11 +68,21 @@ def compiler_dirs(environ=None, protected=()) -> list[str]:
     return _outside_system_dirs(names, protected)
 
 
+def _homes() -> list[str]:
+    """Every user's home folder the system knows (/users/bob, a /home that links elsewhere), `/` excepted."""
+    try:
+        import pwd
+
+        return [p.pw_dir for p in pwd.getpwall() if p.pw_dir and os.path.realpath(p.pw_dir) != "/"]
+    except (ImportError, OSError):
+        return []
+
+
 def _outside_system_dirs(names: list[str], protected=()) -> list[str]:
     """The real folders of names outside the system folders, but never `/`, a home folder or one that holds
     one (a compiler in ~/bin would grant ~, its .ssh included), nor one that holds a protected path or the
     launcher's working folder."""
-    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd(), os.path.expanduser("~"), "/root")]
+    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd(), os.path.expanduser("~"), "/root", *_homes())]
     out: list[str] = []
     for name in names:
         if not name.startswith("/") or not os.path.isdir(name):

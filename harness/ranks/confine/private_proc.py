@@ -113,7 +113,7 @@ def hardened(proc: str = "/proc", mountinfo: str | None = None, mount_id=_mount_
     while grew:
         more = {i for i, m in mounts.items() if m[4] in beneath} - beneath
         beneath, grew = beneath | more, bool(more)
-    writable = sorted({name for name, m in on.items() if m is None or "ro" not in m[1]}
+    writable = sorted({os.path.join(proc, name) for name, m in on.items() if m is None or "ro" not in m[1]}
                       | {mounts[i][0] for i in beneath - {top_id} if "ro" not in mounts[i][1]})
     if writable:
         return f"{len(writable)} global entries of {proc} are writable ({', '.join(writable[:4])}...)"
@@ -121,14 +121,11 @@ def hardened(proc: str = "/proc", mountinfo: str | None = None, mount_id=_mount_
 
 
 def host_root() -> bool:
-    """Whether this process writes as the host's root: uid 0 here, and a file the host's root owns (a sysctl
-    folder, owned by the initial namespace's root) shows as owned by uid 0, not by the overflow uid. Then every
-    file of the host's network namespace under /proc/<pid>/net (an xt_recent list of the firewall) is its to
-    write, since root owns them and the sandbox's training ranks keep the host's network."""
-    try:
-        return os.geteuid() == 0 and os.stat("/proc/sys/kernel").st_uid == 0
-    except OSError:
-        return os.geteuid() == 0
+    """Whether this process writes as root: uid 0 here owns the files of the network namespace it keeps under
+    /proc/<pid>/net (an xt_recent list of the firewall), the host's where the harness runs as the host's root, a
+    container's where a container's root runs it. A training rank keeps that network; root's writes there reach
+    beyond the job, so it gets no /proc grant (grant_writes)."""
+    return os.geteuid() == 0
 
 
 OWN_TASKS = "/proc/self/task"
@@ -161,8 +158,8 @@ def grant_writes(ll, write, own_network: bool) -> str:
     in this process (compile_in_process). Returns what was granted, for the report."""
     why_not = hardened()
     if not why_not and not own_network and host_root():
-        why_not = ("it runs as the host's root in the host's network namespace, whose /proc/<pid>/net files root "
-                   "may write: run the harness as an unprivileged user")
+        why_not = ("it runs as root in a network namespace it shares, whose /proc/<pid>/net files root may write: "
+                   "run the harness as an unprivileged user")
     if not why_not:
         ll.add_path_rule("/proc", access=write)
         return ("its processes' own files (a /proc of the job's own: hidepid=ptraceable, its global entries "
