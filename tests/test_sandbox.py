@@ -248,7 +248,7 @@ def test_a_forkserver_pool_runs_in_a_training_rank():
     assert got["pool"] == [1, 2], got
 
 
-THREAD_NAMES = """
+NAME_A_THREAD = """
 import threading
 def name_a_thread():  # as CUDA's driver names the threads it starts at cuInit: fopen(".../comm", "w")
     ready, done = threading.Event(), threading.Event()
@@ -259,11 +259,13 @@ def name_a_thread():  # as CUDA's driver names the threads it starts at cuInit: 
         with open(f"/proc/self/task/{t.native_id}/comm", "w") as fh:
             fh.write("cuda-EvtHandlr")
         with open(f"/proc/self/task/{t.native_id}/comm") as fh:
-            out["name_read_back"] = fh.read().strip()
+            return fh.read().strip()
     finally:
         done.set()
         t.join()
-attempt("thread_name", name_a_thread)
+"""
+THREAD_NAMES = NAME_A_THREAD + """
+attempt("thread_name", lambda: out.update(name_read_back=name_a_thread()))
 attempt("proc_self_other", lambda: open("/proc/self/coredump_filter", "w").write("0x33"))
 attempt("proc_sys", lambda: open("/proc/sys/kernel/hostname", "w").write("x"))
 """
@@ -292,20 +294,12 @@ out["proc_writes"] = box.proc_writes
 attempt("proc_sys", lambda: open("/proc/sys/kernel/hostname", "w").write("x"))
 attempt("sysrq", lambda: open("/proc/sysrq-trigger", "w").write("h"))
 """
-THREAD_NAMES_CHILD = """
-import threading
-ready, done = threading.Event(), threading.Event()
-t = threading.Thread(target=lambda: (ready.set(), done.wait()))
-t.start()
-ready.wait()
+THREAD_NAMES_CHILD = NAME_A_THREAD + """
 try:
-    with open(f"/proc/self/task/{t.native_id}/comm", "w") as fh:
-        fh.write("cuda-EvtHandlr")
+    name_a_thread()
     print("done")
 except OSError as exc:
     print(type(exc).__name__, exc.errno)
-finally:
-    done.set()
 """
 
 
@@ -344,7 +338,7 @@ def test_in_a_real_run_what_the_team_starts_names_its_threads_and_sees_no_proces
     # only, and Inductor compiles in the rank; run as a plain user, what it starts names its threads too.
     from harness.ranks.confine import private_proc
 
-    as_root = private_proc.host_root()
+    as_root = private_proc.runs_as_root()
     training = record["sandbox"]["training"]["proc_writes"]
     assert training.startswith("its own threads' names only" if as_root else "its processes' own files"), training
     for log in ("preflight.log", "rank0.log", "eval-model-rank0.log"):

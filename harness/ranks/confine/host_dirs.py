@@ -5,6 +5,7 @@ it), when it builds a process's policy (harness/ranks/confine/sandbox.py build_p
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from pathlib import Path
@@ -68,31 +69,38 @@ def compiler_dirs(environ=None, protected=()) -> list[str]:
     return _outside_system_dirs(names, protected)
 
 
-def _homes() -> list[str]:
-    """Every user's home folder the system knows (/users/bob, a /home that links elsewhere), `/` excepted."""
+@functools.lru_cache(maxsize=1)
+def _homes() -> tuple[str, ...]:
+    """Every user's home folder the system knows (/users/bob, a /home that links elsewhere), `/` excepted; read
+    once per process (pwd.getpwall() may ask a directory service), each resolved through its parent only (resolving
+    the home itself would mount every automounted home of the cluster)."""
     try:
         import pwd
 
-        return [p.pw_dir for p in pwd.getpwall() if p.pw_dir and os.path.realpath(p.pw_dir) != "/"]
+        entries = pwd.getpwall()
     except (ImportError, OSError):
-        return []
+        return ()
+    homes = {os.path.join(os.path.realpath(os.path.dirname(p.pw_dir)), os.path.basename(p.pw_dir))
+             for p in entries if p.pw_dir.startswith("/") and os.path.normpath(p.pw_dir) != "/"}
+    return tuple(sorted(homes))
 
 
 def _outside_system_dirs(names: list[str], protected=()) -> list[str]:
     """The real folders of names outside the system folders, but never `/`, a home folder or one that holds
     one (a compiler in ~/bin would grant ~, its .ssh included), nor one that holds a protected path or the
     launcher's working folder."""
-    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd(), os.path.expanduser("~"), "/root", *_homes())]
-    out: list[str] = []
+    candidates: list[str] = []
     for name in names:
         if not name.startswith("/") or not os.path.isdir(name):
             continue
         real = os.path.realpath(name)
-        if real == "/" or any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS) or real in out:
+        if real == "/" or any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS) or real in candidates:
             continue
-        if real == "/home" or os.path.dirname(real) == "/home":  # every user's home, or one of them
-            continue
-        if any(g == real or g.startswith(real + "/") for g in guarded):
-            continue
-        out.append(real)
-    return out
+        candidates.append(real)
+    if not candidates:  # the usual case: nothing outside the system folders, and no user list to read
+        return []
+    guarded = [os.path.realpath(p) for p in (*protected, os.getcwd(), os.path.expanduser("~"), "/root")]
+    guarded += _homes()
+    return [real for real in candidates
+            if real != "/home" and os.path.dirname(real) != "/home"  # every user's home, or one of them
+            and not any(g == real or g.startswith(real + "/") for g in guarded)]

@@ -120,7 +120,7 @@ def hardened(proc: str = "/proc", mountinfo: str | None = None, mount_id=_mount_
     return ""
 
 
-def host_root() -> bool:
+def runs_as_root() -> bool:
     """Whether this process writes as root: uid 0 here owns the files of the network namespace it keeps under
     /proc/<pid>/net (an xt_recent list of the firewall), the host's where the harness runs as the host's root, a
     container's where a container's root runs it. A training rank keeps that network; root's writes there reach
@@ -154,10 +154,10 @@ def _pin_own_tasks() -> str:
 def grant_writes(ll, write, own_network: bool) -> str:
     """The /proc rule: every process's own files where /proc is the job's own and hardened (CUDA then starts in
     what this process starts too, Inductor's compile workers) and the process either has a network namespace of
-    its own or does not write as the host's root; else this process's own threads' names, and Inductor compiles
+    its own or does not run as root (runs_as_root); else this process's own threads' names, and Inductor compiles
     in this process (compile_in_process). Returns what was granted, for the report."""
     why_not = hardened()
-    if not why_not and not own_network and host_root():
+    if not why_not and not own_network and runs_as_root():
         why_not = ("it runs as root in a network namespace it shares, whose /proc/<pid>/net files root may write: "
                    "run the harness as an unprivileged user")
     if not why_not:

@@ -21,8 +21,8 @@ What a process may touch is a `Policy`, decided by the harness process that star
   /proc/self/task/<tid>/comm at cuInit; refused, every CUDA call fails with error 304 "OS call failed"
   (measured on the lent H200), in this process and in those it starts (Inductor's compile workers).
   Granted on /proc where /proc is the job's own, hidepid=ptraceable, its global entries read-only, and the
-  process either has its own network or is not the host's root (harness/ranks/confine/private_proc.py: as
-  root, /proc/sys, /proc/sysrq-trigger and the host network's /proc/<pid>/net files are writable by owner);
+  process either has its own network or does not run as root (harness/ranks/confine/private_proc.py: to root,
+  /proc/sys, /proc/sysrq-trigger and the shared network's /proc/<pid>/net files are writable by owner);
   elsewhere on this process's own /proc/<pid>/task only (private_proc.OWN_TASKS), Inductor then compiling in
   the process, and the report says so;
 - network: TCP for training ranks (the process group); none for evaluation's model processes;
