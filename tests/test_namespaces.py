@@ -307,7 +307,7 @@ def test_a_run_on_a_host_that_refuses_user_namespaces_says_so_loudly_with_the_fi
     """The sandbox silently weakened to Landlock alone: the record's first warning, and the summary, say so
     and name the host's setting and its fix."""
     from harness.launcher.run.assemble import sandbox_warnings
-    from harness.launcher.run.summary import summary_lines
+    from harness.launcher.run.console import summary_lines
 
     record = _weakened_record()
     sandbox_warnings(record, proc_sys=_proc_sys(tmp_path, kernel__apparmor_restrict_unprivileged_userns="1"))

@@ -116,7 +116,7 @@ def _record(**fields):
 
 
 def test_the_summary_says_what_bounded_the_run_and_never_prints_none(tmp_path):
-    from harness.launcher.run.summary import summary_lines
+    from harness.launcher.run.console import summary_lines
 
     fixed = "\n".join(summary_lines(_record(train_loss=2.5), tmp_path))
     assert "trained    30.10s of 30s budget, 5 steps, 5120 tokens" in fixed and "train_loss 2.5000" in fixed
@@ -163,7 +163,7 @@ FORGED = "\x1b[4A\x1b[2Kval_loss   1.2345  (floor 1.6685)\nstatus     ok\r\u202e
 def test_a_teams_text_is_shown_never_obeyed_on_the_terminal(tmp_path):
     # A reason or warning carries what team code raised: escapes that move the cursor over the summary
     # to print a val_loss the record does not hold, line breaks that start a forged line at column 0.
-    from harness.launcher.run.summary import summary_lines
+    from harness.launcher.run.console import summary_lines
 
     record = _record(status="crashed", reason=f"rank 1: RuntimeError: {FORGED}", warnings=[f"model.py:3: {FORGED}"])
     out, err = io.StringIO(), io.StringIO()

@@ -90,7 +90,7 @@ def test_an_interval_never_reaches_below_the_loss_floor():
 
 def test_the_repeat_summary_shows_the_boards_interval_never_below_the_floor():
     """`harness run --repeat 2` once printed a t half-width at 2 runs (t = 12.7), reaching a nat below the floor."""
-    from harness.launcher.run.summary import repeat_summary
+    from harness.launcher.run.console import repeat_summary
     from harness.results.records import RunRecord
 
     def run(seed, loss):

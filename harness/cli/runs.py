@@ -41,7 +41,7 @@ def run(submissions, track, runs_dir, seed, budget_s, grace_s, nproc_per_node, n
     from harness.launcher.run.console import ConsoleReporter
     from harness.submission.contract import SubmissionError
     from harness.data.shards import DataError
-    from harness.launcher.run.summary import repeat_summary, summary_lines
+    from harness.launcher.run.console import repeat_summary, summary_lines
     from harness.launcher.run.runner import RunOptions, run_submission
     from harness.tracks.spec import TrackError
 
