@@ -12,6 +12,7 @@ import datetime
 import gc
 import os
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -149,13 +150,53 @@ def setup_device(device_kind: str, env: RankEnv, threads: int):
     return torch.device("cpu")
 
 
-def init_process_group(backend: str, device, timeout_s: float) -> None:
-    """The process group, with a timeout sized by the track: a hung rank surfaces in seconds, not 30 min."""
+class Rendezvous(threading.Thread):
+    """torch's own env:// rendezvous (the store torchrun's environment names), done in a thread from the moment it
+    is made, its store wrapped as init_process_group wraps it; `result()` is (store, rank, world size) for
+    `init_process_group(..., rendezvous=...)`, or raises what the rendezvous raised.
+
+    On one node rank 0 hosts the store (TORCHELASTIC_USE_AGENT_STORE=False, harness/launcher/control/elastic.py),
+    and torch's client that finds no server yet tries again only after about half a second. Ranks that start
+    the process group at the same moment, as they do on the launcher's word, lost that half second on every
+    run; begun before the rank's last imports and the word, the wait overlaps them (the client waits without
+    the interpreter's lock)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(name="harness-rendezvous", daemon=True)  # a rank told stop leaves without it
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._value: tuple | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            import torch.distributed as dist
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, world_size = next(rendezvous("env://", timeout=self.timeout))
+            store.set_timeout(self.timeout)
+            self._value = (dist.PrefixStore("default_pg", store), rank, world_size)
+        except BaseException as exc:  # noqa: BLE001  (raised in the rank's own thread by result())
+            self._error = exc
+
+    def result(self) -> tuple:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def init_process_group(backend: str, device, timeout_s: float, rendezvous: tuple | None = None) -> None:
+    """The process group, with a timeout sized by the track: a hung rank surfaces in seconds, not 30 min.
+    `rendezvous`: a Rendezvous's result, where it was begun before; else torch's env:// rendezvous here."""
     import torch.distributed as dist
 
     kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init, bound to this rank's GPU
+    if rendezvous is not None:
+        store, rank, world_size = rendezvous
+        kwargs.update(store=store, rank=rank, world_size=world_size)
     dist.init_process_group(**kwargs)
 
 

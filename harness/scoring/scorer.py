@@ -39,6 +39,7 @@ from pathlib import Path
 
 from harness.ranks.process import (
     RankEnv,
+    Rendezvous,
     describe_failure,
     die_with_launcher,
     init_process_group,
@@ -150,13 +151,15 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     from harness.scoring import plan
 
     device = setup_device("cpu", env, job.cpu_threads_per_rank)  # never CUDA: the module docstring
-    if env.world_size > 1:
-        init_process_group("gloo", device, job.collective_timeout_s)
+    # Begun before the checkpoint's hash and the tokens are read: its wait overlaps them (harness/ranks/process.py)
+    meeting = Rendezvous(job.collective_timeout_s) if env.world_size > 1 else None
     actual = file_sha256(job.checkpoint)
     if job.checkpoint_sha256 and actual != job.checkpoint_sha256:
         raise RuntimeError(f"{job.checkpoint}: sha256 {actual[:12]} differs from the record's "
                            f"{job.checkpoint_sha256[:12]}; the checkpoint was changed after training")
     tokens = plan.read_val_tokens(job.val_shards, job.val_tokens, job.vocab_size)
+    if meeting is not None:
+        init_process_group("gloo", device, job.collective_timeout_s, meeting.result())
     seed = shared_seed(env, device)
     n_windows = job.val_tokens // job.seq_len
     order = plan.window_order(n_windows, seed)

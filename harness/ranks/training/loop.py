@@ -44,7 +44,7 @@ from harness.ranks.training.agree import Agreed, Agreement
 from harness.ranks.checkpoint import unwrap
 from harness.ranks.training.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
 from harness.ranks.training.first_step import relabel_probe
-from harness.ranks.process import RankEnv, init_process_group, perf_counter, setup_device
+from harness.ranks.process import Rendezvous, RankEnv, init_process_group, perf_counter, setup_device
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
 
@@ -100,6 +100,7 @@ class Training:
 def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     """Device, process group, submission, model, DDP, optimizers and data: not on the clock
     (unless the track starts it at model build)."""
+    meeting = Rendezvous(job.collective_timeout_s)  # begun now: its wait overlaps the import and the word (process.py)
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
     if job.gated:  # started beside the check of its submission: nothing is built, no device touched, before its word
         await_check(channel)
@@ -108,7 +109,7 @@ def build_training(job, env: RankEnv, channel, holders: list) -> Training:
         # the check's teardown (which ends what appeared while it ran) must not find.
         import torch._inductor.compile_fx  # noqa: F401
     device = setup_device(job.device, env, job.cpu_threads_per_rank)
-    init_process_group(job.backend, device, job.collective_timeout_s)
+    init_process_group(job.backend, device, job.collective_timeout_s, meeting.result())
 
     dist.barrier()  # every rank has done the harness's part: a slow import is not counted against the team
     if env.local_rank == 0:  # the team's start-up begins: the launcher holds it to the track's allowance
