@@ -487,7 +487,7 @@ def test_a_reader_of_the_checkpoint_that_dies_is_said_with_its_log(tmp_path):
 
 @pytest.mark.slow
 def test_a_check_that_takes_longer_than_its_limit_is_ended_and_said(tmp_path):
-    from harness.launcher.run.phases import run_preflight
+    from harness.launcher.run.check_process import run_preflight
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "submission.py").write_text("import time\ntime.sleep(600)\n")
@@ -500,7 +500,7 @@ def test_a_check_that_takes_longer_than_its_limit_is_ended_and_said(tmp_path):
 
 @pytest.mark.slow
 def test_a_check_process_that_dies_before_reporting_is_said(tmp_path):
-    from harness.launcher.run.phases import run_preflight
+    from harness.launcher.run.check_process import run_preflight
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "submission.py").write_text("import os\nos._exit(3)\n")
@@ -694,7 +694,7 @@ def test_a_check_report_too_large_or_too_deep_for_a_record_is_the_teams_invalid(
     import json
 
     from harness.launcher.run.check_phase import accept_check
-    from harness.launcher.run.phases import REPORT_MAX_KEPT_BYTES, _read_report
+    from harness.launcher.run.check_process import REPORT_MAX_KEPT_BYTES, _read_report
     from harness.results.records import RunRecord, read_record_json, save_record
     from types import SimpleNamespace
 

@@ -180,7 +180,7 @@ def test_a_check_killed_at_its_limit_by_a_slow_screen_is_not_a_sandbox_it_could_
     whether it entered the sandbox, and a track that requires the sandbox does not read its silence as "could not
     enter it" (an `aborted` run, re-run for free: the red team's way to choose a re-run). Only a report the process
     sent can abort a run; a report that never came says nothing of the sandbox."""
-    from harness.launcher.run.phases import run_preflight
+    from harness.launcher.run.check_process import run_preflight
 
     folder = tmp_path / "slow_screen"
     folder.mkdir()

@@ -139,6 +139,16 @@ class ProcessScope:
         """For the record: whether the scope's processes were held in a cgroup, or why not."""
         return self.cgroup.report() if self.cgroup is not None else {"active": False, "why": "not asked for"}
 
+    def rebase(self, keep: int) -> None:
+        """The processes started since the scope began are no longer its own, but `keep` and what it started: a
+        process held before team code while a job starts beside it (a check, harness/launcher/run/check_process.py),
+        whose ranks must outlive its scope. The cgroup, where there is one, holds `keep`'s processes exactly."""
+        try:
+            kept = {keep} | {p.pid for p in psutil.Process(keep).children(recursive=True)}
+        except psutil.Error:  # gone already: nothing of it to keep
+            kept = {keep}
+        self.before = {p.pid for p in descendants()} - kept
+
     def close(self) -> list[int]:
         killed = terminate_descendants(self.grace_s, exclude=self.before)
         if self.cgroup is not None:

@@ -59,7 +59,7 @@ def wall_time_s(track: Track) -> tuple[float, dict[str, float]]:
     team's (harness/launcher/run/evaluation.py)."""
     from harness.launcher.run.evaluation import ACCOUNT_WITHIN_S, READY_WITHIN_S
     from harness.launcher.control.heartbeat import silent_after_s
-    from harness.launcher.run.phases import PREFLIGHT_TIMEOUT_S
+    from harness.launcher.run.check_process import PREFLIGHT_TIMEOUT_S
 
     parts = {"check_s": PREFLIGHT_TIMEOUT_S, "startup_s": track.startup_timeout_s, "budget_s": track.budget_s,
              "grace_s": track.grace_s, "save_s": track.save_allowance_s}

@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.launcher.control.job_cgroup import track_caps
 from harness.launcher.run.identity import ROSTER, RosterError, resolve_identity
 from harness.submission.open_division import OPEN, config_before_training, division_of, read_open_spec, script_argv
-from harness.launcher.run.phases import run_preflight
+from harness.launcher.run.check_process import run_preflight
 from harness.ranks.confine.scratch import refuse_unusable, remove_tree
 from harness.results.records import runs_root
 from harness.submission.contract import find_submission, read_team, relative_paths

@@ -30,7 +30,8 @@ from harness.launcher.control.job_cgroup import track_caps, v2_own_and_mount
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome
 from harness.launcher.run.nodes import NodePaths, account_rank, account_text
-from harness.launcher.run.phases import PREFLIGHT_TIMEOUT_S, PhaseResult, run_evaluation
+from harness.launcher.run.check_process import PREFLIGHT_TIMEOUT_S
+from harness.launcher.run.phases import PhaseResult, run_evaluation
 from harness.launcher.run.training import protected_paths, threads_per_rank
 from harness.ranks.jobs import EvalJob
 from harness.ranks.confine.scratch import scratch_root

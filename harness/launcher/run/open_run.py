@@ -19,7 +19,8 @@ from pathlib import Path
 from harness.launcher.control.job_cgroup import track_caps
 from harness.data.prepare import PreparedData
 from harness.launcher.run.assemble import check_reports, flag_run, set_outcome, team_number
-from harness.launcher.run.phases import PhaseResult, bound_report, run_preflight
+from harness.launcher.run.check_process import bound_report, run_preflight
+from harness.launcher.run.phases import PhaseResult
 from harness.launcher.control.watch import NO_REPORT_HINT, Deadlines
 from harness.launcher.control.team_files import read_tail
 from harness.launcher.control.workarea import WorkArea

@@ -44,7 +44,7 @@ from harness.submission.screen import mentions_compile
 from harness.launcher.run.open_run import apply_open_training, check_open, explain_silence, finish_open_training
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.check_phase import JobBeside, accept_check, check_then_say
-from harness.launcher.run.phases import run_preflight
+from harness.launcher.run.check_process import CheckProcess
 from harness.tracks.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, StagedWatch, io_failure_outcome
 from harness.launcher.run.training import RunRefused, protected_paths, train
@@ -322,23 +322,31 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
         return train(opts, track, data, nproc, node, record, area, abort, reporter, spec, taker, heartbeat,
                      compiles=compiles, gate=gate)
 
+    # The fixed loop's check process starts first, held before any team code: its imports are done while the
+    # launcher imports torch elastic and the ranks start (harness/launcher/run/check_process.py).
+    check_proc = None if spec is not None else CheckProcess(
+        node.snapshot, vocab_size=track.data.vocab_size, device=track.device, seed=opts.seed,
+        log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len, precision=record.precision,
+        sandbox_mode=track.sandbox, protected=protected_paths(opts.runs_dir, data), caps=track_caps(track), hold=True)
+
     def check() -> dict:
         reporter.progress("checking the submission...")
         try:
             if spec is not None:
                 return check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
                                   protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
-            return run_preflight(node.snapshot, vocab_size=track.data.vocab_size, device=track.device,
-                                 seed=opts.seed, log_path=node.log("preflight.log"), eval_seq_len=track.eval.seq_len,
-                                 precision=record.precision, sandbox_mode=track.sandbox,
-                                 protected=protected_paths(opts.runs_dir, data),
-                                 meanwhile=lambda: _provenance(record), caps=track_caps(track))
+            return check_proc.finish(meanwhile=lambda: _provenance(record))  # released: its team code runs now
         finally:
             reporter.end_progress()
 
     # The fixed loop's ranks start beside the check and wait for its word (harness/launcher/run/check_phase.py);
     # an open-division script is the team's from its first line: it starts once the check has passed.
-    beside = JobBeside(start_training) if spec is None else None
+    try:
+        beside = JobBeside(start_training) if spec is None else None
+    except BaseException:
+        if check_proc is not None:
+            check_proc.close()
+        raise
     ranks = set(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     try:
         try:
@@ -353,6 +361,9 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 except BaseException:  # noqa: BLE001  (the first error is the one to raise)
                     pass
             raise
+        finally:
+            if check_proc is not None:  # ended where a path above never released it (a node that never joined)
+                check_proc.close()
         if not passed:
             if beside is not None:
                 timings = dict(record.timings)

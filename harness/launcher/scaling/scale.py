@@ -31,7 +31,8 @@ from harness.data.prepare import prepare_data
 from harness.ranks.jobs import TrainJob
 from harness.ranks.confine.scratch import refuse_unusable
 from harness.launcher.control.elastic import LaunchSpec
-from harness.launcher.run.phases import run_preflight, run_training
+from harness.launcher.run.check_process import run_preflight
+from harness.launcher.run.phases import run_training
 from harness.tracks.precision import resolve_precision
 from harness.results.records import new_run_id, runs_root, utc_now, write_atomic
 from harness.launcher.run.identity import resolve_identity

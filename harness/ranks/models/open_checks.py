@@ -98,7 +98,7 @@ def run_open_checks(request: dict) -> dict:
 
 def _write_interim(path: str, report: dict) -> None:
     """The report as it stands, before the check with a config the harness guessed: that check never
-    rejects, so if it hangs or kills the process, the launcher keeps this and warns (phases.run_preflight)."""
+    rejects, so if it hangs or kills the process, the launcher keeps this and warns (check_process.CheckProcess)."""
     import json
 
     interim = {**report, "ok": not report["problems"], "interim": "model.py's check before training"}

@@ -1,6 +1,6 @@
 """Checks a submission in a throw-away process before any process group starts.
 
-    python -m harness.ranks.models.preflight <request.json> <report.json> [<sandbox report fd>]
+    python -m harness.ranks.models.preflight <request.json> <report.json> [<sandbox report fd> [<hold fd>]]
 
 Imports the submission, checks CONFIG and the hooks, builds the model from CONFIG, runs one
 forward and backward at a tiny batch, and checks the outputs. The submission's code never runs
@@ -44,6 +44,21 @@ def run_checks(request: dict) -> dict:
     return report
 
 
+def held_until_released(hold_fd: int) -> bool:
+    """Started before the training job beside it (harness/launcher/run/check_process.py): the harness's own imports
+    first, torch and dynamo (the meta device's reference operations and the FLOP counter import dynamo on their
+    first call), while the launcher and the ranks start; then no team code until the launcher's word on `hold_fd`.
+    False where the launcher closed it without a word."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    try:
+        word = os.read(hold_fd, 2)
+    finally:
+        os.close(hold_fd)
+    return bool(word)
+
+
 def main(argv: list[str]) -> None:
     from harness.ranks.process import show_native_crashes
 
@@ -73,6 +88,8 @@ def main(argv: list[str]) -> None:
     if pipe is not None:
         with pipe:
             pipe.write(json.dumps({"screen": request["screen"]}).encode() + b"\n")
+    if len(argv) > 4 and not held_until_released(int(argv[4])):
+        return  # never released: the launcher wants no check (its run ended first); no team code ran
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
