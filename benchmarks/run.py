@@ -210,7 +210,7 @@ def main() -> None:
     pairs_text = ", ".join("%.2f/%.2f" % (o["harness_startup_s"], o["bare_startup_s"]) for o in ov)
     print(f"{'  per pair (harness / bare)':<44}{pairs_text}")
     timings = [o["harness_timings"] for o in ov]
-    print(f"{'  of which the check, beside the ranks (s)':<44}{statistics.mean(t.get('preflight_s', 0.0) for t in timings):>14.2f}")
+    print(f"{'  the check from its release (s)':<44}{statistics.mean(t.get('preflight_s', 0.0) for t in timings):>14.2f}")
     print(f"{'  launch to the first step (s)':<44}{statistics.mean(t.get('launch_to_train_s', 0.0) for t in timings):>14.2f}")
     ld = results["loader"]
     print(f"{'data loader, tokens/s per rank':<44}{ld['harness_tokens_per_s']:>14,.0f}{ld['raw_memmap_tokens_per_s']:>14,.0f}"

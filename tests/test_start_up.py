@@ -4,6 +4,7 @@ started beside it, and the ranks' rendezvous begun before their last imports (ha
 
 from __future__ import annotations
 
+import os
 import platform
 import signal
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from conftest import TINY_TRACK, only_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 READ_SYSCALL = {"x86_64": 0, "aarch64": 63}[platform.machine()]  # read()'s number in /proc/PID/syscall
@@ -102,6 +105,114 @@ def test_a_check_never_released_ends_with_nothing_left_and_no_team_code_run(tmp_
     assert not alive
 
 
+@pytest.mark.slow
+def test_a_held_check_whose_launcher_is_gone_leaves_by_itself_running_no_team_code(tmp_path):
+    """The hold pipe's end (the launcher killed outright, its write end closed by the kernel) is a release without a
+    word: the check leaves by itself, with no team code run."""
+    from harness.launcher.run.check_process import CheckProcess
+
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "submission.py").write_text(MARKS_ITS_IMPORT + (FIXTURES / "ok_bigram" / "submission.py").read_text())
+    check = CheckProcess(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "check.log",
+                         eval_seq_len=64, precision="float32", hold=True)
+    try:
+        _wait_until_held(check, tmp_path / "check.log")
+        os.close(check._hold_write)  # what the kernel does when the launcher dies
+        check._hold_write = -1
+        assert check.proc.wait(timeout=60) == 0, (tmp_path / "check.log").read_text()
+        assert not (check.tmp / "team-code-ran").exists()
+    finally:
+        check.close()
+
+
+def test_a_scope_never_ends_the_tree_another_scope_owns_even_what_appeared_after_it_began():
+    """The check process is made before the training job; its sandbox forks the process that runs its code a moment
+    later, after the job's scope may have listed what was there. The job's teardown (a stop, a rank that never
+    started) must not end that process: the check's scope owns its tree, and only it ends it."""
+    from harness.launcher.control.process_tree import ProcessScope
+
+    check_scope = ProcessScope(grace_s=1.0)
+    held = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; time.sleep(0.5); "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+    check_scope.own(held.pid)
+    job_scope = ProcessScope(grace_s=1.0)  # lists `held` alone: its child is not there yet
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 60
+        while not psutil.Process(held.pid).children():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = psutil.Process(held.pid).children()[0].pid
+        killed = job_scope.close()
+        assert rank.pid in killed and child not in killed and held.pid not in killed
+        assert psutil.Process(child).is_running() and held.poll() is None
+        assert set(check_scope.close()) >= {held.pid, child}
+        rank.wait(timeout=10)
+        held.wait(timeout=10)
+    finally:
+        for proc in (held, rank):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+
+
+def test_a_process_that_took_a_spared_pid_is_not_spared():
+    """A scope spares the processes that were there when it began, told apart by pid and start time: a process that
+    takes the pid of one that ended (team code can cycle the pid counter to choose it) is ended all the same."""
+    from harness.launcher.control.process_tree import identity, terminate_descendants
+
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid, started = identity(late.pid)
+        killed = terminate_descendants(1.0, exclude={(pid, started - 1.0)})  # its pid, another start: another process
+        assert late.pid in killed
+        late.wait(timeout=10)
+        spared = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert spared.pid not in terminate_descendants(1.0, exclude={identity(spared.pid)})
+            assert spared.poll() is None
+        finally:
+            spared.kill()
+            spared.wait()
+    finally:
+        if late.poll() is None:
+            late.kill()
+            late.wait()
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_check_runs_ends_the_check_at_once(cache_dir, tmp_path):
+    """Ctrl-C while the check runs the team's code (here a get_model that sleeps for minutes) ends the check at once
+    and the run `aborted`: the check is not the training job's to end, so the launcher ends it itself."""
+    env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(FIXTURES / "slow_check"), "--track",
+                             str(TINY_TRACK)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 180
+        log = None
+        while log is None or "SLOW-CHECK" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            logs = list((tmp_path / "runs").glob("*/*/*/logs/preflight.log"))
+            log = logs[0] if logs else None
+            time.sleep(0.2)
+        checks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                  if "harness.ranks.models.preflight" in " ".join(p.cmdline())]
+        assert checks
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        assert time.monotonic() - sent < 60, "the check ran on after the stop"  # its get_model sleeps 240 s
+        _, record = only_record(tmp_path / "runs")
+        assert record["status"] == "aborted" and "SIGINT" in record["reason"], record["reason"]
+        assert not [p for p in checks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_a_rebased_scope_ends_what_the_kept_process_started_and_never_what_started_beside_it():
     """The check's scope without a cgroup (the fallback) ends every process that appeared while it was open. A
     check started before the training job must not end the job's ranks, which appear while it is held: at its
@@ -150,7 +261,8 @@ def test_the_rendezvous_meets_its_peer_on_its_own_before_its_result_is_asked(mon
     meeting = Rendezvous(timeout_s=60)
     time.sleep(0.05)  # begun, and found no store: its client waits to try again
     server = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=60), wait_for_workers=True)  # returns once met
-    assert meeting.is_alive() or meeting._value is not None
+    meeting.join(timeout=30)  # met: the thread ends by itself, nobody having asked for its result
+    assert not meeting.is_alive() and meeting._value is not None and meeting._error is None
     store, rank, world_size = meeting.result()
     assert (rank, world_size) == (1, 2)
     store.set("probe", "1")

@@ -28,6 +28,10 @@ perf_counter = time.perf_counter
 # Read by torch when Inductor's config is first imported, which a model that compiles does after this.
 MODEL_PROCESS_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 
+# How long a rank's rendezvous waits for its peers to arrive (Rendezvous): what the launcher itself gives the
+# ranks of a node to say hello (check_phase.BIND_WITHIN_S) and their imports of torch, on a busy machine.
+MEET_WITHIN_S = 120.0
+
 
 def deterministic_compile() -> None:
     """MODEL_PROCESS_ENV's setting, also where Inductor's config is already loaded (its value was read then)."""
@@ -161,9 +165,12 @@ class Rendezvous(threading.Thread):
     run; begun before the rank's last imports and the word, the wait overlaps them (the client waits without
     the interpreter's lock)."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, meet_within_s: float = 0.0):
         super().__init__(name="harness-rendezvous", daemon=True)  # a rank told stop leaves without it
+        # The store's operations keep the track's collective timeout; the peers may take longer to arrive: begun
+        # at a rank's start, the rendezvous absorbs the skew of their imports that the wait for the word used to.
         self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.meet_within = datetime.timedelta(seconds=max(timeout_s, meet_within_s))
         self._value: tuple | None = None
         self._error: BaseException | None = None
         self.start()
@@ -173,7 +180,7 @@ class Rendezvous(threading.Thread):
             import torch.distributed as dist
             from torch.distributed.rendezvous import rendezvous
 
-            store, rank, world_size = next(rendezvous("env://", timeout=self.timeout))
+            store, rank, world_size = next(rendezvous("env://", timeout=self.meet_within))
             store.set_timeout(self.timeout)
             self._value = (dist.PrefixStore("default_pg", store), rank, world_size)
         except BaseException as exc:  # noqa: BLE001  (raised in the rank's own thread by result())

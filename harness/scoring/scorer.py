@@ -38,6 +38,7 @@ import traceback
 from pathlib import Path
 
 from harness.ranks.process import (
+    MEET_WITHIN_S,
     RankEnv,
     Rendezvous,
     describe_failure,
@@ -152,7 +153,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
 
     device = setup_device("cpu", env, job.cpu_threads_per_rank)  # never CUDA: the module docstring
     # Begun before the checkpoint's hash and the tokens are read: its wait overlaps them (harness/ranks/process.py)
-    meeting = Rendezvous(job.collective_timeout_s) if env.world_size > 1 else None
+    meeting = Rendezvous(job.collective_timeout_s, MEET_WITHIN_S) if env.world_size > 1 else None
     actual = file_sha256(job.checkpoint)
     if job.checkpoint_sha256 and actual != job.checkpoint_sha256:
         raise RuntimeError(f"{job.checkpoint}: sha256 {actual[:12]} differs from the record's "

@@ -241,7 +241,7 @@ class ElasticJob:
                                    int(self.spec.rendezvous_timeout_s), os.getpid()),
             env=interpreter.child_environment(),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-        self._scope.before.add(self._store_proc.pid)
+        self._scope.before.add(process_tree.identity(self._store_proc.pid))
         line = process_tree.first_line(self._store_proc, ready_within_s) or ""
         if line.startswith("ready"):
             return ""

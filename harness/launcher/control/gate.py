@@ -6,8 +6,9 @@ side they take about as long as the longer. The ranks go as far as harness code 
 (harness/ranks/training/loop.py `await_check`) before they touch a device or the submission; the launcher says `go` once
 the check passed, `stop` otherwise, and the job ends with no team code run in it.
 
-The check starts only once every rank of this node has said hello on the control channel: a connection claiming a
-rank already bound is refused, so nothing the check's code starts can take a rank's place and hear its word.
+The check process starts before the ranks and runs team code only once every rank of this node has said hello on
+the control channel (harness/launcher/run/check_process.py holds it until then): a connection claiming a rank
+already bound is refused, so nothing the check's code starts can take a rank's place and hear its word.
 While the gate is shut, the job's start-up deadline does not run (the check has its own); it runs from the word.
 """
 
@@ -59,8 +60,8 @@ class StartGate:
         return False
 
     def wait_verdict(self) -> None:
-        """Until the word is said: the job's teardown ends every process that appeared since it began, the check
-        process too, which must have ended first."""
+        """Until the word is said: the job's teardown, which ends every process that appeared since it began, comes
+        after the check's end (the check's tree is its own scope's, never the job's: process_tree.ProcessScope.own)."""
         self._said.wait()
 
     def go(self) -> None:

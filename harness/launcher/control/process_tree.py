@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -82,14 +83,26 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> list[int]:
-    """SIGTERM every descendant, SIGKILL what is left after grace_s; returns every pid it ended.
+def identity(proc: psutil.Process | int) -> tuple[int, float] | None:
+    """A process as the kernel tells it apart over time: its pid and its start time. A pid alone is reused: team
+    code can cycle the pid counter until it takes the pid of a process that has ended (the check's, say), and a
+    list of pids to spare would then spare it."""
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return proc.pid, proc.create_time()
+    except psutil.Error:  # gone: it can be told apart from nothing
+        return None
+
+
+def terminate_descendants(grace_s: float, exclude: set[tuple[int, float]] | None = None) -> list[int]:
+    """SIGTERM every descendant but those `exclude` names (identity()), SIGKILL what is left after grace_s;
+    returns every pid it ended.
 
     Zombies are not reaped here (a Popen in torch elastic may still want their exit status);
     `harness.ranks.process.reap_children` does that once the agent is done.
     """
     exclude = exclude or set()
-    procs = [p for p in descendants() if p.pid not in exclude and _alive(p)]
+    procs = [p for p in descendants() if identity(p) not in exclude and _alive(p)]
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -100,7 +113,7 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
         time.sleep(0.05)
     killed = []
     # Look again: a process may have forked while being told to stop.
-    for p in [p for p in descendants() if p.pid not in exclude] + procs:
+    for p in [p for p in descendants() if identity(p) not in exclude] + procs:
         if _alive(p):
             try:
                 p.kill()
@@ -111,6 +124,22 @@ def terminate_descendants(grace_s: float, exclude: set[int] | None = None) -> li
     while time.monotonic() < deadline and any(_alive(p) for p in procs):
         time.sleep(0.05)
     return sorted({p.pid for p in procs} | set(killed))
+
+
+# Processes that one scope owns while others are open beside it: pid -> the owning scope. The check process is made
+# before the training job that starts beside it (harness/launcher/run/check_process.py): the job's scope must never
+# end the check's tree, whichever of the two the kernel lists first.
+_OWNED: dict[int, "ProcessScope"] = {}
+_OWNED_LOCK = threading.Lock()
+
+
+def _tree(pid: int) -> set[tuple[int, float]]:
+    """The identities of `pid` and its descendants; empty where it is gone."""
+    try:
+        root = psutil.Process(pid)
+        return {identity(p) for p in [root, *root.children(recursive=True)]} - {None}
+    except psutil.Error:  # gone: nothing of it left to spare
+        return set()
 
 
 class ProcessScope:
@@ -124,7 +153,7 @@ class ProcessScope:
     def __init__(self, grace_s: float, contain: str | None = None, caps=None):
         become_subreaper()  # orphans of what starts in the scope stay ours to find (idempotent)
         self.grace_s = grace_s
-        self.before = {p.pid for p in descendants()}
+        self.before = {identity(p) for p in descendants()} - {None}  # identities: a pid alone is reused
         self.killed: list[int] = []
         self.cgroup = None
         if contain is not None:
@@ -143,16 +172,25 @@ class ProcessScope:
         """The processes started since the scope began are no longer its own, but `keep` and what it started: a
         process held before team code while a job starts beside it (a check, harness/launcher/run/check_process.py),
         whose ranks must outlive its scope. The cgroup, where there is one, holds `keep`'s processes exactly."""
-        try:
-            kept = {keep} | {p.pid for p in psutil.Process(keep).children(recursive=True)}
-        except psutil.Error:  # gone already: nothing of it to keep
-            kept = {keep}
-        self.before = {p.pid for p in descendants()} - kept
+        self.before = {identity(p) for p in descendants()} - {None} - _tree(keep)
+
+    def own(self, pid: int) -> None:
+        """`pid` and what it starts are this scope's alone: another scope's close never ends them, this one's does."""
+        with _OWNED_LOCK:
+            _OWNED[pid] = self
 
     def close(self) -> list[int]:
-        killed = terminate_descendants(self.grace_s, exclude=self.before)
-        if self.cgroup is not None:
-            killed = sorted(set(killed) | set(self.cgroup.close()))
+        with _OWNED_LOCK:
+            others = [pid for pid, owner in _OWNED.items() if owner is not self]
+        spared = set().union(*(_tree(pid) for pid in others))
+        try:
+            killed = terminate_descendants(self.grace_s, exclude=self.before | spared)
+            if self.cgroup is not None:
+                killed = sorted(set(killed) | set(self.cgroup.close()))
+        finally:
+            with _OWNED_LOCK:
+                for pid in [pid for pid, owner in _OWNED.items() if owner is self]:
+                    del _OWNED[pid]
         self.killed = killed
         return self.killed
 

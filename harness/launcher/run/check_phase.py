@@ -126,9 +126,10 @@ def check_then_say(check: Callable[[], dict], accept: Callable[[dict], bool], be
     beside it that holds the training, or None where it is still to be started). Whatever happens here, the job
     beside it hears a word (a job left waiting would never end: no deadline runs while it waits).
 
-    The check starts once every rank of the job beside it holds its connection, so that the check's own process
-    scope, which ends what appeared while it ran, finds the ranks there before it (and nothing they start before
-    the word: harness code only). On one node, a job whose ranks did not all come (a rank that failed in start-up)
+    The check (started before the job, held before team code: harness/launcher/run/check_process.py) is released
+    once every rank of the job beside it holds its connection; at its release its own process scope, which ends what
+    appeared while it was open, keeps only the check's tree, and the ranks (which start nothing before the word:
+    harness code only) outlive it. On one node, a job whose ranks did not all come (a rank that failed in start-up)
     is told stop and waited for, and the check runs alone, the training after it; on several, the other nodes'
     ranks are in the same rendezvous, which a second launch of this node's cannot join: the run is aborted, the
     infrastructure's."""

@@ -58,31 +58,37 @@ class CheckProcess:
         req, self.report_path = tmp / "request.json", tmp / "report.json"
         req.write_text(json.dumps(request))
         env = {**sandbox.private_environment(tmp), **MODEL_PROCESS_ENV}
-        # The process's sandbox report comes over a pipe, sent before any team code runs: report.json is in
-        # its writable folder, where the team's code could rewrite it.
-        self._box_read, box_write = os.pipe()
-        hold_read, self._hold_write = os.pipe() if hold else (-1, -1)
         self.proc: subprocess.Popen | None = None
         self._closed = False
         self._finishing = False  # finish() has waited: it reads the folder after close()
         self.code: int | None = None
         self.timed_out = False
-        # Nothing it starts may linger: it joins a cgroup of its own first thing, ended with the scope.
-        self.scope = process_tree.ProcessScope(grace_s=2.0, contain="check", caps=caps)
+        self._drain: _Drain | None = None
+        self._box_read = self._hold_write = -1
+        box_write = hold_read = -1
+        self.scope = None
         try:
+            # The process's sandbox report comes over a pipe, sent before any team code runs: report.json is in
+            # its writable folder, where the team's code could rewrite it.
+            self._box_read, box_write = os.pipe()
+            if hold:
+                hold_read, self._hold_write = os.pipe()
+            # Nothing it starts may linger: it joins a cgroup of its own first thing, ended with the scope.
+            self.scope = process_tree.ProcessScope(grace_s=2.0, contain="check", caps=caps)
             argv = [self.report_path, box_write] + ([hold_read] if hold else [])
             with open(log_path, "w") as log:
                 self.proc = subprocess.Popen(interpreter.python_argv("harness.ranks.models.preflight", req, *argv),
                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True, cwd=tmp, env={**env, **self.scope.env()},
                                              pass_fds=(box_write,) + ((hold_read,) if hold else ()))
+            self.scope.own(self.proc.pid)  # a job started beside it never ends it (process_tree._OWNED)
         except BaseException:
             self.close()
             raise
         finally:
-            os.close(box_write)
-            if hold:
-                os.close(hold_read)
+            for fd in (box_write, hold_read):
+                if fd >= 0:
+                    os.close(fd)
         self._t_start = time.monotonic()
         self._drain = _Drain(self._box_read)  # read as it is written: a report past the pipe's 64 KiB must not block
         self._drain.start()
@@ -101,18 +107,27 @@ class CheckProcess:
         self._hold_write = -1
         self._t_start = time.monotonic()
 
-    def finish(self, meanwhile: Callable[[], None] | None = None) -> dict:
+    def finish(self, meanwhile: Callable[[], None] | None = None, abort=None) -> dict:
         """Releases the process where it is held, does `meanwhile` (the launcher's own work) while it runs, waits
-        for it within the timeout, ends all it started, and returns the report."""
+        for it within the timeout, ends all it started, and returns the report. `abort` (watch.AbortFlag): a stop
+        (Ctrl-C, scancel) ends the process at once, never released where it came first; the report then says
+        it died, and the caller reads the abort."""
         try:
-            self.release()
+            if abort is None or not abort.is_set:
+                self.release()
             if meanwhile is not None:
                 meanwhile()  # an exception here closes the scope, which ends the process
-            try:
-                self.code = self.proc.wait(timeout=max(0.0, self.timeout_s - (time.monotonic() - self._t_start)))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.code, self.timed_out = self.proc.wait(), True
+            while True:
+                left_s = self.timeout_s - (time.monotonic() - self._t_start)
+                try:
+                    self.code = self.proc.wait(timeout=max(0.0, min(left_s, 0.1)))
+                    break
+                except subprocess.TimeoutExpired:
+                    stopped = abort is not None and abort.is_set
+                    if left_s <= 0.1 or stopped:
+                        self.proc.kill()
+                        self.code, self.timed_out = self.proc.wait(), not stopped
+                        break
         except BaseException:
             self.close()
             raise
@@ -121,19 +136,25 @@ class CheckProcess:
         return self._report()
 
     def close(self) -> None:
-        """Ends the process and everything it started; the pipes closed (idempotent)."""
+        """Ends the process and everything it started; the pipes closed, the process waited for (idempotent). A
+        held process reads the end of its hold pipe and leaves by itself, as it does when the launcher dies."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.scope.close()
-            if getattr(self, "_drain", None) is not None:
+            if self._hold_write >= 0:
+                os.close(self._hold_write)
+                self._hold_write = -1
+            if self.scope is not None:
+                self.scope.close()
+            if self.proc is not None:
+                self.proc.wait()  # ended with the scope: its status, or a zombie until the launcher exits
+            if self._drain is not None:
                 self._drain.join(timeout=5.0)  # the process and all it started are gone: the writers are closed
         finally:
-            for fd in (self._box_read, self._hold_write):
-                if fd >= 0:
-                    os.close(fd)
-            self._hold_write = -1
+            if self._box_read >= 0:
+                os.close(self._box_read)
+                self._box_read = -1
             sandbox.reset_log(self.log_path)
             if not self._finishing:  # ended unreleased (its run ended first) or unfinished: nothing of it is read
                 scratch.remove_tree(self.tmp)

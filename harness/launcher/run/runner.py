@@ -335,7 +335,7 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
             if spec is not None:
                 return check_open(node.snapshot, spec, track, record, node.log("preflight.log"), opts.seed,
                                   protected_paths(opts.runs_dir, data), meanwhile=lambda: _provenance(record))
-            return check_proc.finish(meanwhile=lambda: _provenance(record))  # released: its team code runs now
+            return check_proc.finish(meanwhile=lambda: _provenance(record), abort=abort)  # released: team code runs
         finally:
             reporter.end_progress()
 

@@ -44,7 +44,8 @@ from harness.ranks.training.agree import Agreed, Agreement
 from harness.ranks.checkpoint import unwrap
 from harness.ranks.training.clock import CONTINUE, STOP_BUDGET, STOP_DIVERGED, StopRule, schedule_progress
 from harness.ranks.training.first_step import relabel_probe
-from harness.ranks.process import Rendezvous, RankEnv, init_process_group, perf_counter, setup_device
+from harness.ranks.process import (MEET_WITHIN_S, Rendezvous, RankEnv, init_process_group, perf_counter,
+                                   setup_device)
 from harness.submission.contract import SubmissionContext, SubmissionError, check_forward_output, load_submission
 from harness.submission.defaults import default_lr_schedule, default_optimizers
 
@@ -100,7 +101,7 @@ class Training:
 def build_training(job, env: RankEnv, channel, holders: list) -> Training:
     """Device, process group, submission, model, DDP, optimizers and data: not on the clock
     (unless the track starts it at model build)."""
-    meeting = Rendezvous(job.collective_timeout_s)  # begun now: its wait overlaps the import and the word (process.py)
+    meeting = Rendezvous(job.collective_timeout_s, MEET_WITHIN_S)  # begun now: overlaps the import and the word
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds of CPU that are the harness's, not the team's)
     if job.gated:  # started beside the check of its submission: nothing is built, no device touched, before its word
         await_check(channel)
