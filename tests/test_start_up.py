@@ -181,6 +181,70 @@ def test_a_process_that_took_a_spared_pid_is_not_spared():
             late.wait()
 
 
+def test_what_an_owned_tree_starts_while_another_scope_ends_its_own_is_spared_too():
+    """The job's teardown gives its processes a grace period, then looks again and kills what is left; a process the
+    owned check started meanwhile (a compile worker) is the check's, not the job's."""
+    from harness.launcher.control.process_tree import ProcessScope
+
+    check_scope = ProcessScope(grace_s=1.0)
+    held = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; time.sleep(1.0); "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+    check_scope.own(held.pid)
+    job_scope = ProcessScope(grace_s=3.0)
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); time.sleep(60)"])  # holds the job's teardown for its grace
+    try:
+        time.sleep(0.3)  # its handler set
+        killed = job_scope.close()  # the held process forks during the grace
+        children = psutil.Process(held.pid).children()
+        assert stubborn.pid in killed and children and children[0].pid not in killed, (killed, children)
+        assert children[0].is_running()
+        check_scope.close()
+    finally:
+        for proc in (held, stubborn):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
+def test_an_owned_pid_another_process_took_is_not_spared():
+    """What a scope owns is a process, not a pid: once the owned process is gone and its pid is another's, the other
+    scopes end that one as any other."""
+    from harness.launcher.control import process_tree
+
+    owner = process_tree.ProcessScope(grace_s=1.0)
+    job_scope = process_tree.ProcessScope(grace_s=1.0)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid, ticks = process_tree.identity(other.pid)
+        process_tree._OWNED[pid] = ((pid, ticks - 1), owner)  # as if the owned process had ended and `other` took its pid
+        assert other.pid in job_scope.close()
+        other.wait(timeout=10)
+    finally:
+        process_tree._OWNED.pop(other.pid, None)
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+
+
+def test_a_process_is_told_apart_by_ticks_since_boot_whatever_the_wall_clock_does(monkeypatch):
+    """A clock step (NTP, a resumed VM) moves the boot time as the wall clock sees it; a process's identity must not
+    move with it, or every scope would take what was there before it for new and end it."""
+    import psutil._pslinux as pslinux
+
+    from harness.launcher.control.process_tree import identity
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = identity(proc.pid)
+        booted = pslinux.boot_time
+        monkeypatch.setattr(pslinux, "boot_time", lambda: booted() + 1.0)
+        assert identity(psutil.Process(proc.pid)) == identity(proc.pid) == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
 def test_a_stop_while_the_check_runs_ends_the_check_at_once(cache_dir, tmp_path):
     """Ctrl-C while the check runs the team's code (here a get_model that sleeps for minutes) ends the check at once

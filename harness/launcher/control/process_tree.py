@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 import psutil
 
@@ -83,26 +84,37 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def identity(proc: psutil.Process | int) -> tuple[int, float] | None:
-    """A process as the kernel tells it apart over time: its pid and its start time. A pid alone is reused: team
-    code can cycle the pid counter until it takes the pid of a process that has ended (the check's, say), and a
-    list of pids to spare would then spare it."""
+def identity(proc: psutil.Process | int) -> tuple[int, int] | None:
+    """A process as the kernel tells it apart over time: its pid and its start time, in clock ticks since boot. A pid
+    alone is reused: team code can cycle the pid counter until it takes the pid of a process that has ended (the
+    check's, say), and a list of pids to spare would then spare it. Ticks since boot, not psutil's create_time():
+    that adds the boot time as the wall clock sees it now, which a clock step (NTP, a VM resumed) moves."""
+    pid = proc.pid if isinstance(proc, psutil.Process) else int(proc)
     try:
-        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
-        return proc.pid, proc.create_time()
-    except psutil.Error:  # gone: it can be told apart from nothing
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return pid, int(fields[19])  # field 22, starttime
+    except (OSError, IndexError, ValueError):  # gone (or no /proc): it can be told apart from nothing
         return None
 
 
-def terminate_descendants(grace_s: float, exclude: set[tuple[int, float]] | None = None) -> list[int]:
-    """SIGTERM every descendant but those `exclude` names (identity()), SIGKILL what is left after grace_s;
-    returns every pid it ended.
+def terminate_descendants(grace_s: float, exclude: set[tuple[int, int]] | None = None,
+                          spare: Callable[[], set] | None = None) -> list[int]:
+    """SIGTERM every descendant but those `exclude` names (identity()) and those `spare()` names, asked again at
+    each look (what an owned tree starts meanwhile stays its own), SIGKILL what is left after grace_s; returns every
+    pid it ended.
 
     Zombies are not reaped here (a Popen in torch elastic may still want their exit status);
     `harness.ranks.process.reap_children` does that once the agent is done.
     """
     exclude = exclude or set()
-    procs = [p for p in descendants() if identity(p) not in exclude and _alive(p)]
+
+    def ending() -> list[psutil.Process]:
+        listed = descendants()  # first: what an owned tree started before the list is in spare()'s answer
+        keep = exclude | (spare() if spare is not None else set())
+        return [p for p in listed if identity(p) not in keep]
+
+    procs = [p for p in ending() if _alive(p)]
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -113,7 +125,7 @@ def terminate_descendants(grace_s: float, exclude: set[tuple[int, float]] | None
         time.sleep(0.05)
     killed = []
     # Look again: a process may have forked while being told to stop.
-    for p in [p for p in descendants() if identity(p) not in exclude] + procs:
+    for p in ending() + procs:
         if _alive(p):
             try:
                 p.kill()
@@ -126,20 +138,31 @@ def terminate_descendants(grace_s: float, exclude: set[tuple[int, float]] | None
     return sorted({p.pid for p in procs} | set(killed))
 
 
-# Processes that one scope owns while others are open beside it: pid -> the owning scope. The check process is made
-# before the training job that starts beside it (harness/launcher/run/check_process.py): the job's scope must never
-# end the check's tree, whichever of the two the kernel lists first.
-_OWNED: dict[int, "ProcessScope"] = {}
+# Processes that one scope owns while others are open beside it: pid -> (its identity, the owning scope). The check
+# process is made before the training job that starts beside it (harness/launcher/run/check_process.py): the job's
+# scope must never end the check's tree, whichever of the two the kernel lists first.
+_OWNED: dict[int, tuple] = {}
 _OWNED_LOCK = threading.Lock()
 
 
-def _tree(pid: int) -> set[tuple[int, float]]:
+def _tree(pid: int) -> set[tuple[int, int]]:
     """The identities of `pid` and its descendants; empty where it is gone."""
     try:
         root = psutil.Process(pid)
         return {identity(p) for p in [root, *root.children(recursive=True)]} - {None}
     except psutil.Error:  # gone: nothing of it left to spare
         return set()
+
+
+def _owned_by_others(scope: "ProcessScope") -> set[tuple[int, int]]:
+    """The trees other scopes own, each only while its root is the process that was owned (not a pid reused)."""
+    with _OWNED_LOCK:
+        roots = [(pid, ident) for pid, (ident, owner) in _OWNED.items() if owner is not scope]
+    spared: set = set()
+    for pid, ident in roots:
+        if ident is not None and identity(pid) == ident:
+            spared |= _tree(pid)
+    return spared
 
 
 class ProcessScope:
@@ -177,19 +200,16 @@ class ProcessScope:
     def own(self, pid: int) -> None:
         """`pid` and what it starts are this scope's alone: another scope's close never ends them, this one's does."""
         with _OWNED_LOCK:
-            _OWNED[pid] = self
+            _OWNED[pid] = (identity(pid), self)
 
     def close(self) -> list[int]:
-        with _OWNED_LOCK:
-            others = [pid for pid, owner in _OWNED.items() if owner is not self]
-        spared = set().union(*(_tree(pid) for pid in others))
         try:
-            killed = terminate_descendants(self.grace_s, exclude=self.before | spared)
+            killed = terminate_descendants(self.grace_s, exclude=self.before, spare=lambda: _owned_by_others(self))
             if self.cgroup is not None:
                 killed = sorted(set(killed) | set(self.cgroup.close()))
         finally:
             with _OWNED_LOCK:
-                for pid in [pid for pid, owner in _OWNED.items() if owner is self]:
+                for pid in [pid for pid, (_, owner) in _OWNED.items() if owner is self]:
                     del _OWNED[pid]
         self.killed = killed
         return self.killed

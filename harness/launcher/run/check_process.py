@@ -26,6 +26,7 @@ from harness.ranks.confine import sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
 
 PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run, from its release: import, model build, one tiny step
+CLOSE_WAIT_S = 30.0  # a killed check's exit; past it the launcher goes on (a process stuck in the kernel)
 
 
 class CheckProcess:
@@ -82,6 +83,10 @@ class CheckProcess:
                                              start_new_session=True, cwd=tmp, env={**env, **self.scope.env()},
                                              pass_fds=(box_write,) + ((hold_read,) if hold else ()))
             self.scope.own(self.proc.pid)  # a job started beside it never ends it (process_tree._OWNED)
+            self._t_start = time.monotonic()
+            drain = _Drain(self._box_read)  # read as it is written: a report past the pipe's 64 KiB must not block
+            drain.start()
+            self._drain = drain
         except BaseException:
             self.close()
             raise
@@ -89,9 +94,6 @@ class CheckProcess:
             for fd in (box_write, hold_read):
                 if fd >= 0:
                     os.close(fd)
-        self._t_start = time.monotonic()
-        self._drain = _Drain(self._box_read)  # read as it is written: a report past the pipe's 64 KiB must not block
-        self._drain.start()
 
     def release(self) -> None:
         """The check's team code may run now: the processes started since the scope began (a training job's, beside
@@ -148,7 +150,10 @@ class CheckProcess:
             if self.scope is not None:
                 self.scope.close()
             if self.proc is not None:
-                self.proc.wait()  # ended with the scope: its status, or a zombie until the launcher exits
+                try:  # ended with the scope: its status; one stuck in the kernel (a driver, a file system) is left
+                    self.proc.wait(timeout=CLOSE_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
             if self._drain is not None:
                 self._drain.join(timeout=5.0)  # the process and all it started are gone: the writers are closed
         finally:
