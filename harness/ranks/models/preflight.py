@@ -60,8 +60,9 @@ def held_until_released(hold_fd: int) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    from harness.ranks.process import show_native_crashes
+    from harness.ranks.process import die_with_launcher, show_native_crashes
 
+    die_with_launcher()  # a launcher killed outright takes its check with it, held or running, as its ranks
     show_native_crashes()  # its stderr is preflight.log
     from harness.ranks.confine import cgroup
 
