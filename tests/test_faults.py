@@ -179,9 +179,11 @@ def test_a_crash_in_a_second_file_names_that_files_line_in_the_reason(cli, tmp_p
     assert record["status"] == "crashed" and record["failing_rank"] == 1
     assert record["reason"] == f"rank 1: {site}: RuntimeError: boom in model.py at step 3", record["reason"]
     # torch elastic's "could lead to orphaned worker processes" (its agent is not on the main thread) is not
-    # the launcher's case and is not in its log; its own account of stopping the ranks is
+    # the launcher's case and is not in its log; its own account of the ranks' end is: it stops the ranks still
+    # running ("closing signal"), or, where rank 0's collective failed first on a busy machine, says how each ended
     launcher_log = (run_dir / "logs" / "launcher.log").read_text()
-    assert "orphaned" not in launcher_log and "closing signal" in launcher_log
+    assert "orphaned" not in launcher_log
+    assert "closing signal" in launcher_log or "failed (exitcode: 1)" in launcher_log, launcher_log
     assert_clean(record)
 
 
