@@ -49,6 +49,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _held_check(tmp_path: Path):
+    """A check process held before team code, of ok_bigram with a first line that marks its import."""
+    from harness.launcher.run.check_process import CheckProcess
+
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "submission.py").write_text(MARKS_ITS_IMPORT + (FIXTURES / "ok_bigram" / "submission.py").read_text())
+    return CheckProcess(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "check.log",
+                        eval_seq_len=64, precision="float32", hold=True)
+
+
 def _wait_until_held(check, log: Path) -> None:
     """Until the held check process waits for its release, its harness part done (sandbox, screen, imports)."""
     hold_fd = int(Path(f"/proc/{check.proc.pid}/cmdline").read_text().split("\0")[-2])
@@ -61,13 +72,7 @@ def _wait_until_held(check, log: Path) -> None:
 
 @pytest.mark.slow
 def test_a_held_check_runs_no_team_code_until_released_then_checks_as_any_check(tmp_path):
-    from harness.launcher.run.check_process import CheckProcess
-
-    folder = tmp_path / "sub"
-    folder.mkdir()
-    (folder / "submission.py").write_text(MARKS_ITS_IMPORT + (FIXTURES / "ok_bigram" / "submission.py").read_text())
-    check = CheckProcess(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "check.log",
-                         eval_seq_len=64, precision="float32", hold=True)
+    check = _held_check(tmp_path)
     try:
         _wait_until_held(check, tmp_path / "check.log")
         # Held: the sandbox report and the screen are sent, torch is imported, and no team code has run.
@@ -84,13 +89,7 @@ def test_a_held_check_runs_no_team_code_until_released_then_checks_as_any_check(
 
 @pytest.mark.slow
 def test_a_check_never_released_ends_with_nothing_left_and_no_team_code_run(tmp_path):
-    from harness.launcher.run.check_process import CheckProcess
-
-    folder = tmp_path / "sub"
-    folder.mkdir()
-    (folder / "submission.py").write_text(MARKS_ITS_IMPORT + (FIXTURES / "ok_bigram" / "submission.py").read_text())
-    check = CheckProcess(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "check.log",
-                         eval_seq_len=64, precision="float32", hold=True)
+    check = _held_check(tmp_path)
     try:
         _wait_until_held(check, tmp_path / "check.log")
         tree = [check.proc.pid, *(p.pid for p in psutil.Process(check.proc.pid).children(recursive=True))]
@@ -109,13 +108,7 @@ def test_a_check_never_released_ends_with_nothing_left_and_no_team_code_run(tmp_
 def test_a_held_check_whose_launcher_is_gone_leaves_by_itself_running_no_team_code(tmp_path):
     """The hold pipe's end (the launcher killed outright, its write end closed by the kernel) is a release without a
     word: the check leaves by itself, with no team code run."""
-    from harness.launcher.run.check_process import CheckProcess
-
-    folder = tmp_path / "sub"
-    folder.mkdir()
-    (folder / "submission.py").write_text(MARKS_ITS_IMPORT + (FIXTURES / "ok_bigram" / "submission.py").read_text())
-    check = CheckProcess(folder, vocab_size=256, device="cpu", seed=1, log_path=tmp_path / "check.log",
-                         eval_seq_len=64, precision="float32", hold=True)
+    check = _held_check(tmp_path)
     try:
         _wait_until_held(check, tmp_path / "check.log")
         os.close(check._hold_write)  # what the kernel does when the launcher dies

@@ -24,10 +24,8 @@ from harness import __version__
 from harness.data.prepare import PreparedData, data_summary, prepare_data
 from harness.launcher.control import process_tree
 from harness.launcher.control.job_cgroup import track_caps
-from harness.launcher.control.job_limits import caps_reached
 from harness.launcher.run.assemble import (
     apply_training,
-    check_window,
     flag_run,
     metrics_rows,
     name_team_files,
@@ -41,13 +39,13 @@ from harness.launcher.run.identity import resolve_identity
 from harness.launcher.control.heartbeat import NodeHeartbeat, lost_after_s, silent_after_s
 from harness.launcher.run.nodes import NodePaths, merge_node_reports
 from harness.submission.screen import mentions_compile
-from harness.launcher.run.open_run import apply_open_training, check_open, explain_silence, finish_open_training
+from harness.launcher.run.open_run import apply_open_training, check_open, finish_open_training
 from harness.launcher.run.evaluation import EvalPlan, evaluate_run, join_run
 from harness.launcher.run.check_phase import JobBeside, accept_check, check_then_say
 from harness.launcher.run.check_process import CheckProcess
 from harness.tracks.precision import resolve_precision
 from harness.launcher.run.takeback import CheckpointTaker, StagedWatch, io_failure_outcome
-from harness.launcher.run.training import RunRefused, protected_paths, train
+from harness.launcher.run.training import RunRefused, protected_paths, settle_outcome, train
 from harness.launcher.control.watch import AbortFlag, abort_on_signals
 from harness.launcher.control.team_files import trim_logs
 from harness.launcher.control.workarea import WorkArea, patched_environ
@@ -395,39 +393,11 @@ def _execute(opts, track: Track, data: PreparedData, folder: Path, team, nproc: 
                 record.notes.append(f"the model is torch.compile'd; track {track.name} trained its plain module "
                                     "(compile = \"eager\"): the same weights at another speed, so another number of "
                                     "steps in the budget; compiled blocks inside the model still compile")
-        record.killed_pids = phase.leftover_pids
-        record.extra.setdefault("containment", {})["training"] = phase.containment
-        o = phase.outcome
         first = opts.node_rank * nproc  # this node's first rank: its log is here
-        reason = o.reason if spec is None else explain_silence(o.reason, node.run_dir / "logs" / f"rank{first}.log",
-                                                               first)
-        set_outcome(record, o.status, reason, o.failing_rank, o.traceback)
-        # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
-        if o.status == "timeout" and compiles and phase.watch.train_start_s is not None \
-                and not any(m.get("step") for m in metrics):
-            record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
-                              "step compiles, on the clock; on this track compiling may cost more than it saves)")
-        remote = phase.watch.ended_by is not None  # another node's end, with its status: nothing of this node's
-        if o.status == "crashed" and not remote and track.sandbox == "required" \
-                and record.sandbox.get("training", {}).get("active") is False:
-            record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
-        joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")
-        if o.status == "crashed" and not remote and record.extra.get("job_namespace", {}).get("active") and joined is False:
-            record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
-        held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
-        if o.status == "crashed" and not remote and phase.containment.get("active") and held is False:
-            record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
-        record.extra["cause"] = o.cause
-        late = check_window(record, track) if record.status == "ok" else ""
-        if late:  # the launcher's own measurement of the window, enforced
-            set_outcome(record, "timeout", late)
-        if o.status == "ok" and phase.leftover_pids:
-            record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
-        capped = caps_reached(phase.containment) or caps_reached(phase.containment, outside=True)
-        if o.status == "ok" and capped:  # a failure says it in its reason (phases._run_job)
-            record.notes.append(f"in training, {capped}")
+        settle_outcome(record, phase, track, open_division=spec is not None, compiles=compiles, metrics=metrics,
+                       first_rank_log=node.run_dir / "logs" / f"rank{first}.log", first_rank=first)
         if node.lead and track.nnodes > 1:
-            merge_node_reports(record, node, o, track.nnodes, silent_after_s(track), heartbeat)
+            merge_node_reports(record, node, phase.outcome, track.nnodes, silent_after_s(track), heartbeat)
         if taker is not None:
             taker.wait()  # a copy started on rank 0's report has ended before anything reads or removes it
         if record.status != "ok" or not node.lead:

@@ -17,15 +17,16 @@ import time
 from pathlib import Path
 
 from harness.launcher.control.job_cgroup import track_caps
+from harness.launcher.control.job_limits import caps_reached
 from harness.data.prepare import PreparedData
 from harness.launcher.control import process_tree
-from harness.launcher.run.assemble import flag_run
+from harness.launcher.run.assemble import check_window, flag_run, set_outcome
 from harness.launcher.control.heartbeat import NodeHeartbeat
 from harness.launcher.control.elastic import LaunchSpec
 from harness.launcher.control.guard import GuardReport, RecordGuard
 from harness.launcher.control.job_namespace import JobNamespace, ShmSweep
 from harness.launcher.run.nodes import NodePaths, read_node_reports
-from harness.launcher.run.open_run import build_open_job, open_deadlines
+from harness.launcher.run.open_run import build_open_job, explain_silence, open_deadlines
 from harness.launcher.run.phases import PhaseResult, run_training
 from harness.launcher.run.takeback import CheckpointTaker, ScratchCaps, StagedWatch
 from harness.launcher.control.watch import AbortFlag, Deadlines
@@ -328,3 +329,40 @@ def training_deadlines(track: Track) -> Deadlines:
     return Deadlines(startup_timeout_s=track.startup_timeout_s, startup_allowance_s=track.startup_allowance_s,
                      hard_limit_s=track.hard_limit_s, save_allowance_s=track.save_allowance_s,
                      checkpoint_allowance_s=track.checkpoint_allowance_s)
+
+
+def settle_outcome(record: RunRecord, phase: PhaseResult, track: Track, *, open_division: bool, compiles: bool,
+                   metrics: list, first_rank_log: Path, first_rank: int) -> None:
+    """What the training phase's outcome makes of the record: its status and reason (the team's, or the machine's
+    where a rank could not enter what the launcher made for it), the window the launcher measured, held to the
+    budget, and the notes on what the job left behind and the caps it reached. `first_rank_log`: this node's first
+    rank's log, which explains an open-division script's silence."""
+    record.killed_pids = phase.leftover_pids
+    record.extra.setdefault("containment", {})["training"] = phase.containment
+    o = phase.outcome
+    reason = explain_silence(o.reason, first_rank_log, first_rank) if open_division else o.reason
+    set_outcome(record, o.status, reason, o.failing_rank, o.traceback)
+    # Blamed on the compile step only where a step began: a kill in start-up came before any compiling.
+    if o.status == "timeout" and compiles and phase.watch.train_start_s is not None \
+            and not any(m.get("step") for m in metrics):
+        record.reason += (" (the model is torch.compile'd and no step after the first was reported: the first "
+                          "step compiles, on the clock; on this track compiling may cost more than it saves)")
+    remote = phase.watch.ended_by is not None  # another node's end, with its status: nothing of this node's
+    if o.status == "crashed" and not remote and track.sandbox == "required" \
+            and record.sandbox.get("training", {}).get("active") is False:
+        record.status = "aborted"  # this machine lacks the sandbox the track requires (said before team code ran)
+    joined = (record.sandbox.get("training", {}).get("namespaces") or {}).get("active")
+    if o.status == "crashed" and not remote and record.extra.get("job_namespace", {}).get("active") and joined is False:
+        record.status = "aborted"  # the job's namespace was there and a rank could not enter it: not the team
+    held = (record.sandbox.get("training", {}).get("cgroup") or {}).get("active")
+    if o.status == "crashed" and not remote and phase.containment.get("active") and held is False:
+        record.status = "aborted"  # the job's cgroup was there and rank 0 could not join it (said before team code)
+    record.extra["cause"] = o.cause
+    late = check_window(record, track) if record.status == "ok" else ""
+    if late:  # the launcher's own measurement of the window, enforced
+        set_outcome(record, "timeout", late)
+    if o.status == "ok" and phase.leftover_pids:
+        record.notes.append(f"ended {len(phase.leftover_pids)} process(es) the submission left running")
+    capped = caps_reached(phase.containment) or caps_reached(phase.containment, outside=True)
+    if o.status == "ok" and capped:  # a failure says it in its reason (phases._run_job)
+        record.notes.append(f"in training, {capped}")
