@@ -44,13 +44,25 @@ def run_checks(request: dict) -> dict:
     return report
 
 
+def _import_torch():
+    """torch, without its compiler unless team code compiles: the meta device's reference operations, the FLOP
+    counter and every optimizer's constructor would import dynamo on their first call, 0.9 CPU-seconds that a check
+    never compiling has no use for (harness/ranks/models/lazy_dynamo.py). The FLOP counter first: torch wraps each dispatch
+    mode's class as it is made, and only the wrappers made by then are spared the import."""
+    import torch
+    import torch.utils.flop_counter  # noqa: F401
+
+    from harness.ranks.models.lazy_dynamo import defer_dynamo
+
+    defer_dynamo()
+    return torch
+
+
 def held_until_released(hold_fd: int) -> bool:
     """Started before the training job beside it (harness/launcher/run/check_process.py): the harness's own imports
-    first, torch and dynamo (the meta device's reference operations and the FLOP counter import dynamo on their
-    first call), while the launcher and the ranks start; then no team code until the launcher's word on `hold_fd`.
+    first, torch, while the launcher and the ranks start; then no team code until the launcher's word on `hold_fd`.
     False where the launcher closed it without a word."""
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401
+    _import_torch()
 
     try:
         word = os.read(hold_fd, 2)
@@ -94,8 +106,7 @@ def main(argv: list[str]) -> None:
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
-        import torch
-
+        torch = _import_torch()
         from harness.ranks.process import deterministic_compile
 
         deterministic_compile()  # as evaluation's model processes compile (harness/ranks/process.py)
