@@ -79,7 +79,11 @@ def test_a_compile_after_the_marks_runs_as_torch_ships_and_torchs_wrapper_of_ano
         import torch
         from harness.ranks.models.lazy_dynamo import defer_dynamo
 
+        class Team:  # a class wrapped as torch wraps functions: only plain functions are marked (a class's
+            pass     # attributes cannot be cleared through its __dict__, and the compiler's import would fail)
+        held = torch._disable_dynamo(Team)
         n = defer_dynamo()
+        class_marked = "__dynamo_disable" in Team.__dict__
         again = defer_dynamo()  # once is enough: a second call marks nothing
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -94,9 +98,9 @@ def test_a_compile_after_the_marks_runs_as_torch_ships_and_torchs_wrapper_of_ano
         same = compiled(x).item() == step(x).item()
         from torch._dynamo.utils import counters
         breaks = sum(counters["graph_break"].values())
-        print(json.dumps({"n": n, "again": again, "same": same, "breaks": breaks}))
+        print(json.dumps({"n": n, "again": again, "same": same, "breaks": breaks, "class_marked": class_marked}))
     """)
-    assert out["n"] > 100 and out["again"] == 0 and out["same"] is True
+    assert out["n"] > 100 and out["again"] == 0 and out["same"] is True and out["class_marked"] is False
     assert out["breaks"] >= 1  # zero_grad stayed disabled for dynamo: it was not traced into
 
     other = _run("""
@@ -108,7 +112,59 @@ def test_a_compile_after_the_marks_runs_as_torch_ships_and_torchs_wrapper_of_ano
                 return fn(*a, **k)
             return inner
         torch._disable_dynamo = _disable_dynamo
+        def team_function():
+            return 1
+        live = torch._disable_dynamo(team_function)  # a live wrapper of that shape: never marked
         from harness.ranks.models.lazy_dynamo import defer_dynamo
-        print(json.dumps({"n": defer_dynamo()}))
+        print(json.dumps({"n": defer_dynamo(), "marked": "__dynamo_disable" in team_function.__dict__}))
     """)
-    assert other["n"] == 0
+    assert other == {"n": 0, "marked": False}
+
+    loaded = _run("""
+        import json
+        import torch, torch._dynamo
+        from harness.ranks.models.lazy_dynamo import defer_dynamo
+        print(json.dumps({"n": defer_dynamo(), "marked": "__dynamo_disable" in torch.optim.Optimizer.zero_grad.__wrapped__.__dict__}))
+    """)
+    assert loaded == {"n": 0, "marked": False}  # the compiler already loaded: nothing to spare, nothing marked
+
+
+PROBE = '''
+import os as _os, sys as _sys
+_SEEN = _os.path.join(_os.path.dirname(__file__), "..", "seen")
+def _note(where):
+    with open(_SEEN, "a") as f:
+        f.write(f"{where} {'torch._dynamo' in _sys.modules}\\n")
+_note("import")
+_forward = Bigram.forward
+def _probed(self, *args, **kwargs):
+    _note("forward")
+    return _forward(self, *args, **kwargs)
+Bigram.forward = _probed
+'''
+
+
+@pytest.mark.parametrize("mention", [False, True], ids=["eager", "mentions-compile"])
+def test_the_check_process_runs_team_code_without_the_compiler_unless_its_files_mention_compiling(tmp_path, mention):
+    """The check process's own entry (harness/ranks/models/preflight.py), as the launcher starts it: team code that
+    never mentions compiling finds the compiler not loaded, in its import and in every forward the check runs (the
+    meta device's shapes and FLOPs included); files that mention it find it loaded before their first line, as the
+    training ranks import it, so that its import is never taken from the team's time after the release."""
+    from conftest import FIXTURES
+
+    team = tmp_path / "team"
+    team.mkdir()
+    source = (FIXTURES / "ok_bigram" / "submission.py").read_text() + PROBE
+    if mention:
+        source += "\n# torch.compile(model) on the GPU track\n"
+    (team / "submission.py").write_text(source)
+    request = {"submission_dir": str(team), "vocab_size": 64, "device": "cpu", "seed": 0, "eval_seq_len": 32}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    proc = subprocess.run([sys.executable, "-m", "harness.ranks.models.preflight", str(tmp_path / "request.json"),
+                           str(tmp_path / "report.json")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"], report["problems"]
+    seen = (tmp_path / "seen").read_text().split("\n")[:-1]
+    assert seen[0].startswith("import ") and any(line.startswith("forward ") for line in seen), seen
+    assert {line.split()[1] for line in seen} == {str(mention)}, seen

@@ -3,8 +3,8 @@ released, waited for, and its report read as what it is, a file in a folder wher
 
 The process itself is harness/ranks/models/preflight.py. The fixed loop's runs start it the moment the run's
 folder is ready, before the training job, held (`hold=True`): it enters its sandbox, sends its sandbox report
-and the static screen, and imports torch (the harness's own second on a small CPU; not its compiler, which no
-check that never compiles needs: harness/ranks/models/lazy_dynamo.py) while the launcher imports torch elastic and
+and the static screen, and imports torch (the harness's own second on a small CPU; its compiler only where the
+submission's files mention compiling: harness/ranks/models/lazy_dynamo.py) while the launcher imports torch elastic and
 the ranks start, on a core that would otherwise wait; its team code runs only
 once the launcher releases it, when every rank holds its connection (harness/launcher/run/check_phase.py).
 `harness check` and the open division start it released.

@@ -61,11 +61,9 @@ def defer_dynamo() -> int:
     for obj in gc.get_objects():  # functions are tracked by the collector: 290 wrappers among ~300k objects, 25 ms
         if type(obj) is types.FunctionType and obj.__code__ is code:
             fn = obj.__closure__[slot].cell_contents
-            if CACHE_ATTR not in getattr(fn, "__dict__", {}):
-                try:
-                    setattr(fn, CACHE_ATTR, fn)
-                except (AttributeError, TypeError):  # not a plain function: left to import dynamo when called
-                    continue
+            # a plain function only (its __dict__ can be written and cleared); anything else imports dynamo when called
+            if type(fn) is types.FunctionType and CACHE_ATTR not in fn.__dict__:
+                fn.__dict__[CACHE_ATTR] = fn
                 marked.append(fn)
     _finder = _Unmark(marked)
     sys.meta_path.insert(0, _finder)
@@ -81,7 +79,7 @@ def _unmark(finder: _Unmark) -> None:
     marked, finder.marked = finder.marked, []
     for fn in marked:
         if fn.__dict__.get(CACHE_ATTR) is fn:  # ours: a disabled function dynamo cached since is its own
-            del fn.__dict__[CACHE_ATTR]
+            fn.__dict__.pop(CACHE_ATTR, None)
 
 
 def _wrapper_code(torch) -> types.CodeType | None:

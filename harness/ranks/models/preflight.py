@@ -44,25 +44,30 @@ def run_checks(request: dict) -> dict:
     return report
 
 
-def _import_torch():
-    """torch, without its compiler unless team code compiles: the meta device's reference operations, the FLOP
-    counter and every optimizer's constructor would import dynamo on their first call, 0.9 CPU-seconds that a check
-    never compiling has no use for (harness/ranks/models/lazy_dynamo.py). The FLOP counter first: torch wraps each dispatch
-    mode's class as it is made, and only the wrappers made by then are spared the import."""
+def _import_torch(compiles: bool):
+    """torch, and its compiler only where the submission's files mention compiling (the ranks' rule:
+    harness/submission/screen.py `mentions_compile`), where it is imported now, before team code, as the ranks do.
+    Elsewhere the meta device's reference operations, the FLOP counter and every optimizer's constructor would import
+    it on their first call, 0.9 CPU-seconds that a check never compiling has no use for
+    (harness/ranks/models/lazy_dynamo.py). The FLOP counter first: torch wraps each dispatch mode's class as it is
+    made, and only the wrappers made by then are spared the import."""
     import torch
     import torch.utils.flop_counter  # noqa: F401
 
-    from harness.ranks.models.lazy_dynamo import defer_dynamo
+    if compiles:
+        import torch._dynamo  # noqa: F401
+    else:
+        from harness.ranks.models.lazy_dynamo import defer_dynamo
 
-    defer_dynamo()
+        defer_dynamo()
     return torch
 
 
-def held_until_released(hold_fd: int) -> bool:
+def held_until_released(hold_fd: int, compiles: bool) -> bool:
     """Started before the training job beside it (harness/launcher/run/check_process.py): the harness's own imports
-    first, torch, while the launcher and the ranks start; then no team code until the launcher's word on `hold_fd`.
-    False where the launcher closed it without a word."""
-    _import_torch()
+    first, torch (and its compiler where `compiles`), while the launcher and the ranks start; then no team code until
+    the launcher's word on `hold_fd`. False where the launcher closed it without a word."""
+    _import_torch(compiles)
 
     try:
         word = os.read(hold_fd, 2)
@@ -101,12 +106,15 @@ def main(argv: list[str]) -> None:
     if pipe is not None:
         with pipe:
             pipe.write(json.dumps({"screen": request["screen"]}).encode() + b"\n")
-    if len(argv) > 4 and not held_until_released(int(argv[4])):
+    from harness.submission.screen import mentions_compile
+
+    compiles = mentions_compile(Path(request["submission_dir"]))  # the team's files read as bytes, none run
+    if len(argv) > 4 and not held_until_released(int(argv[4]), compiles):
         return  # never released: the launcher wants no check (its run ended first); no team code ran
     try:
         if not box.active and request.get("sandbox") == "required":
             raise RuntimeError(f"the track requires the sandbox and it is not available here: {box.why}")
-        torch = _import_torch()
+        torch = _import_torch(compiles)
         from harness.ranks.process import deterministic_compile
 
         deterministic_compile()  # as evaluation's model processes compile (harness/ranks/process.py)
