@@ -499,6 +499,35 @@ def test_a_check_that_takes_longer_than_its_limit_is_ended_and_said(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_check_that_outlives_its_kill_does_not_hold_the_launcher(tmp_path, monkeypatch):
+    """A process stuck in the kernel (a driver, a file system) does not die of SIGKILL yet: the launcher waits a
+    bounded time for it and goes on with the check's reason, the cgroup's end left to do the rest."""
+    from harness.launcher.run import check_process
+
+    monkeypatch.setattr(check_process, "CLOSE_WAIT_S", 0.5)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "submission.py").write_text("import time\ntime.sleep(600)\n")
+    check = check_process.CheckProcess(tmp_path / "sub", vocab_size=64, device="cpu", seed=1, precision="float32",
+                                       log_path=tmp_path / "check.log", timeout_s=3.0)
+    proc, real_wait, killed = check.proc, check.proc.wait, []
+
+    def stuck_wait(timeout=None):
+        if not killed:
+            return real_wait(timeout=timeout)
+        assert timeout is not None, "the launcher waited without a bound for a process that may never end"
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+
+    proc.kill, proc.wait = (lambda: killed.append(True)), stuck_wait  # SIGKILL not taken yet, as in the kernel
+    try:
+        report = check.finish()
+    finally:
+        real_wait(timeout=60)  # the cgroup's end killed it for real
+    assert killed and not report["ok"]
+    assert [p["problem"] for p in report["problems"]] == [
+        "checking the submission took more than 3 s (model build and one tiny step)"]
+
+
+@pytest.mark.slow
 def test_a_check_process_that_dies_before_reporting_is_said(tmp_path):
     from harness.launcher.run.check_process import run_preflight
 

@@ -330,14 +330,55 @@ def ended_how(returncode: int | None) -> str:
 
 def reap_children() -> None:
     """Collect the exit status of every finished child (adopted orphans included), so none lingers as a
-    zombie: the launcher after torch elastic's agent, a scorer after its model processes."""
-    while True:
+    zombie: the launcher after torch elastic's agent, a scorer after its model processes.
+
+    A child that a subprocess.Popen of this process still waits for is reaped by that Popen (its poll), never
+    here: another thread may be about to wait for it (the launcher's check process runs beside the training
+    job that calls this), and a status reaped behind a Popen's back is lost: Popen reads the ECHILD it gets
+    as exit code 0, so a check process that crashed would look as if it had ended well."""
+    import subprocess
+
+    zombies = _ended_children()
+    if not zombies and zombies is not None:
+        return  # the usual answer, in the scorer's rounds of 20 ms too: no walk over every object
+    waited = [o for o in gc.get_objects() if issubclass(type(o), subprocess.Popen) and o.returncode is None]
+    for proc in waited:
+        proc.poll()  # reaps it if it has ended, keeping the status where its owner reads it
+    claimed = {proc.pid for proc in waited}
+    if zombies is None:  # no /proc (not Linux): a blind wait only while no Popen could lose its status to it
+        while not claimed:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+        return
+    for pid in zombies - claimed:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped meanwhile (a Popen created since, or another thread)
+            pass
+
+
+def _ended_children() -> set[int] | None:
+    """This process's children that have ended and wait to be reaped (zombies), from /proc; None without it."""
+    me, found = os.getpid(), set()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == b"Z" and int(fields[1]) == me:
+            found.add(int(name))
+    return found
 
 
 def release_and_exit(code: int, *objects_to_drop: list) -> None:

@@ -129,7 +129,11 @@ class CheckProcess:
                     stopped = abort is not None and abort.is_set
                     if left_s <= 0.1 or stopped:
                         self.proc.kill()
-                        self.code, self.timed_out = self.proc.wait(), not stopped
+                        self.timed_out = not stopped
+                        try:
+                            self.code = self.proc.wait(timeout=CLOSE_WAIT_S)
+                        except subprocess.TimeoutExpired:  # stuck in the kernel: close() ends its cgroup
+                            self.code = None  # how it ended is not known; the reason is the timeout's (or the stop's)
                         break
         except BaseException:
             self.close()
