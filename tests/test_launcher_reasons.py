@@ -509,7 +509,7 @@ def test_a_check_that_outlives_its_kill_does_not_hold_the_launcher(tmp_path, mon
     (tmp_path / "sub" / "submission.py").write_text("import time\ntime.sleep(600)\n")
     check = check_process.CheckProcess(tmp_path / "sub", vocab_size=64, device="cpu", seed=1, precision="float32",
                                        log_path=tmp_path / "check.log", timeout_s=3.0)
-    proc, real_wait, killed = check.proc, check.proc.wait, []
+    proc, real_wait, real_kill, killed = check.proc, check.proc.wait, check.proc.kill, []
 
     def stuck_wait(timeout=None):
         if not killed:
@@ -521,7 +521,8 @@ def test_a_check_that_outlives_its_kill_does_not_hold_the_launcher(tmp_path, mon
     try:
         report = check.finish()
     finally:
-        real_wait(timeout=60)  # the cgroup's end killed it for real
+        real_kill()  # the cgroup's end killed it already, where there is one
+        real_wait(timeout=60)
     assert killed and not report["ok"]
     assert [p["problem"] for p in report["problems"]] == [
         "checking the submission took more than 3 s (model build and one tiny step)"]

@@ -1,13 +1,21 @@
-"""The launcher and the scorer collect every ended child, orphans adopted as a subreaper included, without taking
-a status that a subprocess.Popen still waits for (harness/ranks/process.py: reap_children)."""
+"""Every process that ends is collected, and every process that runs is ended: the launcher and the scorer reap
+every ended child (orphans adopted as a subreaper included) without taking a status a Popen still waits for
+(harness/ranks/process.py: reap_children), and a process whose main thread exited while another of its threads
+runs on (/proc shows it as a zombie) is found and killed with its children, by the scorer's kill_tree and by the
+launcher's teardown alike."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import textwrap
 import time
 
+import pytest
+
+from conftest import ROOT
 from harness.ranks.process import reap_children
 
 
@@ -41,3 +49,117 @@ def test_an_ended_child_that_nothing_waits_for_is_reaped():
         return
     os.waitpid(pid, 0)
     raise AssertionError("the ended child was left a zombie")
+
+
+def test_a_popen_that_never_forked_does_not_stop_the_reaping():
+    """A fork refused (a task cap) leaves a Popen without a pid, kept alive by the exception's traceback (the
+    elastic job keeps its error): the reaping passes it by and still collects what ended."""
+    try:
+        subprocess.Popen(["echo", "a\0b"])  # refused before its fork (as a fork at a task cap is)
+    except ValueError as exc:
+        kept = exc  # its traceback holds the Popen whose __init__ failed
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    _until_ended(pid)
+    reap_children()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    del kept
+
+
+UNDER_ITS_OWN_PID_NAMESPACE = """
+import os, subprocess, sys, time
+sys.path.insert(0, {root!r})
+from harness.ranks.process import reap_children
+assert os.readlink("/proc/self") != str(os.getpid()), "this /proc is the parent namespace's"
+proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+time.sleep(1.0)
+while True:  # both ended: the first to end is looked at first
+    reap_children()
+    try:
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            time.sleep(0.05)
+            continue
+    except ChildProcessError:
+        break
+    raise SystemExit("the ended child was left a zombie")
+print("popen", proc.wait(timeout=30))
+"""
+
+
+def test_under_a_pid_namespace_whose_proc_is_the_parents_the_reaping_still_works():
+    """`unshare -p` without a /proc of its own (a CI sandbox's): /proc's pids are not this process's, so the
+    reaping looks at ended children through waitid instead, and still leaves a Popen's to it."""
+    unshare = shutil.which("unshare")
+    assert unshare, "util-linux's unshare is needed (the Debian base system has it)"
+    script = UNDER_ITS_OWN_PID_NAMESPACE.format(root=str(ROOT))
+    out = subprocess.run([unshare, "--user", "--map-root-user", "--pid", "--fork", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["popen", "3"], out.stdout + out.stderr
+
+
+# A process C below the one that is ended (M): C leaves M's session, starts D in a session of its own, then ends
+# its main thread alone while another thread runs on. /proc shows C as a zombie; C and D run.
+MAIN_THREAD_ENDS_FIRST = """
+import ctypes, os, sys, threading, time
+sys.path.insert(0, {root!r})
+r, w = os.pipe()
+m = os.fork()
+if m == 0:
+    os.setsid()
+    c = os.fork()
+    if c == 0:
+        os.setsid()
+        d = os.fork()
+        if d == 0:
+            time.sleep(60); os._exit(0)
+        os.write(w, f"{{os.getpid()}} {{d}}\\n".encode())
+        threading.Thread(target=lambda: time.sleep(60)).start()
+        ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the main thread alone
+    time.sleep(60); os._exit(0)
+c, d = map(int, os.read(r, 100).split())
+while open(f"/proc/{{c}}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.01)
+{end}
+time.sleep(0.5)
+def state(pid):  # "Z": ended, its parent yet to collect it; "Z+threads": its main thread alone ended
+    try:
+        st = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0]
+        return st + "+threads" if st == "Z" and len(os.listdir(f"/proc/{{pid}}/task")) > 1 else st
+    except OSError:
+        return "gone"
+print(state(c), state(d))
+for pid in (c, d, m):
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+"""
+
+
+def _survivors(end: str) -> list[str]:
+    script = MAIN_THREAD_ENDS_FIRST.format(root=str(ROOT), end=textwrap.dedent(end).strip())
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [s for s in out.stdout.split() if s not in ("gone", "Z")]
+
+
+def test_the_scorer_kills_a_process_whose_main_thread_ended_first_and_what_it_started():
+    """The scoring model process's descendants must all be gone before the check process exists."""
+    assert _survivors("""
+        from harness.scoring.workers import become_subreaper, kill_tree
+        become_subreaper()
+        kill_tree(m, m, timeout_s=10)
+    """) == [], "a process the model started outlived kill_tree"
+
+
+def test_the_launchers_teardown_kills_a_process_whose_main_thread_ended_first_and_what_it_started():
+    assert _survivors("""
+        from harness.launcher.control.process_tree import become_subreaper, terminate_descendants
+        become_subreaper()
+        terminate_descendants(grace_s=0.5)
+    """) == [], "a process of the job outlived the teardown"

@@ -332,28 +332,33 @@ def reap_children() -> None:
     """Collect the exit status of every finished child (adopted orphans included), so none lingers as a
     zombie: the launcher after torch elastic's agent, a scorer after its model processes.
 
-    A child that a subprocess.Popen of this process still waits for is reaped by that Popen (its poll), never
-    here: another thread may be about to wait for it (the launcher's check process runs beside the training
-    job that calls this), and a status reaped behind a Popen's back is lost: Popen reads the ECHILD it gets
-    as exit code 0, so a check process that crashed would look as if it had ended well."""
-    import subprocess
-
+    A child that a Popen of this process still waits for (subprocess's, or multiprocessing's where it is loaded) is
+    reaped by that Popen (its poll), never here: another thread may be about to wait for it (the launcher's check
+    process runs beside the training job that calls this), and a status reaped behind a Popen's back is lost:
+    subprocess reads the ECHILD it then gets as exit code 0, so a check process that crashed would look as if it
+    had ended well. (One window stays: a Popen made in another thread between its fork and its pid's assignment.)"""
     zombies = _ended_children()
     if not zombies and zombies is not None:
         return  # the usual answer, in the scorer's rounds of 20 ms too: no walk over every object
-    waited = [o for o in gc.get_objects() if issubclass(type(o), subprocess.Popen) and o.returncode is None]
+    waited = _live_popens()
     for proc in waited:
-        proc.poll()  # reaps it if it has ended, keeping the status where its owner reads it
+        try:
+            proc.poll()  # reaps it if it has ended, keeping the status where its owner reads it
+        except Exception:  # noqa: BLE001  (its owner's to read; nothing of it is this function's to raise)
+            pass
     claimed = {proc.pid for proc in waited}
-    if zombies is None:  # no /proc (not Linux): a blind wait only while no Popen could lose its status to it
-        while not claimed:
+    if zombies is None:  # no /proc of this process's own: one ended child at a time, looked at before it is reaped
+        while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
-                return
-        return
+            if ended is None or ended.si_pid in claimed:
+                return  # none ended, or the first is a Popen's (its owner takes it; the rest wait for the next call)
+            try:
+                os.waitpid(ended.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
     for pid in zombies - claimed:
         try:
             os.waitpid(pid, os.WNOHANG)
@@ -361,24 +366,58 @@ def reap_children() -> None:
             pass
 
 
-def _ended_children() -> set[int] | None:
-    """This process's children that have ended and wait to be reaped (zombies), from /proc; None without it."""
-    me, found = os.getpid(), set()
+def _live_popens() -> list:
+    """Every Popen of this process whose child it has not yet reaped. One whose __init__ failed before its fork
+    (a fork refused at a task cap) has no pid: it holds no child, and is left out."""
+    import subprocess
+
+    kinds: tuple = (subprocess.Popen,)
+    forked = sys.modules.get("multiprocessing.popen_fork")
+    if forked is not None:
+        kinds += (forked.Popen,)
+    return [o for o in gc.get_objects() if issubclass(type(o), kinds) and getattr(o, "returncode", 0) is None
+            and isinstance(getattr(o, "pid", None), int)]
+
+
+def thread_group_lives(pid: int) -> bool:
+    """Whether a process that /proc shows as a zombie still runs: its main thread has exited and another of its
+    threads has not. /proc shows the main thread's state, but the process runs code, holds files and starts
+    processes as any other, and a SIGKILL to its pid ends it; waitpid cannot reap it yet."""
     try:
-        names = os.listdir("/proc")
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
+def _ended_children() -> set[int] | None:
+    """This process's children that have ended and wait to be reaped (zombies); None where /proc is not this
+    process's own (absent, or a PID namespace's whose /proc is the parent's: its pids are not ours) or does not
+    list children."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+        tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
-    for name in names:
-        if not name.isdigit():
-            continue
+    children: set[int] = set()
+    for task in tasks:  # each thread's own: a child is its creating thread's, an adopted orphan the main thread's
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/self/task/{task}/children") as f:
+                children.update(int(pid) for pid in f.read().split())
+        except FileNotFoundError:
+            return None  # a kernel without the list (CONFIG_PROC_CHILDREN)
+        except OSError:  # the thread has ended meanwhile
+            pass
+    ended = set()
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if fields[0] == b"Z" and int(fields[1]) == me:
-            found.add(int(name))
-    return found
+        if state == b"Z" and not thread_group_lives(pid):
+            ended.add(pid)
+    return ended
 
 
 def release_and_exit(code: int, *objects_to_drop: list) -> None:

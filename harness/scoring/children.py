@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from harness.ranks.confine import scratch
+from harness.ranks.process import thread_group_lives
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -20,13 +21,19 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[3])
 
 
+def runs(pid: int, state: str) -> bool:
+    """Not ended, by its state in /proc: a zombie whose other threads still run is running (thread_group_lives)."""
+    return state not in ("Z", "X") or (state == "Z" and thread_group_lives(pid))
+
+
 def descendants(root: int) -> dict[int, int]:
-    """Every live (not zombie) process below `root`, found by parent pid in /proc: {pid: parent pid}."""
+    """Every live process below `root` (not a zombie, unless its other threads run on: `runs`), found by parent pid in
+    /proc: {pid: parent pid}."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             st = _proc_stat(int(d))
-            if st and st[0] not in ("Z", "X"):
+            if st and runs(int(d), st[0]):
                 children.setdefault(st[1], []).append(int(d))
     found: dict[int, int] = {}
     todo = [root]

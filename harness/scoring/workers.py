@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from harness.ranks import interpreter
 from harness.ranks.confine import sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV, reap_children
-from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree  # noqa: F401
+from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree, runs  # noqa: F401
 from harness.ranks.models.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def _dying(pid: int) -> bool:
 
 def _still_child_of(pid: int, parents: set[int]) -> bool:
     st = _proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X") and st[1] in parents
+    return st is not None and runs(pid, st[0]) and st[1] in parents
 
 
 def _kill_if_still(pid: int, parents: set[int]) -> bool:
@@ -126,7 +126,7 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
         for pid, parent in targets.items():
             # its parent as found, or this process (a subreaper) once that parent died
             st = _proc_stat(pid) if pid in found else None
-            if _kill_if_still(pid, {parent, me}) or (st is not None and st[0] not in ("Z", "X")):
+            if _kill_if_still(pid, {parent, me}) or (st is not None and runs(pid, st[0])):
                 alive.add(pid)  # signalled, or still ours and moved under another parent: another round
         reap_children()
         first = False

@@ -18,6 +18,8 @@ from typing import Callable
 
 import psutil
 
+from harness.ranks.process import thread_group_lives
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -78,8 +80,9 @@ def descendants() -> list[psutil.Process]:
 
 
 def _alive(proc: psutil.Process) -> bool:
+    """Running, or a zombie whose other threads run on (its main thread exited first): that one runs code too."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return proc.is_running() and (proc.status() != psutil.STATUS_ZOMBIE or thread_group_lives(proc.pid))
     except psutil.Error:
         return False
 

@@ -63,6 +63,7 @@ class CheckProcess:
         self.proc: subprocess.Popen | None = None
         self._closed = False
         self._finishing = False  # finish() has waited: it reads the folder after close()
+        self._waited_out = False  # finish() waited CLOSE_WAIT_S for a killed process in vain
         self.code: int | None = None
         self.timed_out = False
         self._drain: _Drain | None = None
@@ -87,7 +88,7 @@ class CheckProcess:
             self._t_start = time.monotonic()
             drain = _Drain(self._box_read)  # read as it is written: a report past the pipe's 64 KiB must not block
             drain.start()
-            self._drain = drain
+            self._drain, self._box_read = drain, -1  # the drain's to close, once its read returns
         except BaseException:
             self.close()
             raise
@@ -133,7 +134,7 @@ class CheckProcess:
                         try:
                             self.code = self.proc.wait(timeout=CLOSE_WAIT_S)
                         except subprocess.TimeoutExpired:  # stuck in the kernel: close() ends its cgroup
-                            self.code = None  # how it ended is not known; the reason is the timeout's (or the stop's)
+                            self._waited_out = True  # how it ended is not known yet; the reason is the timeout's
                         break
         except BaseException:
             self.close()
@@ -155,10 +156,13 @@ class CheckProcess:
             if self.scope is not None:
                 self.scope.close()
             if self.proc is not None:
-                try:  # ended with the scope: its status; one stuck in the kernel (a driver, a file system) is left
-                    self.proc.wait(timeout=CLOSE_WAIT_S)
+                try:  # ended with the scope: its status; one stuck in the kernel (a driver, a file system) is left,
+                    # after a short look where finish() already waited its bound for it
+                    self.proc.wait(timeout=1.0 if self._waited_out else CLOSE_WAIT_S)
                 except subprocess.TimeoutExpired:
                     pass
+                if self.code is None and self._finishing:
+                    self.code = self.proc.returncode  # it ended with the scope after all: how, said
             if self._drain is not None:
                 self._drain.join(timeout=5.0)  # the process and all it started are gone: the writers are closed
         finally:
@@ -313,7 +317,9 @@ def bound_report(report: dict) -> tuple[dict, str]:
 class _Drain(threading.Thread):
     """The check process's report pipe, read while the process runs (it writes the sandbox report and the
     screen before any team code, then closes it). Kept up to PIPE_MAX_BYTES; the rest is read and dropped,
-    so the writer never blocks on a full pipe."""
+    so the writer never blocks on a full pipe. The thread closes the pipe itself when its read ends: closed
+    under a read still waiting (a writer stuck in the kernel past close()'s join), the number would be reused by
+    the launcher's next file, and the read that then returned would take that file's bytes."""
 
     def __init__(self, fd: int):
         super().__init__(name="harness-check-pipe", daemon=True)
@@ -325,8 +331,10 @@ class _Drain(threading.Thread):
                 if self.size < PIPE_MAX_BYTES:
                     self.chunks.append(chunk)
                     self.size += len(chunk)
-        except OSError:  # closed under it after a join that timed out: what was read is what there is
+        except OSError:
             pass
+        finally:
+            os.close(self.fd)
 
     def data(self) -> bytes:
         return b"".join(self.chunks)[:PIPE_MAX_BYTES]
