@@ -72,6 +72,52 @@ def test_everything_a_joined_process_starts_ends_with_the_cgroup_however_fast_it
     assert cg.close() == [], "closing twice is harmless"
 
 
+# A process that joins the cgroup, starts a child, then ends its main thread alone while another thread runs on:
+# /proc shows it as a zombie, and cgroup.kill passed it over (Linux 6.18).
+JOIN_THEN_END_THE_MAIN_THREAD = r"""
+import ctypes, os, sys, threading, time
+from harness.ranks.confine import cgroup
+joined = cgroup.join_from_environment()["active"]
+if not joined:
+    print(False, flush=True)
+    sys.exit(1)
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(True, child, flush=True)
+threading.Thread(target=lambda: time.sleep(60)).start()
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the main thread alone
+"""
+
+
+def test_a_process_whose_main_thread_ended_first_ends_with_the_cgroup():
+    cg = JobCgroup("test")
+    assert cg.active, f"this machine (as CI's) offers a cgroup v2 of the job's own: {cg.why}"
+    path = Path(cg.env()[job_cgroup.ENV])
+    proc = subprocess.Popen([sys.executable, "-c", JOIN_THEN_END_THE_MAIN_THREAD], env={**os.environ, **cg.env()},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        joined, child = proc.stdout.readline().split()
+        assert joined == "True", "the process could not join the cgroup"
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "its main thread never ended"
+            time.sleep(0.01)
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2, "one thread runs on"
+        ended = cg.close()
+        assert proc.wait(timeout=10) == -9 and proc.pid in ended
+        try:  # gone, or ended and not yet collected by whoever adopted it
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "gone"
+        assert state in ("gone", "Z"), "its child outlived the cgroup"
+        assert not path.exists(), "the cgroup is removed once empty"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_cgroup_left_by_a_launcher_killed_outright_is_ended_by_the_next(tmp_path):
     """A launcher killed by SIGKILL runs no teardown: its job's cgroup stays populated. The next JobCgroup on the
     host ends it, and leaves alone the cgroups of launchers that are alive (this one's)."""
