@@ -91,7 +91,20 @@ ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the main thread alone
 """
 
 
-def test_a_process_whose_main_thread_ended_first_ends_with_the_cgroup():
+def test_a_process_whose_main_thread_ended_first_ends_with_the_cgroup(monkeypatch):
+    """cgroup.kill passes over it (Linux 6.18): it is frozen first, so it starts nothing while the launcher lists the
+    cgroup and kills what is left one by one."""
+    listed_frozen = []
+    kill_members = job_cgroup._kill_members
+
+    def seen_frozen(path):
+        deadline = time.monotonic() + 30  # the freeze takes each task as it is next scheduled: on a busy machine, late
+        while "frozen 1" not in (path / "cgroup.events").read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        listed_frozen.append("frozen 1" in (path / "cgroup.events").read_text())
+        kill_members(path)
+
+    monkeypatch.setattr(job_cgroup, "_kill_members", seen_frozen)
     cg = JobCgroup("test")
     assert cg.active, f"this machine (as CI's) offers a cgroup v2 of the job's own: {cg.why}"
     path = Path(cg.env()[job_cgroup.ENV])
@@ -107,6 +120,7 @@ def test_a_process_whose_main_thread_ended_first_ends_with_the_cgroup():
         assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2, "one thread runs on"
         ended = cg.close()
         assert proc.wait(timeout=10) == -9 and proc.pid in ended
+        assert listed_frozen and all(listed_frozen), "what cgroup.kill passed over ran on while the cgroup was listed"
         try:  # gone, or ended and not yet collected by whoever adopted it
             state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
@@ -116,6 +130,31 @@ def test_a_process_whose_main_thread_ended_first_ends_with_the_cgroup():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_thread_moved_alone_into_a_cgroup_ends_with_it():
+    """A process whose main thread has exited, written into another cgroup, moves its running thread alone: that
+    cgroup then lists it in cgroup.threads only, and is populated with an empty cgroup.procs."""
+    first, second = JobCgroup("test"), JobCgroup("test")
+    assert first.active and second.active, f"this machine (as CI's) offers a cgroup v2 of the job's own: {first.why}"
+    proc = subprocess.Popen([sys.executable, "-c", JOIN_THEN_END_THE_MAIN_THREAD], env={**os.environ, **first.env()},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().split()[0] == "True", "the process could not join the cgroup"
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "its main thread never ended"
+            time.sleep(0.01)
+        target = Path(second.env()[job_cgroup.ENV])
+        (target / "cgroup.procs").write_text(str(proc.pid))
+        assert (target / "cgroup.procs").read_text().split() == [] and (target / "cgroup.threads").read_text().split()
+        second.close()
+        assert proc.wait(timeout=10) == -9
+        assert not target.exists(), "the cgroup is removed once empty"
+    finally:
+        proc.kill()
+        proc.wait()
+        first.close()
 
 
 def test_a_cgroup_left_by_a_launcher_killed_outright_is_ended_by_the_next(tmp_path):

@@ -163,3 +163,27 @@ def test_the_launchers_teardown_kills_a_process_whose_main_thread_ended_first_an
         become_subreaper()
         terminate_descendants(grace_s=0.5)
     """) == [], "a process of the job outlived the teardown"
+
+
+def test_a_process_whose_main_thread_ended_first_is_not_taken_for_one_that_is_dying():
+    """kill_tree gives a process that is only dying (a GPU context torn down) 120 s more; one whose main thread
+    exited while another runs on carries the exit flag too, and is not dying until its threads are told to die."""
+    from harness.scoring.workers import _dying
+
+    pid = os.fork()
+    if pid == 0:
+        import ctypes
+        import threading
+
+        threading.Thread(target=lambda: time.sleep(60)).start()
+        ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the main thread alone
+    try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(f"/proc/{pid}/task")) != 2 or \
+                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "its main thread never ended"
+            time.sleep(0.01)
+        assert not _dying(pid), "a process that runs on was taken for one that is dying"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

@@ -373,10 +373,11 @@ def _live_popens() -> list:
 
     kinds: tuple = (subprocess.Popen,)
     forked = sys.modules.get("multiprocessing.popen_fork")
-    if forked is not None:
+    if forked is not None:  # its own children (fork, spawn); a forkserver's are the server's, and polled over a pipe
         kinds += (forked.Popen,)
     return [o for o in gc.get_objects() if issubclass(type(o), kinds) and getattr(o, "returncode", 0) is None
-            and isinstance(getattr(o, "pid", None), int)]
+            and isinstance(getattr(o, "pid", None), int)
+            and (forked is None or not issubclass(type(o), forked.Popen) or type(o).poll is forked.Popen.poll)]
 
 
 def thread_group_lives(pid: int) -> bool:
@@ -396,16 +397,16 @@ def _ended_children() -> set[int] | None:
     try:
         if os.readlink("/proc/self") != str(os.getpid()):
             return None
+        if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children"):
+            return None  # a kernel without the list (CONFIG_PROC_CHILDREN)
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
     children: set[int] = set()
-    for task in tasks:  # each thread's own: a child is its creating thread's, an adopted orphan the main thread's
+    for task in tasks:  # each thread's own: a child is its creating thread's, an adopted orphan some live thread's
         try:
             with open(f"/proc/self/task/{task}/children") as f:
                 children.update(int(pid) for pid in f.read().split())
-        except FileNotFoundError:
-            return None  # a kernel without the list (CONFIG_PROC_CHILDREN)
         except OSError:  # the thread has ended meanwhile
             pass
     ended = set()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from harness.ranks import interpreter
 from harness.ranks.confine import sandbox, scratch
-from harness.ranks.process import MODEL_PROCESS_ENV, reap_children
+from harness.ranks.process import MODEL_PROCESS_ENV, reap_children, thread_group_lives
 from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree, runs  # noqa: F401
 from harness.ranks.models.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
 
@@ -58,14 +58,21 @@ def _dying(pid: int) -> bool:
     (delivered as soon as it leaves the kernel). A GPU's driver can take many seconds to tear a large
     CUDA context down in that state."""
     try:
+        if thread_group_lives(pid):  # its main thread has exited (and says PF_EXITING) while others run on: each
+            tasks = [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]  # of those must be told to die
+            return all(_kill_pending(f"/proc/{pid}/task/{t}/status") for t in tasks)
         with open(f"/proc/{pid}/stat") as f:
             flags = int(f.read().rsplit(")", 1)[1].split()[6])
         if flags & PF_EXITING:
             return True
-        with open(f"/proc/{pid}/status") as f:
-            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+        return _kill_pending(f"/proc/{pid}/status")
     except (OSError, IndexError, ValueError):
         return False  # gone (the next scan says so) or unreadable: not known to be dying
+
+
+def _kill_pending(status: str) -> bool:
+    with open(status) as f:
+        masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
     return any(m & SIGKILL_PENDING for m in masks)
 
 

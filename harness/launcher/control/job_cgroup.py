@@ -71,36 +71,64 @@ def _start_ticks(pid: int) -> str:
 def _members(path: Path) -> list[int]:
     """Every process in the cgroup and in any cgroup below it."""
     pids: set[int] = set()
-    for procs in [path / "cgroup.procs", *path.glob("**/cgroup.procs")]:
+    for folder in _cgroup_dirs(path):
         try:
-            pids.update(int(x) for x in procs.read_text().split())
+            pids.update(int(x) for x in (folder / "cgroup.procs").read_text().split())
         except (OSError, ValueError):
             continue
     return sorted(pids)
 
 
-def _kill_members(path: Path) -> None:
-    """SIGKILL each process still listed in the cgroup or below it, one by one. cgroup.kill passes over a process
-    whose main thread has exited while another of its threads runs on (Linux 6.18 left one running, the cgroup
-    populated, measured); a kill to its pid ends it. Each is pinned by a pidfd and then found in the cgroup again,
-    so a pid freed and taken by a process outside it meanwhile is never signalled."""
-    for procs in [path / "cgroup.procs", *path.glob("**/cgroup.procs")]:
+def _cgroup_dirs(path: Path) -> list[Path]:
+    """The cgroup and every cgroup below it, each once."""
+    return [path, *(p for p in path.glob("**/") if p != path)]
+
+
+def _listed(folder: Path) -> set[int]:
+    """The processes a cgroup lists: its cgroup.procs, and the process of each thread in its cgroup.threads (a
+    thread moved alone lists its process nowhere else there)."""
+    found: set[int] = set()
+    for name in ("cgroup.procs", "cgroup.threads"):
         try:
-            listed = [int(x) for x in procs.read_text().split()]
-        except (OSError, ValueError):
+            ids = [int(x) for x in (folder / name).read_text().split()]
+        except (OSError, ValueError):  # gone; or a threaded cgroup's cgroup.procs (EOPNOTSUPP)
             continue
+        if name == "cgroup.procs":
+            found.update(ids)
+            continue
+        for tid in ids:
+            try:
+                with open(f"/proc/{tid}/status") as f:
+                    found.update(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _kill_members(path: Path) -> None:
+    """SIGKILL each process the cgroup (or one below it) still lists, one by one. cgroup.kill passes over a process
+    whose main thread has exited while another of its threads runs on (Linux 6.18 left one running, the cgroup
+    populated, measured); a kill to its pid ends it. Each is pinned by a pidfd and then found listed again, so a
+    pid freed and taken by a process outside the cgroup meanwhile is never signalled."""
+    folders = _cgroup_dirs(path)
+    listed = set().union(*(_listed(f) for f in folders))
+    pinned: dict[int, int] = {}
+    try:
         for pid in listed:
             try:
-                fd = os.pidfd_open(pid)
+                pinned[pid] = os.pidfd_open(pid)
             except OSError:  # gone; or no pidfd (Linux < 5.3, which has no cgroup.kill either)
                 continue
-            try:
-                if str(pid) in procs.read_text().split():  # the pinned process is the one listed (or already dead)
+        still = set().union(*(_listed(f) for f in folders))  # after the pins: a listed pid is the pinned process
+        for pid, fd in pinned.items():
+            if pid in still:
+                try:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-            finally:
-                os.close(fd)
+                except OSError:
+                    pass
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
 
 
 def _populated(path: Path) -> bool:
@@ -116,6 +144,12 @@ def end(path: Path, within_s: float = EMPTY_WITHIN_S) -> tuple[list[int], str]:
     """SIGKILL everything in the cgroup at once, wait until it is empty, remove it (and any cgroup below it).
     Returns the pids that were in it and "" or why it could not be emptied or removed."""
     pids = _members(path)
+    try:
+        # Frozen first: a process that cgroup.kill passes over (_kill_members) cannot start another meanwhile, and a
+        # process forked while the freeze spreads is born frozen. SIGKILL ends frozen processes.
+        (path / "cgroup.freeze").write_text("1")
+    except OSError:  # no freezer (Linux < 5.2, which has no cgroup.kill either), or the cgroup is gone: the kill says
+        pass
     try:
         (path / "cgroup.kill").write_text("1")
     except FileNotFoundError:

@@ -86,9 +86,14 @@ class CheckProcess:
                                              pass_fds=(box_write,) + ((hold_read,) if hold else ()))
             self.scope.own(self.proc.pid)  # a job started beside it never ends it (process_tree._OWNED)
             self._t_start = time.monotonic()
-            drain = _Drain(self._box_read)  # read as it is written: a report past the pipe's 64 KiB must not block
-            drain.start()
-            self._drain, self._box_read = drain, -1  # the drain's to close, once its read returns
+            drain, box_read = _Drain(self._box_read), self._box_read  # read as it is written: a report past the
+            self._box_read = -1  # pipe's 64 KiB must not block; the drain's to close, once its read returns
+            try:
+                drain.start()
+            except BaseException:
+                os.close(box_read)
+                raise
+            self._drain = drain
         except BaseException:
             self.close()
             raise
