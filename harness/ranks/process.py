@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Collection
 
 # Bound at import, before any submission code runs: monkeypatching time.perf_counter later
 # cannot slow the harness's own clock.
@@ -328,7 +329,7 @@ def ended_how(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-def reap_children() -> None:
+def reap_children(unclaimed: Collection[int] = ()) -> None:
     """Collect the exit status of every finished child (adopted orphans included), so none lingers as a
     zombie: the launcher after torch elastic's agent, a scorer after its model processes.
 
@@ -336,8 +337,17 @@ def reap_children() -> None:
     reaped by that Popen (its poll), never here: another thread may be about to wait for it (the launcher's check
     process runs beside the training job that calls this), and a status reaped behind a Popen's back is lost:
     subprocess reads the ECHILD it then gets as exit code 0, so a check process that crashed would look as if it
-    had ended well. (One window stays: a Popen made in another thread between its fork and its pid's assignment.)"""
+    had ended well. (One window stays: a Popen made in another thread between its fork and its pid's assignment.)
+    `unclaimed`: pids the caller knows no Popen of this process holds (what the scorer's kill_tree found below its
+    model process): those are reaped without the walk over every object that finding the Popens takes."""
     zombies = _ended_children()
+    if zombies:
+        for pid in zombies.intersection(unclaimed):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        zombies.difference_update(unclaimed)
     if not zombies and zombies is not None:
         return  # the usual answer, in the scorer's rounds of 20 ms too: no walk over every object
     waited = _live_popens()

@@ -120,9 +120,11 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
     me = os.getpid()
     deadline = time.monotonic() + timeout_s
     first = True
+    below: set[int] = set()  # every process found below the leader: none is a Popen of this process (the leader may be)
     while True:
         found = descendants(me)
         targets = {pid: parent for pid, parent in found.items() if pid not in keep}
+        below.update(pid for pid in targets if pid != leader)
         targets.setdefault(leader, me)  # gone from /proc: killed only if still our own child (a copy's is not)
         if session is not None and first:  # before the first reap: the leader's session id is still its own
             try:
@@ -135,7 +137,7 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
             st = _proc_stat(pid) if pid in found else None
             if _kill_if_still(pid, {parent, me}) or (st is not None and runs(pid, st[0])):
                 alive.add(pid)  # signalled, or still ours and moved under another parent: another round
-        reap_children()
+        reap_children(unclaimed=below)
         first = False
         if not alive:
             return
