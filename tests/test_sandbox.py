@@ -389,6 +389,29 @@ def test_proc_is_called_hardened_only_hidden_from_what_it_cannot_trace_and_read_
     assert said(good, sys_ro, sysrq_ro, f"25 1 0:8 / {p}/sys/fs/binfmt_misc rw - binfmt_misc x rw") == ""
 
 
+def test_a_namespace_holder_that_outlives_its_kill_does_not_hold_the_launcher(monkeypatch):
+    """A holder stuck in the kernel (a file system) takes no SIGKILL yet: the launcher waits a bounded time, says so in
+    `unended` (the record's notes), and never reads its pipe (that read would wait for it)."""
+    from harness.launcher.control import job_namespace
+
+    monkeypatch.setattr(job_namespace, "END_WITHIN_S", 0.5)
+    holder = job_namespace.JobNamespace()
+    proc, real_wait = holder.proc, holder.proc.wait
+    assert holder.active, holder.why
+
+    def stuck_wait(timeout=None):
+        assert timeout is not None, "the launcher waited without a bound for a holder that may never end"
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+
+    proc.poll, proc.kill, proc.wait = (lambda: None), (lambda: None), stuck_wait  # as one stuck in the kernel
+    try:
+        holder.end_job()
+        assert f"the job's namespace holder (pid {proc.pid}) had not ended 0 s after SIGKILL" in holder.unended
+    finally:
+        os.kill(proc.pid, 9)
+        real_wait(timeout=60)
+
+
 def test_the_job_namespaces_proc_is_hardened_for_the_ranks_that_join_it():
     """The training job's PID 1 mounts the job's /proc as private_proc wants it (harness/launcher/control/
     namespace_holder.py): a process that joins the job as a rank does, its capabilities dropped, finds it hardened

@@ -169,7 +169,10 @@ class JobNamespace:
             time.sleep(0.02)
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=END_WITHIN_S)
+            except subprocess.TimeoutExpired:  # the holder itself stuck in the kernel: said below, and not waited for
+                pass
         # Past the bound (a process the kernel cannot end at once: stuck in a file system, a large GPU context being
         # freed), PID 1 is the launcher's now, still dying: it and what it waits for are reaped as they end, within a
         # second bound; what is left after it is said (`unended`) and reaped by whoever adopts it next.
@@ -179,7 +182,11 @@ class JobNamespace:
         if left:
             self.unended = (f"{left} process(es) of the job's PID namespace still dying {2 * END_WITHIN_S:.0f} s after "
                             "the job ended")
-        if self.proc.stdout is not None:
+        if self.proc.poll() is None:  # its pipe is not read either: the read would wait for it
+            self.unended = "; ".join(filter(None, [self.unended, f"the job's namespace holder (pid {self.proc.pid}) had "
+                                                   f"not ended {END_WITHIN_S:.0f} s after SIGKILL"]))
+            self.proc.stdout.close()
+        elif self.proc.stdout is not None:
             said = self.proc.stdout.read(4000).decode(errors="replace")  # it has exited: what is left, then EOF
             self.proc.stdout.close()
             lost = [line[len(LOST):] for line in said.splitlines() if line.startswith(LOST)]
