@@ -250,6 +250,22 @@ def test_processes_a_submission_leaves_behind_are_ended(cli, tmp_path):
     assert_clean(record, tmp_path, cli)
 
 
+@pytest.mark.slow
+def test_processes_a_model_process_leaves_behind_in_evaluation_are_ended_and_said(cli, tmp_path):
+    """Training's teardown says what it ended; so does the scorer, for each model process (an honest run says
+    nothing: every other test's run would carry the note)."""
+    result = run_fixture(cli, "leaves_processes_in_eval", track=quick_track(tmp_path))
+    assert result.code == 0, result.err
+    _, record = only_record(tmp_path / "runs")
+    assert record["status"] == "ok", record["reason"]
+    said = [n for n in record["notes"] if n.startswith("evaluation: the ")]
+    assert said == ["evaluation: the scoring model process's code had 1 process(es) running when it was ended; "
+                    "the scorer ended them",
+                    "evaluation: the check model process's code had 1 process(es) running when it was ended; "
+                    "the scorer ended them"], record["notes"]
+    assert_clean(record, tmp_path, cli)
+
+
 def _heard(udp, within_s: float) -> list[bytes]:
     """What came on the socket within within_s."""
     got, deadline = [], time.monotonic() + within_s

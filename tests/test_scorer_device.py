@@ -29,7 +29,7 @@ class StandIn:
     made: list["StandIn"] = []
 
     def __init__(self, *, setup, buffer_bytes, log_dir, protected, template=None, scratch_dir=None):
-        self.setup, self.exposed, self.log_path, self.rows = setup, [], None, 0
+        self.setup, self.exposed, self.log_path, self.rows, self.left_running = setup, [], None, 0, 0
         self.returned: list[torch.Tensor] = []
         StandIn.made.append(self)
 

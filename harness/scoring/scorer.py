@@ -219,6 +219,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
     elapsed = perf_counter() - t_score
     exposed = set(scoring.exposed)
     end(scoring)
+    left_running = {"model": scoring.left_running}
 
     # 2. No rank's check process starts while any rank's scoring process is alive.
     if env.world_size > 1:
@@ -260,6 +261,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
         if dev > worst or worst_at is None:
             worst, worst_at = dev, {"batch": b, "row": row, "position": pos, "cut": int(cuts[row])}
     end(checker)
+    left_running["check"] = checker.left_running
 
     rows_done = sum(len(cuts_of[b]) for b in mine_checked)
     sums = torch.tensor([0.0, float(count), float(checked), 0.0, float(rows_done), float(reproduction >= 0)],
@@ -295,6 +297,7 @@ def evaluate(job, env: RankEnv, holders: list, started: list) -> dict:
             "positions_kept": "all up to the cut" if window is None else f"the last {window} up to the cut",
         },
         "model_compute": model_compute(batch_s, check_s),
+        "left_running": left_running,  # what each model process's team code had running when it was ended
         "sandbox": {name: r.get("sandbox") for name, r in ready.items()},
         "logits_buffer": str(ready["model"].get("logits_buffer", ""))[:200],  # the model process's word: shown only
         "sandbox_exposed": sorted(exposed),

@@ -110,13 +110,24 @@ def _kill_if_still(pid: int, parents: set[int]) -> bool:
             os.close(fd)
 
 
+def _left_running(below: set[int], ready: dict | None) -> int | None:
+    """How many processes the team's code had running when its model process was ended: those below it but the one
+    the sandbox forked itself (PID 1 of its namespaces, where the team's code runs). None where the process never
+    said it was ready (its sandbox report, sent before any team code, says whether it forked)."""
+    if not ready:
+        return None
+    forked = bool(((ready.get("sandbox") or {}).get("namespaces") or {}).get("active"))
+    return max(0, len(below) - (1 if forked else 0))
+
+
 def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = frozenset(), timeout_s: float = 10.0,
-              teardown_s: float = 120.0) -> None:
+              teardown_s: float = 120.0) -> set[int]:
     """SIGKILL the process `leader`, its session, and every descendant of this process except `keep`,
     until none is left (a process forking as fast as it can is killed in later rounds); raises
     RuntimeError if some survive `timeout_s`, except processes that are only dying (_dying: a GPU's
     context torn down by its driver), which are given `teardown_s` more: they run nothing, and the next
-    model process may need the GPU they still hold. Children are reaped, so none lingers as a zombie."""
+    model process may need the GPU they still hold. Children are reaped, so none lingers as a zombie. Returns every
+    process it found below the leader (all of them ended)."""
     me = os.getpid()
     deadline = time.monotonic() + timeout_s
     first = True
@@ -140,7 +151,7 @@ def kill_tree(leader: int, session: int | None = None, *, keep: set[int] = froze
         reap_children(unclaimed=below)
         first = False
         if not alive:
-            return
+            return below
         if time.monotonic() > deadline:
             living = sorted(pid for pid in alive if not _dying(pid))
             if living:
@@ -230,6 +241,8 @@ class ModelWorker:
         self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
         self._private = None  # logits(): the private float32 copy, reused
+        self.ready: dict | None = None  # wait_ready()'s answer
+        self.left_running: int | None = None  # close(): processes the team's code had running at the end (_left_running)
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"),
                                       protected=protected)
@@ -382,9 +395,11 @@ class ModelWorker:
                 if pid is None:  # nothing may run beside the check process unseen: end the evaluation
                     raise WorkerFailed("crashed", "a model process's pid never came from the template, so it "
                                                   "could not be ended; see the scorer's log")
-                kill_tree(pid, pid, keep=self._template.family())  # this process and all it left; not the copies
+                below = kill_tree(pid, pid, keep=self._template.family())  # this process and all it left; not the copies
+                self.left_running = _left_running(below, self.ready)
             elif sys.platform.startswith("linux"):
-                kill_tree(self.proc.pid, self.proc.pid, keep=self._others)
+                below = kill_tree(self.proc.pid, self.proc.pid, keep=self._others)
+                self.left_running = _left_running(below, self.ready)
             elif self.proc.poll() is None:
                 self.proc.kill()
         finally:

@@ -172,7 +172,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "eval_time_s": seconds(), "eval_tokens_per_s": number(0.0, 1e15, optional=True), "causality": obj(optional=True),
         "sandbox": obj(), "sandbox_exposed": texts(), "scorer_clean": flag(), "model_processes": text(200),
         "val_loss_token_std": number(0.0, 1e6, optional=True), "model_compute": obj(optional=True),
-        "logits_buffer": text(200, optional=True),
+        "logits_buffer": text(200, optional=True), "left_running": obj(optional=True),
     },
 }
 OPEN_EXTRAS = ("progress",)  # kinds where an open-division script may add scalars of its own (`reported` is set)

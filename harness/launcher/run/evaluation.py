@@ -255,6 +255,17 @@ def join_run(opts, track: Track, data: PreparedData, node: NodePaths, record: Ru
 # ------------------------------------------------------------ what evaluation's result makes of the record
 
 
+def note_left_running(record: RunRecord, results) -> None:
+    """Processes the team's code still had running when a model process was ended, on every scorer: ended by the
+    scorer, and said, as the training teardown says what it ended."""
+    for role, what in (("model", "scoring"), ("check", "check")):
+        counts = [(r.get("left_running") or {}).get(role) for r in results]
+        left = sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+        if left:
+            record.notes.append(f"evaluation: the {what} model process's code had {left} process(es) running when it "
+                                "was ended; the scorer ended them")
+
+
 def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = ()) -> None:
     """The evaluation's outcome and figures into the record; `other_nodes_compute`: the model processes'
     times of the scorers on the other nodes (harness/launcher/run/evaluation.py), checked with this node's."""
@@ -272,6 +283,7 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: li
     check_model_compute(record, [*(result.get("model_compute") for result in ev.reports("eval_result").values()),
                                  *other_nodes_compute])
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
+    note_left_running(record, ev.reports("eval_result").values())
     exposed = r0.get("sandbox_exposed") or []
     if exposed:
         record.notes.append("the evaluation sandbox would expose protected paths under folders it allows: "
