@@ -585,7 +585,7 @@ def test_an_honest_submission_passes_every_door_unflagged(cli, tmp_path, submiss
     record = json.loads(path.read_text())
     assert record["status"] == "ok" and not record["flagged"], (record["reason"], record["flag_reason"])
     assert "malformed_reports" not in record and "refused_reports" not in record
-    assert not [n for n in record["notes"] if "process(es)" in n], record["notes"]  # it left nothing running anywhere
+    assert not [n for n in record["notes"] if "process(es)" in n or "processes running" in n], record["notes"]
     assert record["first_step"]["knows_tokens_by"] < record["first_step"]["bound"]
     assert record["floor_check"]["below_by"] < record["floor_check"]["margin"]
     assert record["sandbox"]["training"]["namespaces"]["active"] is True

@@ -259,10 +259,10 @@ def test_processes_a_model_process_leaves_behind_in_evaluation_are_ended_and_sai
     _, record = only_record(tmp_path / "runs")
     assert record["status"] == "ok", record["reason"]
     said = [n for n in record["notes"] if n.startswith("evaluation: the ")]
-    assert said == ["evaluation: the scoring model process's code had 1 process(es) running when it was ended; "
-                    "the scorer ended them",
-                    "evaluation: the check model process's code had 1 process(es) running when it was ended; "
-                    "the scorer ended them"], record["notes"]
+    assert said == ["evaluation: the scoring model process's code still had processes running when it was ended, "
+                    "on 1 of 1 scorer(s); the scorer ended them",
+                    "evaluation: the check model process's code still had processes running when it was ended, "
+                    "on 1 of 1 scorer(s); the scorer ended them"], record["notes"]
     assert_clean(record, tmp_path, cli)
 
 

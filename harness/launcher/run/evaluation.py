@@ -158,6 +158,7 @@ def save_account(node: NodePaths, ev: PhaseResult, flagged: bool, flag_reason: s
         "node_rank": node.node_rank, "status": o.status, "reason": o.reason, "cause": o.cause,
         "failing_rank": o.failing_rank, "traceback": o.traceback, "flagged": flagged, "flag_reason": flag_reason,
         "model_compute": [r.get("model_compute") for r in ev.reports("eval_result").values()],
+        "left_running": [r.get("left_running") for r in ev.reports("eval_result").values()],
     })
 
 
@@ -234,7 +235,8 @@ def evaluate_run(opts, track: Track, data: PreparedData, node: NodePaths, record
             if account.get("flagged"):
                 flag_run(record, f"node {r}: {account.get('flag_reason', '')}")
     # every scorer's model processes, on every node, in the slow-batch check
-    apply_evaluation(record, ev, [c for a in theirs.values() for c in a.get("model_compute") or []])
+    apply_evaluation(record, ev, [c for a in theirs.values() for c in a.get("model_compute") or []],
+                     [c for a in theirs.values() for c in a.get("left_running") or []])
     check_reports(record, ev, "evaluation")
 
 
@@ -255,20 +257,23 @@ def join_run(opts, track: Track, data: PreparedData, node: NodePaths, record: Ru
 # ------------------------------------------------------------ what evaluation's result makes of the record
 
 
-def note_left_running(record: RunRecord, results) -> None:
-    """Processes the team's code still had running when a model process was ended, on every scorer: ended by the
-    scorer, and said, as the training teardown says what it ended."""
+def note_left_running(record: RunRecord, scorers: list) -> None:
+    """Whether the team's code still had processes running when a model process was ended, on every scorer of every
+    node: ended by the scorer, and said, as the training teardown says what it ended. Not how many: a count is the
+    team's choice made after it saw validation tokens, and would carry that many more bits into the record."""
     for role, what in (("model", "scoring"), ("check", "check")):
-        counts = [(r.get("left_running") or {}).get(role) for r in results]
-        left = sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+        counts = [(s or {}).get(role) if isinstance(s, dict) else None for s in scorers]
+        left = sum(1 for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
         if left:
-            record.notes.append(f"evaluation: the {what} model process's code had {left} process(es) running when it "
-                                "was ended; the scorer ended them")
+            record.notes.append(f"evaluation: the {what} model process's code still had processes running when it "
+                                f"was ended, on {left} of {len(scorers)} scorer(s); the scorer ended them")
 
 
-def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = ()) -> None:
+def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: list = (),
+                     other_nodes_left: list = ()) -> None:
     """The evaluation's outcome and figures into the record; `other_nodes_compute`: the model processes'
-    times of the scorers on the other nodes (harness/launcher/run/evaluation.py), checked with this node's."""
+    times of the scorers on the other nodes (harness/launcher/run/evaluation.py), checked with this node's;
+    `other_nodes_left`: what their model processes left running (note_left_running)."""
     record.extra.setdefault("containment", {})["evaluation"] = ev.containment
     o = ev.outcome
     if o.status != "ok":
@@ -283,7 +288,8 @@ def apply_evaluation(record: RunRecord, ev: PhaseResult, other_nodes_compute: li
     check_model_compute(record, [*(result.get("model_compute") for result in ev.reports("eval_result").values()),
                                  *other_nodes_compute])
     record.sandbox["evaluation"] = r0.get("sandbox") or {}
-    note_left_running(record, ev.reports("eval_result").values())
+    note_left_running(record, [*(r.get("left_running") for r in ev.reports("eval_result").values()),
+                               *other_nodes_left])
     exposed = r0.get("sandbox_exposed") or []
     if exposed:
         record.notes.append("the evaluation sandbox would expose protected paths under folders it allows: "
