@@ -400,6 +400,26 @@ def thread_group_lives(pid: int) -> bool:
         return False
 
 
+def listed_children() -> set[int] | None:
+    """This process's children, from every thread's list (a child is its creating thread's, an adopted orphan some
+    live thread's); None without /proc or where the kernel keeps no such list (CONFIG_PROC_CHILDREN off)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    pids: set[int] = set()
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as listed:
+                pids.update(int(pid) for pid in listed.read().split())
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/self/task/{task}"):  # the thread lives, the kernel keeps no list
+                return None
+        except OSError:  # the thread ended meanwhile
+            pass
+    return pids
+
+
 def _ended_children() -> set[int] | None:
     """This process's children that have ended and wait to be reaped (zombies); None where /proc is not this
     process's own (absent, or a PID namespace's whose /proc is the parent's: its pids are not ours) or does not
@@ -407,18 +427,11 @@ def _ended_children() -> set[int] | None:
     try:
         if os.readlink("/proc/self") != str(os.getpid()):
             return None
-        if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children"):
-            return None  # a kernel without the list (CONFIG_PROC_CHILDREN)
-        tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
-    children: set[int] = set()
-    for task in tasks:  # each thread's own: a child is its creating thread's, an adopted orphan some live thread's
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                children.update(int(pid) for pid in f.read().split())
-        except OSError:  # the thread has ended meanwhile
-            pass
+    children = listed_children()
+    if children is None:
+        return None
     ended = set()
     for pid in children:
         try:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import psutil
 
-from harness.ranks.process import thread_group_lives
+from harness.ranks.process import listed_children, thread_group_lives
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -244,23 +244,10 @@ def _pid_depth(pid: int | str) -> int:
 
 
 def _children() -> set[int]:
-    """This process's children, from every thread's list (a thread's adopted orphans are on its own list);
-    where the kernel keeps no such list (CONFIG_PROC_CHILDREN off), from every process's parent pid."""
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children") as listed:
-                pids.update(int(pid) for pid in listed.read().split())
-        except FileNotFoundError:
-            if os.path.isdir(f"/proc/self/task/{task}"):  # the thread lives, the kernel keeps no list: the slower scan
-                return {p.pid for p in psutil.Process().children()}
-        except OSError:  # the thread ended meanwhile
-            pass
-    return pids
+    """This process's children (harness/ranks/process.py `listed_children`); where the kernel keeps no list of them
+    (CONFIG_PROC_CHILDREN off), from every process's parent pid."""
+    listed = listed_children()
+    return listed if listed is not None else {p.pid for p in psutil.Process().children()}
 
 
 def reap_adopted_from_deeper_namespaces() -> int:

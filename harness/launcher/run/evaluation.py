@@ -262,7 +262,7 @@ def note_left_running(record: RunRecord, scorers: list) -> None:
     node: ended by the scorer, and said, as the training teardown says what it ended. Not how many: a count is the
     team's choice made after it saw validation tokens, and would carry that many more bits into the record."""
     for role, what in (("model", "scoring"), ("check", "check")):
-        counts = [(s or {}).get(role) if isinstance(s, dict) else None for s in scorers]
+        counts = [s.get(role) if isinstance(s, dict) else None for s in scorers]
         left = sum(1 for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
         if left:
             record.notes.append(f"evaluation: the {what} model process's code still had processes running when it "
