@@ -644,3 +644,30 @@ def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert oct(log.stat().st_mode & 0o7777) == oct(0o600) and os.listxattr(log) == []  # no ACL left
+
+
+def test_grant_around_reaches_everything_but_the_hidden_folder_through_links_too(tmp_path):
+    """The rules that replace a folder holding a hidden one (Landlock cannot take rights away): every entry on
+    the way is granted by itself, and a link is judged by where it leads, so neither a link to the hidden
+    folder nor a folder reached through a link opens it. Pure: no sandbox is entered."""
+    from harness.ranks.confine.sandbox import grant_around
+
+    root = tmp_path / "lib"
+    (root / "py" / "hidden").mkdir(parents=True)
+    (root / "py" / "hidden" / "secret.txt").write_text("validation text")
+    (root / "py" / "pkg").mkdir()
+    (root / "py" / "hidden2").mkdir()  # beside the hidden folder, its name a prefix of this one's: not hidden
+    (root / "py" / "mod.py").write_text("")
+    (root / "other").mkdir()
+    (root / "other" / "f.txt").write_text("")
+    (root / "alias").symlink_to(root / "py")  # a folder holding the hidden one, under another name
+    (root / "door").symlink_to(root / "py" / "hidden")  # the hidden folder under another name
+    (root / "file_link").symlink_to(root / "other" / "f.txt")
+    (root / "dangling").symlink_to(root / "nowhere")
+    folders, files, list_only = grant_around([str(root)], [str(root / "py" / "hidden")])
+    r = str(root)
+    assert folders == [f"{r}/alias/hidden2", f"{r}/alias/pkg", f"{r}/other", f"{r}/py/hidden2", f"{r}/py/pkg"]
+    assert files == [f"{r}/alias/mod.py", f"{r}/dangling", f"{r}/file_link", f"{r}/py/mod.py"]
+    assert list_only == [r, f"{r}/alias", f"{r}/py"]
+    # A hidden folder named through a link of its own is hidden all the same; a folder given that lies inside it is not granted.
+    assert grant_around([f"{r}/door", f"{r}/py/hidden"], [str(root / "py" / "hidden")]) == ([], [], [])

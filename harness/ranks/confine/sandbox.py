@@ -137,34 +137,50 @@ def hidden_paths(roots: list[str]) -> list[str]:
     return sorted(found)
 
 
+def _below(path: str, folder: str) -> bool:
+    """`path` lies strictly beneath `folder` (both normalised, absolute)."""
+    return path != folder and path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
 def grant_around(dirs: list[str], hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(folders, files, folders to list only) to grant so that everything under `dirs` is reachable except
     the contents of `hidden`: a folder that holds a hidden path is replaced by its entries, recursively
     along the way to it (Landlock rules add rights beneath a path and cannot take any away), and may
     still be listed (Python's import system lists every folder on its path when its caches are
-    invalidated; a listing below it shows names, never text). A few hundred rules for an installation."""
-    hidden_real = [Path(h) for h in hidden]
+    invalidated; a listing below it shows names, never text). A few hundred rules for an installation.
+
+    Every sandboxed process computes this before its first import, evaluation's twice on its critical
+    path: so an entry's real path is its folder's real path and its name, unless the entry is itself a
+    link (one realpath per link, not one lstat per component of every entry)."""
+    hidden_real = [str(Path(h)) for h in hidden]
     out_dirs: list[str] = []
     out_files: list[str] = []
     list_only: list[str] = []
-    queue = list(dirs)
+    queue: list[tuple[str, str, bool | None]] = [(d, os.path.realpath(d), None) for d in dirs]
     while queue:
-        d = queue.pop()
-        real = Path(os.path.realpath(d))
-        if any(real == h or h in real.parents for h in hidden_real):
+        d, real, is_dir = queue.pop()
+        if any(real == h or _below(real, h) for h in hidden_real):
             continue  # hidden itself, or inside it
-        if not os.path.isdir(d):
+        if not (os.path.isdir(d) if is_dir is None else is_dir):
             out_files.append(d)
             continue
-        if not any(real in h.parents for h in hidden_real):
+        if not any(_below(h, real) for h in hidden_real):
             out_dirs.append(d)
             continue
         try:
-            entries = sorted(os.listdir(d))
+            with os.scandir(d) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
         except OSError:
             continue
         list_only.append(d)
-        queue.extend(os.path.join(d, e) for e in entries)
+        for entry in entries:
+            path = os.path.join(d, entry.name)
+            try:
+                linked = entry.is_symlink()
+                kind = None if linked else entry.is_dir(follow_symlinks=False)
+            except OSError:
+                linked, kind = True, None  # resolve it the slow way
+            queue.append((path, os.path.realpath(path) if linked else os.path.join(real, entry.name), kind))
     return sorted(set(out_dirs)), sorted(set(out_files)), sorted(set(list_only))
 
 
@@ -394,6 +410,20 @@ def settle_logs(logs_dir: str | Path) -> None:
     try:
         live.rmdir()
     except OSError:
+        pass
+
+
+def preload() -> None:
+    """For a process that forks sandboxed children (evaluation's model template): load now what `enter`
+    would load in each child, on its critical path: Landlock's bindings, whose first call looks libc up
+    by running `ldconfig -p`, and the seccomp filter's module. Restricts nothing in this process."""
+    from harness.ranks.confine import seccomp  # noqa: F401
+
+    try:
+        from py_landlock import get_abi_version
+
+        get_abi_version()  # a query of the kernel's ABI: no ruleset, no restriction
+    except Exception:  # noqa: BLE001  (missing or refused: `apply` says why, in the child)
         pass
 
 
