@@ -71,6 +71,8 @@ def _preload() -> None:
     from harness.ranks.models import model_worker, wire  # noqa: F401
     from harness.submission import contract  # noqa: F401
 
+    sandbox.preload()
+
     # is_initialized() only: is_available() and device_count() start the driver on a CUDA build, and torch
     # refuses CUDA in every fork of a process that did ("Cannot re-initialize CUDA in forked subprocess").
     if torch.cuda.is_initialized():
@@ -135,6 +137,7 @@ def serve_once(control: socket.socket) -> None:
                 reply = {"pid": child}
             elif op == "wait" and child and int(request.get("pid", 0)) == child:
                 deadline = time.monotonic() + max(0.0, float(request.get("timeout_s", 0.0)))
+                pause_s = 0.001  # the scorer asks once it has killed the child: it is gone, or nearly
                 while code is None:
                     got, status = os.waitpid(child, os.WNOHANG)
                     if got == child:
@@ -142,7 +145,8 @@ def serve_once(control: socket.socket) -> None:
                     elif time.monotonic() >= deadline:
                         break
                     else:
-                        time.sleep(0.02)
+                        time.sleep(pause_s)
+                        pause_s = min(0.02, pause_s * 2)
                 reply = {"pid": child, "code": code}
             else:
                 reply = {"error": f"refused: {op!r} with {len(fds)} descriptors (a copy forks once, and waits "
