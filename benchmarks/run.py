@@ -10,7 +10,9 @@ Measured, in one invocation:
 - data loader: tokens/s per rank of the harness's stream against a raw memmap read;
 - evaluation: `harness eval`'s wall time at 1 and 2 scorer ranks against one plain process scoring the same
   checkpoint on the same tokens (benchmarks/bare_eval.py);
-- leaderboard: seconds to rebuild from 10,000 run records (table only, and with charts).
+- leaderboard: seconds to rebuild from 10,000 run records (table only, and with charts);
+- with `--eval-against REV`: evaluation's wall time against an earlier commit's, paired on this machine
+  (benchmarks/eval_against.py; issue 31 compares with b83273f, the code before issues 30-32).
 """
 
 from __future__ import annotations
@@ -165,6 +167,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2, help="A/B pairs for the overhead")
     ap.add_argument("--duration-s", type=float, default=20.0)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--eval-against", default=None, metavar="REV",
+                    help="also compare evaluation's wall time with this earlier commit's, in --eval-pairs pairs")
+    ap.add_argument("--eval-pairs", type=int, default=12)
     args = ap.parse_args()
     pairs, duration, n_records, loader_s = (1, 2.0, 200, 0.3) if args.smoke else (args.pairs, args.duration_s, 10_000, 3.0)
 
@@ -193,6 +198,10 @@ def main() -> None:
         # The run's own data (an override such as the smoke's --val-tokens makes data of its own), the same file name
         val_shard = str(Path(harness["record"]["data"]["location"]) / Path(data.val[0].path).name)
         results["eval"] = bench_eval(harness["run_dir"], env, track, val_shard)
+    if args.eval_against:
+        from eval_against import compare
+
+        results["eval_against"] = compare(args.eval_against, args.eval_pairs, log=lambda line: None)
     results["loader"] = bench_loader(shard, loader_s)
     results["leaderboard"] = bench_leaderboard(n_records)
 
@@ -220,6 +229,11 @@ def main() -> None:
           f"{ev['bare']['wall_s']:>14.2f}{ev[1]['wall_s'] / ev['bare']['wall_s']:>10.2f}  (reference: one plain process)")
     print(f"{'  at 2 scorer ranks':<44}{ev[2]['wall_s']:>14.2f}")
     print(f"{'  val_loss, harness / plain':<44}{ev[1]['val_loss']:>14.6f}{ev['bare']['val_loss']:>14.6f}")
+    if "eval_against" in results:
+        ea = results["eval_against"]
+        lo, hi = ea["ci95_s"]
+        print(f"{'  eval_time_s against %s, medians' % ea['rev']:<44}{ea['now_median_s']:>14.2f}{ea['earlier_median_s']:>14.2f}"
+              f"{ea['mean_diff_s']:>+10.3f}  (paired mean, 95% CI [{lo:+.3f}, {hi:+.3f}], {ea['pairs']} pairs)")
     lb = results["leaderboard"]
     print(f"{'leaderboard, %d records of %.0f kB (s)' % (lb['records'], lb['record_bytes'] / 1e3):<44}"
           f"{'cold':>14}{'warm':>14}{'target':>10}")

@@ -402,3 +402,19 @@ def test_honest_under_load_script_runs(tmp_path):
     assert row["status"] == "ok" and row["team"] == "ok_bigram" and "not ok: 0 of 1" in proc.stdout
     me = psutil.Process()
     assert not [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_eval_against_reports_the_paired_difference_and_its_interval():
+    """benchmarks/eval_against.py's statistics: the difference is this checkout minus the earlier commit, pair by pair,
+    with Student's t interval (here by hand: differences +0.1, +0.2, +0.3, mean 0.2, sd 0.1, t(0.975, 2) = 4.303)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from eval_against import paired
+
+    got = paired([2.0, 2.5, 3.0], [2.1, 2.7, 3.3])
+    assert got["mean_diff_s"] == pytest.approx(0.2)
+    half = 4.302653 * 0.1 / 3 ** 0.5
+    assert got["ci95_s"] == pytest.approx([0.2 - half, 0.2 + half], rel=1e-5)
+    assert (got["earlier_median_s"], got["now_median_s"], got["pairs"]) == (2.5, 2.7, 3)
+    assert paired([1.0, 2.0], [1.0, 2.0])["wilcoxon_p"] == 1.0  # no difference at all: nothing to test
+    with pytest.raises(ValueError, match="paired samples"):
+        paired([1.0, 2.0], [1.0])
