@@ -664,10 +664,32 @@ def test_grant_around_reaches_everything_but_the_hidden_folder_through_links_too
     (root / "door").symlink_to(root / "py" / "hidden")  # the hidden folder under another name
     (root / "file_link").symlink_to(root / "other" / "f.txt")
     (root / "dangling").symlink_to(root / "nowhere")
-    folders, files, list_only = grant_around([str(root)], [str(root / "py" / "hidden")])
+    (root / "py" / "up1").symlink_to("..")  # two links back up the tree: each folder is walked once, not 2^40 times
+    (root / "py" / "up2").symlink_to("..")
     r = str(root)
-    assert folders == [f"{r}/alias/hidden2", f"{r}/alias/pkg", f"{r}/other", f"{r}/py/hidden2", f"{r}/py/pkg"]
-    assert files == [f"{r}/alias/mod.py", f"{r}/dangling", f"{r}/file_link", f"{r}/py/mod.py"]
-    assert list_only == [r, f"{r}/alias", f"{r}/py"]
+    # The hidden folder named with `..` is hidden all the same.
+    folders, files, list_only = grant_around([r], [f"{r}/py/hidden/../hidden/"])
+    # `alias` is `py` by another name: listed once (Landlock's rules hold inodes), its entries granted through `py`.
+    assert folders == [f"{r}/other", f"{r}/py/hidden2", f"{r}/py/pkg"]
+    assert files == [f"{r}/dangling", f"{r}/file_link", f"{r}/py/mod.py"]
+    assert list_only == [r, f"{r}/py"]
     # A hidden folder named through a link of its own is hidden all the same; a folder given that lies inside it is not granted.
     assert grant_around([f"{r}/door", f"{r}/py/hidden"], [str(root / "py" / "hidden")]) == ([], [], [])
+
+
+def test_the_template_preloads_landlock_without_restricting_itself_or_starting_a_thread():
+    """sandbox.preload, in evaluation's model template before it forks its copies: Landlock's bindings are ready (their
+    lookup of libc, which runs `ldconfig -p`, is not repeated in each model process), and the template itself is still
+    unrestricted and on one thread (Landlock binds the calling thread only: each model process enters it after the fork)."""
+    code = """
+import json
+from harness.ranks.confine import sandbox
+sandbox.preload()
+import py_landlock.libc
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+print(json.dumps({k: status[k].strip() for k in ("Threads", "Seccomp", "NoNewPrivs")} | {"ready": py_landlock.libc._initialized}))
+"""
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1]) == {"Threads": "1", "Seccomp": "0", "NoNewPrivs": "0", "ready": True}

@@ -151,11 +151,16 @@ def grant_around(dirs: list[str], hidden: list[str]) -> tuple[list[str], list[st
 
     Every sandboxed process computes this before its first import, evaluation's twice on its critical
     path: so an entry's real path is its folder's real path and its name, unless the entry is itself a
-    link (one realpath per link, not one lstat per component of every entry)."""
-    hidden_real = [str(Path(h)) for h in hidden]
+    link (one realpath per link, not one lstat per component of every entry).
+
+    A folder is listed once, by whichever name reaches it first: Landlock's rules hold the inodes they
+    name, so another name's rules would grant nothing more, and two links back up the tree (`a -> ..`,
+    `b -> ..`) would otherwise make the walk exponential."""
+    hidden_real = [os.path.realpath(h) for h in hidden]  # `..` or a link in a hidden path hides what it names
     out_dirs: list[str] = []
     out_files: list[str] = []
     list_only: list[str] = []
+    listed: set[str] = set()
     queue: list[tuple[str, str, bool | None]] = [(d, os.path.realpath(d), None) for d in dirs]
     while queue:
         d, real, is_dir = queue.pop()
@@ -167,6 +172,9 @@ def grant_around(dirs: list[str], hidden: list[str]) -> tuple[list[str], list[st
         if not any(_below(h, real) for h in hidden_real):
             out_dirs.append(d)
             continue
+        if real in listed:
+            continue
+        listed.add(real)
         try:
             with os.scandir(d) as listing:
                 entries = sorted(listing, key=lambda e: e.name)
@@ -417,13 +425,12 @@ def preload() -> None:
     """For a process that forks sandboxed children (evaluation's model template): load now what `enter`
     would load in each child, on its critical path: Landlock's bindings, whose first call looks libc up
     by running `ldconfig -p`, and the seccomp filter's module. Restricts nothing in this process."""
-    from harness.ranks.confine import seccomp  # noqa: F401
-
     try:
+        from harness.ranks.confine import seccomp  # noqa: F401
         from py_landlock import get_abi_version
 
         get_abi_version()  # a query of the kernel's ABI: no ruleset, no restriction
-    except Exception:  # noqa: BLE001  (missing or refused: `apply` says why, in the child)
+    except Exception:  # noqa: BLE001  (missing or refused: `enter` says why, in the child, as without this)
         pass
 
 
