@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,14 @@ def paired(earlier: list[float], now: list[float]) -> dict:
             "mean_diff_s": mean, "ci95_s": [mean - half, mean + half], "wilcoxon_p": float(wilcoxon)}
 
 
+# Written into the earlier checkout: this venv's editable install would otherwise serve any `harness.*` module that
+# the earlier tree lacks from this checkout, unseen. Python runs it after the .pth files (the finder) are read.
+ONLY_THIS_TREE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, "__module__", type(f).__module__)).startswith("__editable__")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if not str(getattr(h, "__module__", "")).startswith("__editable__")]
+"""
+
+
 def _env(checkout: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env["PYTHONPATH"] = str(checkout)
@@ -46,11 +55,19 @@ def _env(checkout: Path) -> dict:
 
 
 def _harness(checkout: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=checkout, env=_env(checkout),
-                          capture_output=True, text=True, timeout=timeout_s)
+    """`harness ARGS` by the code of `checkout`, in a session of its own: on a timeout or an interrupt its whole
+    process group goes (launcher, ranks, scorer), so that nothing left running skews the next pair."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=checkout, env=_env(checkout),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     if proc.returncode != 0:
-        raise RuntimeError(f"`harness {' '.join(args)}` in {checkout} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return proc
+        raise RuntimeError(f"`harness {' '.join(args)}` in {checkout} exited {proc.returncode}:\n{err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def train_one_step(checkout: Path, runs: Path) -> Path:
@@ -70,11 +87,16 @@ def eval_time_s(checkout: Path, run_dir: Path) -> tuple[float, float]:
 
 
 def compare(rev: str, pairs: int, log=print) -> dict:
-    with tempfile.TemporaryDirectory(prefix="harness-eval-against-") as tmp:
+    if pairs < 2:
+        raise ValueError(f"--pairs {pairs}: a paired interval needs at least 2")
+    with tempfile.TemporaryDirectory(prefix="harness-eval-against-", ignore_cleanup_errors=True) as tmp:
         earlier = Path(tmp) / "checkout"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(earlier), rev],
-                       check=True, capture_output=True)
+        added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(earlier), rev],
+                               capture_output=True, text=True)
+        if added.returncode != 0:
+            raise RuntimeError(f"git could not check out {rev}: {added.stderr.strip()}")
         try:
+            (earlier / "sitecustomize.py").write_text(ONLY_THIS_TREE)
             sides = {"earlier": earlier, "now": ROOT}
             runs = {name: train_one_step(checkout, Path(tmp) / f"runs-{name}") for name, checkout in sides.items()}
             times: dict[str, list[float]] = {"earlier": [], "now": []}
@@ -88,6 +110,9 @@ def compare(rev: str, pairs: int, log=print) -> dict:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(earlier)], capture_output=True)
             subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
+    for name, seen in losses.items():  # the same checkpoint scored again must give the same figure
+        if len(seen) != 1:
+            raise RuntimeError(f"{name}: evaluation gave {len(seen)} different val_loss figures: {sorted(seen)}")
     result = paired(times["earlier"], times["now"])
     result.update(rev=rev, eval_time_s=times, val_losses={k: sorted(v) for k, v in losses.items()})
     return result
@@ -96,9 +121,11 @@ def compare(rev: str, pairs: int, log=print) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rev", help="the earlier commit (for issue 31: b83273f, the code before issues 30-32)")
-    ap.add_argument("--pairs", type=int, default=12)
+    ap.add_argument("--pairs", type=int, default=12, help="at least 2; Wilcoxon's p cannot go below 0.0625 at 5 or fewer")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
+    if args.pairs < 2:
+        ap.error("--pairs: a paired interval needs at least 2")
     result = compare(args.rev, args.pairs)
     lo, hi = result["ci95_s"]
     print(f"{args.rev} median {result['earlier_median_s']:.3f} s, this checkout median {result['now_median_s']:.3f} s")

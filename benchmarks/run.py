@@ -171,6 +171,8 @@ def main() -> None:
                     help="also compare evaluation's wall time with this earlier commit's, in --eval-pairs pairs")
     ap.add_argument("--eval-pairs", type=int, default=12)
     args = ap.parse_args()
+    if args.eval_against and args.eval_pairs < 2:
+        ap.error("--eval-pairs: a paired interval needs at least 2")
     pairs, duration, n_records, loader_s = (1, 2.0, 200, 0.3) if args.smoke else (args.pairs, args.duration_s, 10_000, 3.0)
 
     from harness.data.prepare import prepare_data
@@ -201,7 +203,9 @@ def main() -> None:
     if args.eval_against:
         from eval_against import compare
 
-        results["eval_against"] = compare(args.eval_against, args.eval_pairs, log=lambda line: None)
+        results["eval_against"] = compare(args.eval_against, args.eval_pairs,
+                                          log=lambda line: print(f"eval against {args.eval_against}: {line}",
+                                                                 file=sys.stderr, flush=True))
     results["loader"] = bench_loader(shard, loader_s)
     results["leaderboard"] = bench_leaderboard(n_records)
 
