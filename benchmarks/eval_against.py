@@ -124,9 +124,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=12, help="at least 2; Wilcoxon's p cannot go below 0.0625 at 5 or fewer")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
-    if args.pairs < 2:
-        ap.error("--pairs: a paired interval needs at least 2")
-    result = compare(args.rev, args.pairs)
+    result = compare(args.rev, args.pairs)  # which refuses fewer than 2 pairs before any work
     lo, hi = result["ci95_s"]
     print(f"{args.rev} median {result['earlier_median_s']:.3f} s, this checkout median {result['now_median_s']:.3f} s")
     print(f"this checkout - {args.rev}: mean {result['mean_diff_s']:+.3f} s, 95% CI [{lo:+.3f}, {hi:+.3f}], "

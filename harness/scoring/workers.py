@@ -110,7 +110,7 @@ def _kill_if_still(pid: int, parents: set[int]) -> bool:
             os.close(fd)
 
 
-def _left_running(below: set[int], ready: dict | None) -> int | None:
+def _left_running(below: set[int], ready: dict) -> int | None:
     """How many processes the team's code had running when its model process was ended: those below it but the one
     the sandbox forked itself (PID 1 of its namespaces, where the team's code runs). None where the process never
     said it was ready (its sandbox report, sent before any team code, says whether it forked)."""
@@ -245,7 +245,6 @@ class ModelWorker:
         self.log_path = log_dir / self._live_log.name
         self._shape: tuple[int, int] | None = None  # the batch sent last: its logits must have its shape
         self._private = None  # logits(): the private float32 copy, reused
-        self.ready: dict | None = None  # wait_ready()'s answer
         self.left_running: int | None = None  # close(): processes the team's code had running at the end (_left_running)
         policy = sandbox.build_policy(submission_dir=setup["submission_dir"], private_dir=str(self.dir),
                                       read_files=[setup["checkpoint"]], gpu=setup["device"].startswith("cuda"),
@@ -287,7 +286,7 @@ class ModelWorker:
         finally:
             os.close(req_r)
             os.close(rep_w)
-        self.ready: dict = {}
+        self.ready: dict = {}  # wait_ready()'s answer; empty until then
         try:
             send(self.requests, SETUP, payload=json.dumps(self.setup).encode())
         except OSError:  # it died at once: wait_ready says so, with its exit code
