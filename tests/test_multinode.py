@@ -97,6 +97,21 @@ def _freeze(proc: subprocess.Popen) -> list:
     return frozen
 
 
+def _wait_dead(procs: list, within_s: float) -> None:
+    """Until each process is a zombie or gone (a zombie is reaped after the test: conftest.py)."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    for p in procs:
+        while time.monotonic() < deadline:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+
+
 def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastructure(tmp_path, cache_dir):
     """Node 1 frozen mid-training: node 0's rank would wait in a collective until its timeout (300 s at Paris);
     the heartbeat ends the job after half of it here (6 s of 12), and the record says the node was lost. On the
@@ -124,6 +139,10 @@ def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastru
             except Exception:  # noqa: BLE001  (gone already)
                 pass
         node1.communicate(timeout=30)
+        # This test's own kill (node 1's power cut) takes a moment to land on a stopped process: each is waited for,
+        # so that the look for leftovers below sees what the harness left, not what the test is still ending
+        # (once seen: a frozen rank alive at the look and a zombie a moment later).
+        _wait_dead(frozen, within_s=30.0)
     record = json.loads((run_dir / "run.json").read_text())
     assert node0.returncode == 1 and record["status"] == "aborted", record["reason"]
     assert record["reason"].startswith("node(s) 1 lost: stopped its heartbeat and gave no account"), record["reason"]
