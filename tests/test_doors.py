@@ -424,7 +424,7 @@ def test_a_run_that_floods_its_log_is_ended_and_its_record_stays_small(cli, tmp_
     """floods_log prints a megabyte a forward. The track caps the ranks' logs (8 MiB on tiny): the job is
     ended, invalid, with that reason; the record's copy of the log stops at the cap. (The check process's
     log, which has its forwards too, is bounded by the file-size limit of every sandboxed process.)"""
-    from harness.ranks.confine.sandbox import FILE_CAP_BYTES
+    from harness.ranks.confine.logs import FILE_CAP_BYTES
 
     result = cli("run", str(FIXTURES / "floods_log"), "--track", str(one_rank(tmp_path, grace_s=20.0)), timeout=180)
     assert result.code == 1
@@ -540,7 +540,7 @@ def test_a_model_process_that_floods_its_log_dies_at_the_cap(cli, tmp_path):
     """floods_eval_log prints 32 MB a forward outside training (the check process's probes, evaluation's
     model process), where its log is a descriptor the harness cannot watch: the file-size limit of every
     sandboxed process fails the write (EFBIG), the run ends and the reason says so; no log outgrows it."""
-    from harness.ranks.confine.sandbox import FILE_CAP_BYTES
+    from harness.ranks.confine.logs import FILE_CAP_BYTES
 
     result = cli("run", str(FIXTURES / "floods_eval_log"), "--track", str(quick_track(tmp_path)), timeout=180)
     assert result.code == 1

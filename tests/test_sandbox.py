@@ -601,16 +601,16 @@ def test_a_log_set_to_mode_000_through_its_descriptor_is_reset_by_a_harness_that
     as a plain user left the log unreadable and with its mode. Run as a plain user (root's suite: as nobody)."""
     import tempfile
 
-    from harness.ranks.confine import sandbox
+    from harness.ranks.confine import logs
 
     folder = Path(tempfile.mkdtemp(prefix="harness-log-"))  # pytest's own folders are root's alone (0700)
     try:
-        _reset_as_a_plain_user(sandbox, folder)
+        _reset_as_a_plain_user(logs, folder)
     finally:
         shutil.rmtree(folder)
 
 
-def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
+def _reset_as_a_plain_user(logs, folder: Path) -> None:
     import struct
 
     log = folder / "eval-model-rank0.log"
@@ -621,7 +621,7 @@ def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
     os.setxattr(log, "system.posix_acl_access", acl)
     os.chmod(log, 0o4000)  # setuid, and no right to read it, as fchmod on its descriptor can make it
     if os.geteuid() != 0:  # a plain user already: the harness as it runs here
-        sandbox.reset_log(log)
+        logs.reset_log(log)
         assert log.read_text() == "what the model process printed\n"
         assert oct(log.stat().st_mode & 0o7777) == oct(0o600) and os.listxattr(log) == []
         return
@@ -635,7 +635,7 @@ def _reset_as_a_plain_user(sandbox, folder: Path) -> None:
         try:
             os.setgid(nobody)
             os.setuid(nobody)
-            sandbox.reset_log(log)
+            logs.reset_log(log)
             code = 0 if log.read_text() == "what the model process printed\n" else 2
         except BaseException as exc:  # noqa: BLE001  (said, then the exit status says it failed)
             print(f"as a plain user: {type(exc).__name__}: {exc}", file=sys.stderr)

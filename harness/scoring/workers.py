@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.ranks import interpreter
-from harness.ranks.confine import sandbox, scratch
+from harness.ranks.confine import logs, sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV, reap_children, thread_group_lives
 from harness.scoring.children import WorkerFailed, _proc_stat, descendants, remove_tree, runs  # noqa: F401
 from harness.ranks.models.wire import BATCH, DTYPES, ERROR, LOGITS, READY, SANDBOX, SETUP, receive, send
@@ -238,7 +238,7 @@ class ModelWorker:
         # It lives in a folder only the harness's user can enter until then: the process holds the file
         # open and could make it setuid (fchmod is no sandbox's); name_log (or the launcher's
         # settle_logs, if this scorer is killed first) resets it before it joins the other logs.
-        live = log_dir / sandbox.LIVE_LOGS
+        live = log_dir / logs.LIVE_LOGS
         live.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(live, 0o700)
         self._live_log = live / f"eval-{secrets.token_hex(8)}.log"
@@ -423,7 +423,7 @@ class ModelWorker:
         """Give the log its role's name (`log_path`). Called once every model process of the scorer is
         dead: a later one must not find an earlier one's log by a name it can guess (stat() by path is
         not Landlock's), nor learn its size or times."""
-        sandbox.reset_log(self._live_log)
+        logs.reset_log(self._live_log)
         try:
             os.replace(self._live_log, self.log_path)
         except OSError:

@@ -28,7 +28,7 @@ from harness.tracks.spec import Track
 
 GIB = 2**30
 SOCKET_PATH_MAX_BYTES = 107  # sockaddr_un's sun_path holds 108 bytes, the last one the terminating NUL
-# A check or model process's folder is capped per file (64 MiB, sandbox.FILE_CAP_BYTES), not as a whole:
+# A check or model process's folder is capped per file (64 MiB, harness/ranks/confine/logs.py), not as a whole:
 # this is an allowance for what one leaves there (compiler caches), not a bound.
 PROCESS_FOLDER_GIB = 1.0
 LISTENER_TIMEOUT_S = 30.0

@@ -23,7 +23,7 @@ from typing import Callable
 from harness.launcher.control import process_tree
 from harness.launcher.control.job_limits import caps_reached
 from harness.ranks import interpreter
-from harness.ranks.confine import sandbox, scratch
+from harness.ranks.confine import logs, sandbox, scratch
 from harness.ranks.process import MODEL_PROCESS_ENV, ended_how
 
 PREFLIGHT_TIMEOUT_S = 300.0  # the check before a run, from its release: import, model build, one tiny step
@@ -174,7 +174,7 @@ class CheckProcess:
             if self._box_read >= 0:
                 os.close(self._box_read)
                 self._box_read = -1
-            sandbox.reset_log(self.log_path)
+            logs.reset_log(self.log_path)
             if not self._finishing:  # ended unreleased (its run ended first) or unfinished: nothing of it is read
                 scratch.remove_tree(self.tmp)
 

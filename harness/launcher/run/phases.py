@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.ranks.confine import sandbox
+from harness.ranks.confine import logs
 from harness.launcher.control.channel import ChannelServer, Message
 from harness.launcher.run.console import NullReporter, progress_text
 from harness.ranks.jobs import EvalJob, TrainJob
@@ -182,4 +182,4 @@ def run_evaluation(job: EvalJob, nproc: int, *, timeout_s: float, shutdown_timeo
     finally:
         reporter.end_progress()
         channel.close()
-        sandbox.settle_logs(job.log_dir)  # every scorer and model process is gone: _run_job ended them
+        logs.settle_logs(job.log_dir)  # every scorer and model process is gone: _run_job ended them

@@ -47,7 +47,7 @@ SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64 (a syscall newe
 
 SHM = "/dev/shm"
 # Its /dev/shm: semaphores take a page each, a DataLoader's shared batches what they hold; every file
-# it writes is capped anyway (sandbox.FILE_CAP_BYTES). Pages are charged to the process's memory.
+# it writes is capped anyway (logs.FILE_CAP_BYTES). Pages are charged to the process's memory.
 SHM_BYTES, SHM_INODES = 1 << 30, 10_000
 
 
