@@ -80,10 +80,17 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
     """Live processes started for a run: they all carry HARNESS_RUN_ID. Evaluation's model-process
     template and its copies are not dumpable (their environment cannot be read): they name the run on
     their command line."""
+    from harness.ranks.process import thread_group_lives
+
     found = []
     for proc in psutil.process_iter():
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
+                # A zombie main thread whose other threads run on is a live process (the harness's teardown counts it
+                # so: harness/ranks/process.py); its environment is read through one of those threads.
+                if not thread_group_lives(proc.pid) or _live_thread_environ(proc.pid).get("HARNESS_RUN_ID") != run_id:
+                    continue
+                found.append(proc)
                 continue
             cmd = proc.cmdline()
             if "harness.ranks.models.model_template" in cmd and run_id in cmd:
@@ -93,6 +100,22 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def _live_thread_environ(pid: int) -> dict[str, str]:
+    """A process's environment read through a thread other than its (exited) main thread; {} where none can be read."""
+    try:
+        tasks = [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return {}
+    for tid in tasks:
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/environ").read_bytes()
+        except OSError:
+            continue
+        pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+    return {}
 
 
 def tiny_track_with(folder: Path, base: Path = TINY_TRACK, **values) -> Path:

@@ -91,25 +91,53 @@ def _freeze(proc: subprocess.Popen) -> list:
     or its network (a killed process's sockets are closed by its kernel, and its peers learn at once)."""
     import psutil
 
-    frozen = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for p in frozen:
-        p.send_signal(signal.SIGSTOP)
-    return frozen
+    root = psutil.Process(proc.pid)
+    frozen: dict[tuple[int, float], psutil.Process] = {}
+    for _ in range(50):  # again until a look finds no process it has not stopped: one forked meanwhile is stopped too
+        try:
+            found = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        stopped_now = 0
+        for p in found:
+            try:
+                key = (p.pid, p.create_time())
+                if key not in frozen:
+                    p.send_signal(signal.SIGSTOP)
+                    frozen[key] = p
+                    stopped_now += 1
+            except psutil.NoSuchProcess:  # ended meanwhile
+                continue
+        if not stopped_now:
+            break
+    return list(frozen.values())
 
 
-def _wait_dead(procs: list, within_s: float) -> None:
-    """Until each process is a zombie or gone (a zombie is reaped after the test: conftest.py)."""
+def _ident(p) -> tuple[int, float] | None:
+    """A process's pid and start time (who it is, whatever reuses its pid later); None once it is gone."""
     import psutil
 
+    try:
+        return p.pid, p.create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _wait_dead(procs: list, within_s: float) -> list:
+    """Waits until each process is dead (a zombie, or gone: as processes_of_run counts them) and returns those still
+    alive after `within_s`. A pid reused meanwhile is not the process waited for (is_running checks its start time)."""
+    import psutil
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + within_s
-    for p in procs:
-        while time.monotonic() < deadline:
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            time.sleep(0.05)
+    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in procs if alive(p)]
 
 
 def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastructure(tmp_path, cache_dir):
@@ -128,10 +156,14 @@ def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastru
         time.sleep(0.2)
     time.sleep(3.0)  # both ranks training
     frozen = _freeze(node1)
+    frozen_ids = {_ident(p) for p in frozen}
     stopped = time.monotonic()
     try:
         node0.communicate(timeout=120)
         ended_s = time.monotonic() - stopped
+        # What node 0 left, looked for while node 1's processes are still frozen and told apart by pid and start
+        # time: a node-0 process still ending after its launcher exited is a leftover, however soon it dies.
+        left_by_node0 = [p for p in processes_of_run("silent-node") if _ident(p) not in frozen_ids | {None}]
     finally:
         for p in frozen:
             try:
@@ -139,15 +171,17 @@ def test_a_node_that_goes_silent_is_lost_in_seconds_and_charged_to_the_infrastru
             except Exception:  # noqa: BLE001  (gone already)
                 pass
         node1.communicate(timeout=30)
-        # This test's own kill (node 1's power cut) takes a moment to land on a stopped process: each is waited for,
-        # so that the look for leftovers below sees what the harness left, not what the test is still ending
-        # (once seen: a frozen rank alive at the look and a zombie a moment later).
-        _wait_dead(frozen, within_s=30.0)
+        # The test's own kill (node 1's power cut) ends each process once it is scheduled, frees its memory and is
+        # reaped; the job's PID 1 only once every process of its namespace is. The look below, after it, is for
+        # what the harness left (once seen without this wait: a frozen rank alive at the look, a zombie just after).
+        not_ended = _wait_dead(frozen, within_s=30.0)
     record = json.loads((run_dir / "run.json").read_text())
     assert node0.returncode == 1 and record["status"] == "aborted", record["reason"]
     assert record["reason"].startswith("node(s) 1 lost: stopped its heartbeat and gave no account"), record["reason"]
     assert record["lost_nodes"] == [1]
     assert ended_s < 12.0 + 8.0 + 4.0  # heartbeat (6 s and a beat) + 8 s for an account + teardown, < timeout's path
+    assert left_by_node0 == []
+    assert not_ended == [], "the test's own SIGKILL of node 1 had not ended these 30 s later"
     assert processes_of_run("silent-node") == []
 
 
@@ -222,6 +256,7 @@ def test_a_node_that_never_joins_is_the_infrastructures_failure_not_the_teams(cl
     # what torch elastic said of it comes after, for the organiser who reads why
     assert record["reason"].startswith("this node's ranks did not all start (a node that never joined the "
                                        "rendezvous?)") and record["reason"].endswith("; no team code ran")
+    assert "launch failed: " in record["reason"], record["reason"]  # torch elastic's own words, for the organiser
     assert processes_of_run("alone") == []
 
 
