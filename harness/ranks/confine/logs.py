@@ -1,6 +1,11 @@
-"""The log files of sandboxed processes: the cap on what such a process writes (set as it enters its sandbox), and,
-once it is gone, what the launcher or the scorer undoes on the log it was handed (modes, extended attributes), with
-evaluation's live logs moved beside the others."""
+"""The log files of the check and model processes: the cap on what such a process writes, and what is undone on its log
+once it is gone (modes, extended attributes), with evaluation's live logs moved beside the others. Training ranks are
+sandboxed too, but neither capped nor reset here (their logs are the launcher's: harness/launcher/control/workarea.py).
+
+Which process runs what: `cap_file_size` runs in the sandboxed process itself, as it enters its sandbox
+(sandbox.enter); `reset_log` in the launcher (the check's log, check_process.py) or the scorer (its model processes'
+logs, harness/scoring/workers.py); `settle_logs` in the launcher, after evaluation (phases.py).
+"""
 
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ refuses a policy that would expose one of the others through an allowed folder.
 
 Where Landlock is missing (another OS, an old or configured-out kernel), `apply` reports that
 it is not active and why; the track decides whether that is allowed (`sandbox = "auto"`) or
-stops the run (`"required"`). The record says which it was. The cap on what a sandboxed process writes, and what the
-launcher undoes on its log once it is gone: harness/ranks/confine/logs.py.
+stops the run (`"required"`). The record says which it was. The cap on what a check or model process writes, and
+what the launcher or the scorer undoes on its log once it is gone: harness/ranks/confine/logs.py.
 """
 
 from __future__ import annotations
