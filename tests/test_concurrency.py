@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from conftest import FIXTURES, one_rank, processes_of_run, quick_track, run_dirs
+from conftest import FIXTURES, processes_of_run, quick_track, run_dirs
 
 pytestmark = pytest.mark.slow  # most tests here run the harness for real: not in the fast tier (docs/testing.md)
 
@@ -32,9 +32,9 @@ def _wait(predicate, what: str, timeout_s: float = 180.0):
 
 def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, tmp_path):
     """A holds in evaluation (its record says `evaluating`) until B's ranks train under B's guard; then A
-    finishes and writes its final record while B is still training (B's budget: 40 s). B's guard must
-    neither restore A's earlier record nor flag B. Each on one rank: what is under test is two runs'
-    records, not their ranks."""
+    finishes and writes its final record while B is still training (B's rank waits in its first step until the
+    test lets it go, spending no CPU). B's guard must neither restore A's earlier record nor flag B. Each on one
+    rank: what is under test is two runs' records, not their ranks."""
     runs = tmp_path / "runs"
     env = {**os.environ, "HARNESS_CACHE_DIR": str(cache_dir), "HARNESS_RUNS_DIR": str(runs)}
     for name in ("a", "b"):
@@ -52,8 +52,9 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
 
     _wait(a_evaluates, "A to evaluate")
     run_a = _records(runs)["gated_eval"][1]["run_id"]
-    b = start(FIXTURES / "ok_bigram", one_rank(tmp_path / "b"), "--budget-s", "40")  # A's check starts after its scoring
-    _wait(lambda: "training starts" in _read(_records(runs).get("ok_bigram", (tmp_path, {}))[0] / "logs" / "rank0.log"),
+    # B's budget is room for A to finish on a loaded machine: its 20 steps start when the test lets them.
+    b = start(FIXTURES / "gated_train", quick_track(tmp_path / "b", budget_s=150.0))  # A's check starts after its scoring
+    _wait(lambda: "training starts" in _read(_records(runs).get("gated_train", (tmp_path, {}))[0] / "logs" / "rank0.log"),
           "B to train")
     assert _model_processes(run_a), "A's model processes"
 
@@ -69,12 +70,23 @@ def test_a_run_that_evaluates_while_another_trains_keeps_its_figure(cache_dir, t
         return _records(runs)["gated_eval"][1]["status"] == "ok"
 
     _wait(release_a, "A's final record", timeout_s=90)
-    b_record_while_training = _records(runs)["ok_bigram"][1]
+    b_record_while_training = _records(runs)["gated_train"][1]
     assert b_record_while_training["status"] == "running", "A must have finished while B was still training"
+    run_b = b_record_while_training["run_id"]
+
+    def release_b() -> bool:
+        for p in _training_processes(run_b):
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                pass
+        return _records(runs)["gated_train"][1]["status"] != "running"
+
+    _wait(release_b, "B's final record", timeout_s=150)
     outs = [p.communicate(timeout=180) for p in (a, b)]
     assert [a.returncode, b.returncode] == [0, 0], outs
     records = _records(runs)
-    rec_a, rec_b = records["gated_eval"][1], records["ok_bigram"][1]
+    rec_a, rec_b = records["gated_eval"][1], records["gated_train"][1]
     assert rec_a["status"] == "ok" and rec_a["val_loss"] is not None and rec_a["ended_at"]
     assert rec_b["status"] == "ok" and rec_b["val_loss"] is not None
     assert not rec_b["flagged"], rec_b["flag_reason"]  # B's guard took A's final record for no tampering
@@ -106,6 +118,23 @@ def _model_processes(run_id: str) -> list:
         if len(nspid.split()) == 3:
             found.append(p)
     return found
+
+
+def _training_processes(run_id: str) -> list:
+    """The run's training ranks that run the model: where a rank forked into the job's PID namespace, the child
+    inside it (its NSpid is the longest), never the parent outside, which only waits for it (SIGUSR1 would end
+    it)."""
+    ranks = []
+    for p in processes_of_run(run_id):
+        if "harness.ranks.training.train" not in " ".join(_cmdline(p)):
+            continue
+        try:
+            nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        ranks.append((len(nspid.split()), p))
+    deepest = max((depth for depth, _ in ranks), default=0)
+    return [p for depth, p in ranks if depth == deepest]
 
 
 def _cmdline(p) -> list[str]:
