@@ -80,7 +80,7 @@ def test_a_process_that_forks_faster_than_anyone_looks_dies_with_the_model_proce
 
 
 ENDING = """
-import ctypes, os, signal, sys, time
+import ctypes, os, select, signal, sys, time
 from harness.ranks.confine.namespaces import isolate
 how = sys.argv[1]
 if how == "term-early":  # the parent is slow to start forwarding: a signal in that window must be forwarded
@@ -98,8 +98,13 @@ if how == "segfault":
     ctypes.string_at(0)
 # PID 1 of its namespace: a signal from outside reaches it only where it has a handler.
 signal.signal(signal.SIGTERM, lambda *_: os._exit(7))
+# Waited for through the wakeup fd, which the handler's C part writes: a time.sleep could miss a signal that lands
+# just before its system call (Python runs a handler between bytecodes), and sleep on.
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
 print("waiting", flush=True)
-time.sleep(60)  # SIGTERM, sent to the parent, is forwarded here
+select.select([wake_r], [], [], 60)  # SIGTERM, sent to the parent, is forwarded here; its handler runs next
 """
 
 
@@ -118,18 +123,55 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
                             preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, set()))
     if how.startswith("term"):
         assert proc.stdout.readline().strip() == "waiting"
+        # Once it waits (asleep), the parent holds the signals it forwards blocked and takes them synchronously: a
+        # Python handler runs between bytecodes, so one that landed just before the parent's waitpid went unforwarded
+        # until the child ended by itself (4 SIGTERMs of 1,500 with two busy loops beside them; none since).
+        asleep = _wait_until(lambda: _status(proc.pid).get("State", "").startswith("S"), within_s=30.0)
+        caught = _signals(_status(proc.pid).get("SigCgt", "0"))
+        assert asleep and not caught & {signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}, caught
         proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         pids = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children())]
         masks = {pid: [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith(("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+                       if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd", "Threads"))]
+                      + [f"wchan {_read_or_why(f'/proc/{pid}/wchan')}", f"cgroup {_read_or_why(f'/proc/{pid}/cgroup')}",
+                         f"stack {_read_or_why(f'/proc/{pid}/stack')}"]
                  for pid in pids if Path(f"/proc/{pid}").exists()}
         proc.kill()
         raise AssertionError(f"the parent did not end on SIGTERM; the test's own mask "
                              f"{signal.pthread_sigmask(signal.SIG_BLOCK, set())}, the processes': {masks}")
     assert code == returncode, proc.stderr.read()
+
+
+def _status(pid: int) -> dict[str, str]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _signals(mask_hex: str) -> set[int]:
+    mask = int(mask_hex, 16)
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def _wait_until(predicate, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _read_or_why(path: str) -> str:
+    try:
+        return Path(path).read_text().strip().replace("\n", " | ")
+    except OSError as exc:
+        return f"({exc.strerror})"
 
 
 CONFINED = """
