@@ -83,7 +83,7 @@ ENDING = """
 import ctypes, os, select, signal, sys, time
 from harness.ranks.confine.namespaces import isolate
 how = sys.argv[1]
-if how == "term-early":  # the parent is slow to start forwarding: a signal in that window must be forwarded
+if how.endswith("early"):  # the parent is slow to start waiting: a signal, or the child's end, comes before it
     fork = os.fork
     def slow_fork():
         pid = fork()
@@ -92,7 +92,7 @@ if how == "term-early":  # the parent is slow to start forwarding: a signal in t
         return pid
     os.fork = slow_fork
 assert isolate() == ""
-if how == "exit":
+if how.startswith("exit"):
     os._exit(3)
 if how == "segfault":
     ctypes.string_at(0)
@@ -109,7 +109,7 @@ select.select([wake_r], [], [], 60)  # SIGTERM, sent to the parent, is forwarded
 
 
 @pytest.mark.parametrize("how, returncode", [("exit", 3), ("segfault", -signal.SIGSEGV), ("term", 7),
-                                             ("term-early", 7)])
+                                             ("term-early", 7), ("exit-sigchld-ignored-early", 3)])
 def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, returncode):
     """Whoever waits for an isolated process (the scorer for a model process, the launcher for the check)
     waits for its parent in the old namespace: that parent must end as its child did, exit code or
@@ -120,7 +120,7 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
     # then never sees it, and nothing is forwarded: seen once in a full suite, never alone).
     proc = subprocess.Popen([sys.executable, "-c", ENDING, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, set()))
+                            preexec_fn=lambda: _started_as(how))
     if how.startswith("term"):
         assert proc.stdout.readline().strip() == "waiting"
         # Once it waits (asleep), the parent holds the signals it forwards blocked and takes them synchronously: a
@@ -143,6 +143,14 @@ def test_the_namespace_parent_ends_as_the_process_in_the_namespace_did(how, retu
         raise AssertionError(f"the parent did not end on SIGTERM; the test's own mask "
                              f"{signal.pthread_sigmask(signal.SIG_BLOCK, set())}, the processes': {masks}")
     assert code == returncode, proc.stderr.read()
+
+
+def _started_as(how: str) -> None:
+    """No signal blocked; SIGCHLD ignored where the case says so (inherited across exec: the parent must set it back
+    before its child can end, or the kernel reaps the child and its exit status is lost)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if "sigchld-ignored" in how:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
 
 def _status(pid: int) -> dict[str, str]:

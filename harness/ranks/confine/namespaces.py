@@ -50,17 +50,15 @@ def isolate() -> str:
         map_identity(uid, gid)
     except OSError as exc:  # AppArmor's restriction lets unshare succeed, then refuses the map (EPERM)
         return refused(f"could not map the user into its namespace: {exc}")
-    # Held back across the fork: a signal that reaches the parent before it forwards would otherwise end
-    # it by default action, and the child with it (PDEATHSIG), whatever handler the child set.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    held = _hold_for_fork()
     try:
         child = os.fork()
     except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _release(held)
         raise
     if child == 0:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # the parent gone: the namespace goes too
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _release(held)
         return ""
     _wait_and_end_as(child, libc)
 
@@ -124,6 +122,24 @@ def map_identity(uid: int, gid: int) -> None:
         fh.write(f"{gid} {gid} 1")
 
 
+def _hold_for_fork() -> tuple[set, object]:
+    """Before the fork, in the process that will wait: the signals it forwards blocked (one that reached the parent
+    before it waits would otherwise end it by default action, and the child with it, PDEATHSIG), and SIGCHLD at its
+    default and blocked (inherited as ignored, the kernel would reap a child that ends early and its status would be
+    lost). Returns what `_release` restores in the child."""
+    old_chld = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, signal.SIGCHLD}), old_chld
+
+
+def _release(held: tuple[set, object]) -> None:
+    """In the child (or where the fork failed): the mask and SIGCHLD's disposition as they were before."""
+    mask, old_chld = held
+    if old_chld is not None:  # None: set outside Python, left at the default
+        signal.signal(signal.SIGCHLD, old_chld)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _wait_and_end_as(child: int, libc) -> NoReturn:
     """The parent's life after the fork: forward signals to the child, wait for it, and end as it ended
     (its exit status, or killed by the same signal, so that whoever waits for "the model process" or
@@ -131,8 +147,9 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
 
     The signals to forward stay blocked from before the fork to the end and are taken with sigtimedwait, never by a
     handler: a Python handler runs between two bytecodes, so a signal that landed just before the parent entered
-    waitpid waited there, unforwarded, until the child ended by itself (11 SIGTERMs of 400 lost, seen with a run
-    beside them; tests/test_namespaces.py)."""
+    waitpid waited there, unforwarded, until the child ended by itself (4 SIGTERMs of 1,500 with two busy loops beside it;
+    none since: tests/test_namespaces.py). Only an end (an exit or a signal) is copied: a traced child's stop is
+    reported too, and is said on stderr, the parent then ending with 1."""
     code = 1
     try:
         # Not dumpable: the child, same user and same user namespace, could otherwise reach this
@@ -152,10 +169,8 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
             except OSError:  # it is gone already
                 pass
 
-        # The child's end is taken the same way: SIGCHLD at its default (ignored, the kernel would reap the child
-        # itself and its status would be lost) and blocked, so one that comes after a look at the child is pending.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        # The child's end is taken the same way: SIGCHLD at its default and blocked since before the fork
+        # (_hold_for_fork), so one that comes after a look at the child is pending.
         taken = {*FORWARDED, signal.SIGCHLD}
         while True:  # nothing but waiting, so the scorer's kill of the session reaches both
             ended, status = os.waitpid(child, os.WNOHANG)  # first: the child may have ended before SIGCHLD was blocked
@@ -172,6 +187,12 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
             os.kill(os.getpid(), sig)  # single-threaded: delivered before kill returns (core: not dumpable)
         elif os.WIFEXITED(status):
             code = os.waitstatus_to_exitcode(status) & 0xFF
+        else:  # stopped while traced (PTRACE_TRACEME makes this process the tracer): not an end it can copy
+            os.write(2, f"harness: the process in the namespace stopped while traced (wait status {status:#x}); "
+                        "ended\n".encode())
+    except BaseException as exc:  # said where its waiter's log is, before the plain exit 1
+        os.write(2, f"harness: the parent of the process in the namespace failed: {type(exc).__name__}: "
+                    f"{exc}\n".encode(errors="replace"))
     finally:
         os._exit(code)
 
@@ -232,7 +253,7 @@ def join_job(socket_path: str, work_dir: str | None = None,
     # The parent's end of a pipe: EOF in the child once the parent is gone (its exit status cannot be asked for from
     # inside the namespace: an orphan goes to the launcher, a subreaper outside it, and getppid() stays 0).
     alive_r, alive_w = os.pipe()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # as in isolate(): nothing ends the parent unforwarded
+    held = _hold_for_fork()  # as in isolate(): nothing ends the parent unforwarded, no end of the child is lost
     try:
         child = os.fork()
     except OSError as exc:  # PID 1 gone (ENOMEM), the job's task cap (EAGAIN)
@@ -246,7 +267,7 @@ def join_job(socket_path: str, work_dir: str | None = None,
         # A group of its own: a signal torch elastic's agent sends the parent's group reaches the rank once, forwarded,
         # and a rank's kill(0, ...) reaches its own processes, never the parent.
         os.setpgid(0, 0)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _release(held)
         return "", True
     os.close(alive_r)  # alive_w stays open for the parent's life
     try:
