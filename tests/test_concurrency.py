@@ -103,36 +103,33 @@ def _read(path) -> str:
         return ""
 
 
-def _model_processes(run_id: str) -> list:
-    """Processes of the run that run a model: forks of the scorer's model-process template (or, where
-    there is none, model_worker processes) inside their own PID namespace (their NSpid has two
-    entries; the template and the parent that only waits have one)."""
+def _by_depth(run_id: str, *modules: str) -> list[tuple[int, psutil.Process]]:
+    """The run's processes started as one of `modules`, each with the number of PID namespaces its pid is counted in."""
+    from harness.launcher.control.process_tree import _pid_depth
+
     found = []
     for p in processes_of_run(run_id):
-        if not any(m in " ".join(_cmdline(p)) for m in ("harness.ranks.models.model_template", "harness.ranks.models.model_worker")):
+        if not any(m in " ".join(_cmdline(p)) for m in modules):
             continue
         try:
-            nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
+            found.append((_pid_depth(p.pid), p))
+        except OSError:  # gone
             continue
-        if len(nspid.split()) == 3:
-            found.append(p)
     return found
+
+
+def _model_processes(run_id: str) -> list:
+    """Processes of the run that run a model: forks of the scorer's model-process template (or, where
+    there is none, model_worker processes) inside their own PID namespace (counted in two; the template
+    and the parent that only waits, in one)."""
+    return [p for depth, p in _by_depth(run_id, "harness.ranks.models.model_template",
+                                        "harness.ranks.models.model_worker") if depth == 2]
 
 
 def _training_processes(run_id: str) -> list:
     """The run's training ranks that run the model: where a rank forked into the job's PID namespace, the child
-    inside it (its NSpid is the longest), never the parent outside, which only waits for it (SIGUSR1 would end
-    it)."""
-    ranks = []
-    for p in processes_of_run(run_id):
-        if "harness.ranks.training.train" not in " ".join(_cmdline(p)):
-            continue
-        try:
-            nspid = next(line for line in open(f"/proc/{p.pid}/status") if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        ranks.append((len(nspid.split()), p))
+    inside it (the deepest), never the parent outside, which only waits for it (SIGUSR1 would end it)."""
+    ranks = _by_depth(run_id, "harness.ranks.training.train")
     deepest = max((depth for depth, _ in ranks), default=0)
     return [p for depth, p in ranks if depth == deepest]
 

@@ -147,8 +147,8 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
 
     The signals to forward stay blocked from before the fork to the end and are taken with sigtimedwait, never by a
     handler: a Python handler runs between two bytecodes, so a signal that landed just before the parent entered
-    waitpid waited there, unforwarded, until the child ended by itself (4 SIGTERMs of 1,500 with two busy loops beside it;
-    none since: tests/test_namespaces.py). Only an end (an exit or a signal) is copied: a traced child's stop is
+    waitpid waited there, unforwarded, until the child ended by itself (4 SIGTERMs of 1,500 with two busy loops
+    beside it; none since: tests/test_namespaces.py). Only an end (an exit or a signal) is copied: a traced child's stop is
     reported too, and is said on stderr, the parent then ending with 1."""
     code = 1
     try:
@@ -173,7 +173,7 @@ def _wait_and_end_as(child: int, libc) -> NoReturn:
         # (_hold_for_fork), so one that comes after a look at the child is pending.
         taken = {*FORWARDED, signal.SIGCHLD}
         while True:  # nothing but waiting, so the scorer's kill of the session reaches both
-            ended, status = os.waitpid(child, os.WNOHANG)  # first: the child may have ended before SIGCHLD was blocked
+            ended, status = os.waitpid(child, os.WNOHANG)  # first: it may have ended already (its SIGCHLD is left)
             if ended == child:
                 break
             info = signal.sigtimedwait(taken, FORWARD_POLL_S)  # what arrived since the fork first (term-early)
